@@ -1,0 +1,13 @@
+"""fastgnn: IO-aware GPU kernels for graph neural networks.
+
+Pure array functions with forward/backward pairs over a `Graph`; NumPy arrays
+run on the CPU (Numba), CuPy arrays on the GPU (CUDA). Framework adapters live
+in `fastgnn.torch` (and later `fastgnn.jax`, `fastgnn.dgl`).
+"""
+from ._array import gpu_available
+from .graph import Graph
+from .ops.spmm import gcn_norm, spmm, spmm_bwd, spmm_fwd
+
+__version__ = "0.1.0"
+
+__all__ = ["Graph", "spmm", "spmm_fwd", "spmm_bwd", "gcn_norm", "gpu_available", "__version__"]

@@ -1,0 +1,12 @@
+"""Backends by array type: NumPy arrays run the Numba CPU kernels, CuPy arrays
+the CUDA kernels. `reference` holds the float64 NumPy twins used by tests."""
+from .._array import is_cupy
+
+
+def backend_for(x):
+    """The backend module serving arrays like `x` (imported lazily)."""
+    if is_cupy(x):
+        from . import cuda
+        return cuda
+    from . import cpu
+    return cpu

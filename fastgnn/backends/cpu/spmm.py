@@ -1,0 +1,50 @@
+"""Numba kernels of the SpMM family.
+
+spmm:  one parallel task per target row; each walks its CSR segment and
+       accumulates w_e * x[src_e] into the output row (the caller's dtype).
+sddmm: one parallel task per target row; for each in-edge, the dot product
+       of grad_out[row] with x[src] (accumulated in float64).
+"""
+import numba
+import numpy as np
+
+
+@numba.njit(parallel=True, cache=True)
+def _spmm_rows(indptr, indices, weights, has_weight, x, out):
+    n, f = out.shape
+    for i in numba.prange(n):
+        for k in range(f):
+            out[i, k] = 0
+        for e in range(indptr[i], indptr[i + 1]):
+            j = indices[e]
+            w = weights[e] if has_weight else 1.0
+            for k in range(f):
+                out[i, k] += w * x[j, k]
+
+
+@numba.njit(parallel=True, cache=True)
+def _sddmm_rows(indptr, indices, a, b, out):
+    n, f = a.shape
+    for i in numba.prange(n):
+        for e in range(indptr[i], indptr[i + 1]):
+            j = indices[e]
+            acc = 0.0
+            for k in range(f):
+                acc += a[i, k] * b[j, k]
+            out[e] = acc
+
+
+def spmm(graph, x, weight_csr, vtype, path="auto"):
+    """[num_dst, F] = A_w @ x on the CPU (path is a GPU-only option)."""
+    out = np.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
+    has_w = weight_csr is not None
+    w = weight_csr.astype(x.dtype, copy=False) if has_w else np.empty(0, dtype=x.dtype)
+    _spmm_rows(graph.indptr, graph.indices, w, has_w, x, out)
+    return out
+
+
+def sddmm(graph, a, b, vtype):
+    """[E] in CSR order: <a[row_e], b[src_e]> (float64 accumulation, x's float type out)."""
+    out = np.empty(graph.num_edges, dtype=a.dtype)
+    _sddmm_rows(graph.indptr, graph.indices, a, b, out)
+    return out

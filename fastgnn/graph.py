@@ -1,0 +1,268 @@
+"""`Graph`: the one graph format every fastgnn op takes.
+
+Messages flow source -> target. The graph is stored as CSR *by destination*:
+
+    indptr   [num_dst + 1]   row i's in-edges are positions indptr[i]:indptr[i+1]
+    indices  [E]             source node of each CSR position
+    edge_ids [E] or None     caller's edge id of each CSR position (None = identity)
+
+Edges keep the caller's relative order inside a row (stable sort), so results
+are independent of how the sort is implemented. Index arrays are int32 when
+every index and offset fits, int64 otherwise. Arrays live where the input
+lived: NumPy (CPU backend) or CuPy (CUDA backend).
+
+Derived data is built lazily once and cached on the graph: degrees, the
+transpose (CSC, for backward passes), normalisation weights, GPU plans.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._array import as_backend_array, device_name, is_cupy, xp_of
+
+INT32_MAX = 2**31 - 1
+
+
+def _index_dtype(num_edges: int, num_nodes: int):
+    return np.int32 if max(num_edges, num_nodes) <= INT32_MAX else np.int64
+
+
+def _check_int_array(a, name: str):
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+
+
+class Graph:
+    """A directed graph in CSR-by-destination form (see module docstring).
+
+    Build one with `Graph.from_edge_index`, `Graph.from_scipy` or
+    `Graph.from_csr`; the constructor itself trusts its arguments.
+    """
+
+    def __init__(self, indptr, indices, edge_ids, num_src: int, num_dst: int):
+        self.indptr = indptr
+        self.indices = indices
+        self.edge_ids = edge_ids
+        self.num_src = int(num_src)
+        self.num_dst = int(num_dst)
+        self.num_edges = int(indices.shape[0])
+        self.cache: dict = {}  # derived data and backend plans, keyed by name
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_edge_index(cls, edge_index, num_nodes=None, *, num_src=None, num_dst=None):
+        """Graph from an edge index `[2, E]` (row 0 = sources, row 1 = targets).
+
+        edge_index: NumPy, CuPy or any DLPack array (torch, jax) of integers.
+        num_nodes:  node count of a square graph; inferred as max index + 1 if
+                    neither it nor num_src/num_dst is given.
+        num_src, num_dst: sizes of a bipartite graph (source and target sets).
+        Edge ids are column positions of `edge_index`.
+        """
+        ei = as_backend_array(edge_index, "edge_index")
+        if ei.ndim != 2 or ei.shape[0] != 2:
+            raise ValueError(f"edge_index must have shape [2, E], got {tuple(ei.shape)}")
+        _check_int_array(ei, "edge_index")
+        xp = xp_of(ei)
+        src, dst = ei[0], ei[1]
+        E = int(src.shape[0])
+        if E:
+            lo = int(ei.min())
+            if lo < 0:
+                raise ValueError(f"edge_index holds a negative index ({lo})")
+            max_src, max_dst = int(src.max()), int(dst.max())
+        else:
+            max_src = max_dst = -1
+        if num_nodes is not None:
+            if num_src is not None or num_dst is not None:
+                raise ValueError("give either num_nodes or num_src/num_dst, not both")
+            num_src = num_dst = int(num_nodes)
+        elif num_src is None and num_dst is None:
+            num_src = num_dst = max(max_src, max_dst) + 1
+        else:
+            num_src = max_src + 1 if num_src is None else int(num_src)
+            num_dst = max_dst + 1 if num_dst is None else int(num_dst)
+        if num_src < 0 or num_dst < 0:
+            raise ValueError("num_nodes/num_src/num_dst must be non-negative")
+        if max_src >= num_src:
+            raise ValueError(f"edge_index[0] holds source index {max_src}, but there are "
+                             f"only {num_src} source nodes")
+        if max_dst >= num_dst:
+            raise ValueError(f"edge_index[1] holds target index {max_dst}, but there are "
+                             f"only {num_dst} target nodes")
+        idx = _index_dtype(E, max(num_src, num_dst))
+        order = _stable_argsort(xp, dst, E)
+        indices = src[order].astype(idx)
+        counts = xp.bincount(dst, minlength=num_dst) if E else xp.zeros(num_dst, dtype=np.int64)
+        indptr = xp.zeros(num_dst + 1, dtype=idx)
+        xp.cumsum(counts, out=indptr[1:])
+        edge_ids = order.astype(idx)
+        return cls(indptr, indices, edge_ids, num_src, num_dst)
+
+    @classmethod
+    def from_csr(cls, indptr, indices, num_src=None):
+        """Graph from CSR-by-destination arrays; edge ids are CSR positions.
+
+        indptr:  [num_dst + 1] non-decreasing offsets starting at 0.
+        indices: [E] source node of each position.
+        """
+        indptr = as_backend_array(indptr, "indptr")
+        indices = as_backend_array(indices, "indices")
+        for a, n in ((indptr, "indptr"), (indices, "indices")):
+            if a.ndim != 1:
+                raise ValueError(f"{n} must be one-dimensional, got shape {tuple(a.shape)}")
+            _check_int_array(a, n)
+        if is_cupy(indptr) != is_cupy(indices):
+            raise ValueError("indptr and indices must live on the same device")
+        xp = xp_of(indptr)
+        if indptr.shape[0] < 1:
+            raise ValueError("indptr must have at least one entry")
+        E = int(indices.shape[0])
+        if int(indptr[0]) != 0 or int(indptr[-1]) != E:
+            raise ValueError(f"indptr must start at 0 and end at len(indices)={E}, "
+                             f"got {int(indptr[0])}..{int(indptr[-1])}")
+        if indptr.shape[0] > 1 and bool((xp.diff(indptr) < 0).any()):
+            raise ValueError("indptr must be non-decreasing")
+        max_src = int(indices.max()) if E else -1
+        if E and int(indices.min()) < 0:
+            raise ValueError("indices holds a negative index")
+        num_src = max_src + 1 if num_src is None else int(num_src)
+        if max_src >= num_src:
+            raise ValueError(f"indices holds {max_src}, but num_src={num_src}")
+        num_dst = indptr.shape[0] - 1
+        idx = _index_dtype(E, max(num_src, num_dst))
+        return cls(indptr.astype(idx), indices.astype(idx), None, num_src, num_dst)
+
+    @classmethod
+    def from_scipy(cls, matrix):
+        """Graph from a SciPy (or cupyx) sparse matrix A of shape [num_dst, num_src]:
+        A[i, j] != 0 means an edge j -> i, so `spmm(g, x, A.tocsr().data)` is A @ x.
+        Edge ids are positions in `A.tocsr()` (which keeps duplicates)."""
+        if not hasattr(matrix, "tocsr"):
+            raise TypeError(f"matrix must be a scipy.sparse matrix, got {type(matrix).__name__}")
+        csr = matrix.tocsr()
+        return cls.from_csr(csr.indptr, csr.indices, num_src=csr.shape[1])
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def xp(self):
+        return xp_of(self.indices)
+
+    @property
+    def device(self) -> str:
+        return device_name(self.indices)
+
+    @property
+    def index_dtype(self):
+        return self.indices.dtype
+
+    def cached(self, key, build):
+        """Memoise `build()` under `key` on this graph."""
+        if key not in self.cache:
+            self.cache[key] = build()
+        return self.cache[key]
+
+    @property
+    def in_degree(self):
+        """[num_dst] number of in-edges of each target node (index dtype)."""
+        return self.cached("in_degree", lambda: self.xp.diff(self.indptr))
+
+    @property
+    def out_degree(self):
+        """[num_src] number of out-edges of each source node (int64)."""
+        return self.cached("out_degree",
+                           lambda: self.xp.bincount(self.indices, minlength=self.num_src))
+
+    @property
+    def csr_rows(self):
+        """[E] target node of each CSR position (index dtype)."""
+        def build():
+            xp = self.xp
+            rows = xp.repeat(xp.arange(self.num_dst, dtype=self.index_dtype),
+                             self.in_degree.astype(np.int64))
+            return rows.astype(self.index_dtype)
+        return self.cached("csr_rows", build)
+
+    def transpose(self) -> "Graph":
+        """The reverse graph (CSC of this one), built once and cached.
+
+        Its `edge_ids` are *CSR positions of this graph*, so a per-edge array
+        in this graph's CSR order is gathered into transpose order by
+        `values[t.edge_ids]`. Within a source node, edges stay in CSR order.
+        """
+        def build():
+            xp = self.xp
+            E = self.num_edges
+            order = _stable_argsort(xp, self.indices, E)
+            indices = self.csr_rows[order]
+            counts = self.out_degree
+            indptr = xp.zeros(self.num_src + 1, dtype=self.index_dtype)
+            if self.num_src:
+                xp.cumsum(counts, out=indptr[1:])
+            t = Graph(indptr, indices.astype(self.index_dtype), order.astype(self.index_dtype),
+                      self.num_dst, self.num_src)
+            t.cache["transpose"] = self
+            return t
+        return self.cached("transpose", build)
+
+    def to_csr_order(self, edge_values):
+        """Per-edge values in caller order -> CSR order (a gather; no copy of
+        the caller's array is modified)."""
+        if self.edge_ids is None:
+            return edge_values
+        return edge_values[self.edge_ids]
+
+    def to_caller_order(self, csr_values):
+        """Per-edge values in CSR order -> caller order (inverse permutation)."""
+        if self.edge_ids is None:
+            return csr_values
+        out = self.xp.empty_like(csr_values)
+        out[self.edge_ids] = csr_values
+        return out
+
+    def edge_index(self):
+        """[2, E] edge index in the caller's edge order."""
+        xp = self.xp
+        ei = xp.stack([self.indices, self.csr_rows])
+        if self.edge_ids is None:
+            return ei
+        out = xp.empty_like(ei)
+        out[:, self.edge_ids] = ei
+        return out
+
+    def to(self, device: str) -> "Graph":
+        """A copy of the graph's structure on "cpu" or "cuda[:k]" (caches are not copied)."""
+        if device == "cpu":
+            conv = lambda a: a if not is_cupy(a) else a.get()  # noqa: E731
+        elif device.startswith("cuda"):
+            import cupy
+            dev = int(device.split(":")[1]) if ":" in device else cupy.cuda.Device().id
+            def conv(a):
+                with cupy.cuda.Device(dev):
+                    return cupy.asarray(a)
+        else:
+            raise ValueError(f"device must be 'cpu' or 'cuda[:k]', got {device!r}")
+        ids = None if self.edge_ids is None else conv(self.edge_ids)
+        return Graph(conv(self.indptr), conv(self.indices), ids, self.num_src, self.num_dst)
+
+    def __repr__(self):
+        shape = (f"num_nodes={self.num_dst}" if self.num_src == self.num_dst
+                 else f"num_src={self.num_src}, num_dst={self.num_dst}")
+        return (f"Graph({shape}, num_edges={self.num_edges}, "
+                f"index={np.dtype(self.index_dtype).name}, device={self.device})")
+
+
+def _stable_argsort(xp, keys, num_edges):
+    """Stable argsort of integer keys on either backend (CuPy's argsort gives
+    no stability promise, so ties are broken by position explicitly)."""
+    if xp is np:
+        return np.argsort(keys, kind="stable")
+    pos = xp.arange(num_edges, dtype=np.int64)
+    return xp.argsort(keys.astype(np.int64) * max(num_edges, 1) + pos)
+
+
+def as_graph(graph) -> Graph:
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a fastgnn.Graph, got {type(graph).__name__}; "
+                        "build one with Graph.from_edge_index(edge_index)")
+    return graph

@@ -1,0 +1,241 @@
+"""SpMM family: neighbour sum / mean with optional edge weights, and the GCN
+normalisation.
+
+Math (messages flow source j -> target i, edges e = (j -> i)):
+
+    sum:   out[i] = sum_{e=(j->i)} w_e * x[j]
+    mean:  out[i] = (1 / deg_in(i)) * sum_{e=(j->i)} w_e * x[j]      (0 if deg_in(i) = 0)
+
+with w_e = 1 when no edge weight is given. The vector-Jacobian products are
+
+    grad_x[j] = sum_{e=(j->i)} s_i * w_e * grad_out[i]     (SpMM over the transpose)
+    grad_w[e] = s_i * <grad_out[i], x[j]>                  (SDDMM on the graph pattern)
+
+with s_i = 1 (sum) or 1/deg_in(i) (mean). Both backward products read the
+cached transpose or the CSR pattern: no floating-point atomics, so results
+are bitwise repeatable.
+
+Internally "mean" is a weighted sum with effective weights w_e * s_i, cached
+on the graph when there is no caller weight.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._array import CPU_VALUE_TYPES, as_backend_array, is_cupy, same_device, vtype_of
+from ..backends import backend_for
+from ..graph import Graph, as_graph
+
+REDUCES = ("sum", "mean")
+PATHS = ("auto", "cusparse", "custom")
+
+
+@dataclass
+class SpmmResiduals:
+    """What `spmm_bwd` needs, and nothing else."""
+    x: object                 # [num_src, F] features, kept only if grad of edge_weight is needed
+    weight_csr: object        # [E] effective weights in CSR order, or None (all ones)
+    reduce: str
+    vtype: str
+    path: str
+    weight_dtype: object      # dtype of the caller's edge_weight (None if not given)
+    num_src: int
+
+
+def _weight_dtype_for(vtype):
+    return np.float64 if vtype == "float64" else np.float32
+
+
+def _inv_in_degree(graph: Graph, dtype):
+    """[num_dst] 1/deg_in, 0 for empty rows (cached per dtype)."""
+    def build():
+        deg = graph.in_degree.astype(dtype)
+        xp = graph.xp
+        return xp.where(deg > 0, 1 / xp.maximum(deg, 1), 0).astype(dtype)
+    return graph.cached(("inv_in_degree", np.dtype(dtype).name), build)
+
+
+def effective_weights(graph: Graph, weight_csr, reduce: str, dtype):
+    """[E] CSR-order weights including the mean scaling, or None for plain sum."""
+    if reduce == "sum":
+        return None if weight_csr is None else weight_csr.astype(dtype, copy=False)
+    inv = _inv_in_degree(graph, dtype)
+    if weight_csr is None:
+        return graph.cached(("mean_weights", np.dtype(dtype).name),
+                            lambda: inv[graph.csr_rows])
+    return weight_csr.astype(dtype, copy=False) * inv[graph.csr_rows]
+
+
+def _transpose_weights(graph: Graph, weight_csr, reduce: str, dtype):
+    """Effective weights in the transpose's order (cached when not caller-given)."""
+    if weight_csr is None:
+        return None
+    t = graph.transpose()
+    if reduce == "mean" and weight_csr is graph.cache.get(("mean_weights", np.dtype(dtype).name)):
+        return graph.cached(("mean_weights_t", np.dtype(dtype).name),
+                            lambda: weight_csr[t.edge_ids])
+    return weight_csr[t.edge_ids]
+
+
+def validate_features(graph: Graph, x, vtype, name="x", rows=None):
+    x = as_backend_array(x, name)
+    rows = graph.num_src if rows is None else rows
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have shape [num_nodes, F], got {tuple(x.shape)}")
+    if x.shape[0] != rows:
+        raise ValueError(f"{name} has {x.shape[0]} rows but the graph has {rows} source nodes")
+    if not same_device(x, graph.indices):
+        raise ValueError(f"{name} lives on {'GPU' if is_cupy(x) else 'CPU'} but the graph on "
+                         f"{graph.device}; move one of them (Graph.to(device))")
+    vt = vtype_of(x, vtype, name)
+    if not is_cupy(x) and vt not in CPU_VALUE_TYPES:
+        raise TypeError(f"{name}: the CPU backend supports {CPU_VALUE_TYPES}, got {vt}; "
+                        "cast to float32 or run on the GPU")
+    if is_cupy(x) and x.dtype.kind != "f" and vt != "bfloat16":
+        raise TypeError(f"{name} must be floating point, got {x.dtype}")
+    xp = graph.xp
+    return xp.ascontiguousarray(x), vt
+
+
+def validate_edge_weight(graph: Graph, edge_weight, name="edge_weight"):
+    if edge_weight is None:
+        return None
+    w = as_backend_array(edge_weight, name)
+    if w.ndim == 2 and w.shape[1] == 1:
+        w = w[:, 0]
+    if w.ndim != 1 or w.shape[0] != graph.num_edges:
+        raise ValueError(f"{name} must have shape [E] = [{graph.num_edges}], got {tuple(w.shape)}")
+    if w.dtype.kind != "f":
+        raise TypeError(f"{name} must be floating point, got {w.dtype}")
+    if not same_device(w, graph.indices):
+        raise ValueError(f"{name} lives on a different device than the graph ({graph.device})")
+    return w
+
+
+def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto",
+             needs_weight_grad=True):
+    """Forward of `spmm`; returns (out [num_dst, F], SpmmResiduals)."""
+    graph = as_graph(graph)
+    if reduce not in REDUCES:
+        raise ValueError(f"reduce must be one of {REDUCES}, got {reduce!r}")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    x, vt = validate_features(graph, x, vtype)
+    w = validate_edge_weight(graph, edge_weight)
+    wdt = _weight_dtype_for(vt)
+    w_eff = effective_weights(graph, None if w is None else graph.to_csr_order(w), reduce, wdt)
+    out = backend_for(x).spmm(graph, x, w_eff, vt, path)
+    keep_x = x if (w is not None and needs_weight_grad) else None
+    res = SpmmResiduals(keep_x, w_eff, reduce, vt, path, None if w is None else w.dtype,
+                        graph.num_src)
+    return out, res
+
+
+def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weight_grad=True):
+    """Backward of `spmm`: returns (grad_x [num_src, F] or None, grad_edge_weight [E] or None)."""
+    graph = as_graph(graph)
+    g, _ = validate_features(graph, grad_out, res.vtype, name="grad_out", rows=graph.num_dst)
+    be = backend_for(g)
+    wdt = _weight_dtype_for(res.vtype)
+    grad_x = grad_w = None
+    if needs_x_grad:
+        w_t = _transpose_weights(graph, res.weight_csr, res.reduce, wdt)
+        grad_x = be.spmm(graph.transpose(), g, w_t, res.vtype, res.path)
+    if needs_weight_grad and res.weight_dtype is not None:
+        if res.x is None:
+            raise ValueError("spmm_fwd was called with needs_weight_grad=False")
+        dots = be.sddmm(graph, g, res.x, res.vtype)  # [E] CSR order, fp32/fp64
+        if res.reduce == "mean":
+            dots = dots * _inv_in_degree(graph, dots.dtype)[graph.csr_rows]
+        grad_w = graph.to_caller_order(dots).astype(res.weight_dtype, copy=False)
+    return grad_x, grad_w
+
+
+def spmm(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto"):
+    """Neighbour aggregation by sparse-dense product: `out = A_w @ x`.
+
+    graph:       fastgnn.Graph with num_src source and num_dst target nodes.
+    x:           [num_src, F] float features (NumPy -> CPU, CuPy -> GPU; bf16
+                 as 16-bit integers with vtype="bfloat16").
+    edge_weight: [E] optional weights in the caller's edge order.
+    reduce:      "sum" or "mean" (mean divides by the in-degree; empty rows give 0).
+    path:        GPU only: "auto" (time cuSPARSE and the custom kernel once per
+                 graph, width and dtype, keep the faster), "cusparse" or "custom".
+    Returns [num_dst, F] in x's dtype (fp32 accumulation for 16-bit types).
+    """
+    out, _ = spmm_fwd(graph, x, edge_weight, reduce, vtype=vtype, path=path,
+                      needs_weight_grad=False)
+    return out
+
+
+# --------------------------------------------------------------- GCN norm
+def gcn_norm(graph, edge_weight=None, *, add_self_loops=True, improved=False):
+    """GCN normalisation as PyG's `gcn_norm` computes it (flow source -> target).
+
+    With add_self_loops, existing self-loops are replaced by one loop per node
+    whose weight is the old loop's weight if there was one, else the fill value
+    (2 if improved else 1). Then, with deg(i) = sum of weights into i,
+
+        w'_e = deg(j)^-1/2 * w_e * deg(i)^-1/2      for e = (j -> i)   (0 where deg = 0)
+
+    Returns (graph', w' [E'] in graph' caller order). The unweighted result is
+    cached on the graph; graph' edge ids: kept original edges in their order,
+    then the self-loops of nodes 0..n-1.
+    """
+    graph = as_graph(graph)
+    if graph.num_src != graph.num_dst and add_self_loops:
+        raise ValueError("gcn_norm with add_self_loops needs a square graph (num_src == num_dst)")
+    w = validate_edge_weight(graph, edge_weight)
+    if w is None:
+        key = ("gcn_norm", add_self_loops, improved)
+        return graph.cached(key, lambda: _gcn_norm(graph, None, add_self_loops, improved))
+    return _gcn_norm(graph, w, add_self_loops, improved)
+
+
+def self_loop_structure(graph: Graph):
+    """(graph with one self-loop per node, kept [E_kept] original edge ids,
+    last_loop_edge [n] caller id of each node's last existing self-loop or -1).
+    Cached."""
+    def build():
+        xp = graph.xp
+        ei = graph.edge_index()
+        n = graph.num_dst
+        not_loop = ei[0] != ei[1]
+        kept = xp.nonzero(not_loop)[0]
+        loop_ids = xp.nonzero(~not_loop)[0]
+        last = xp.full(n, -1, dtype=np.int64)
+        if loop_ids.size:
+            # later loops overwrite earlier ones, as PyG's scatter assignment does on CPU
+            last[ei[0][loop_ids]] = loop_ids
+        nodes = xp.arange(n, dtype=ei.dtype)
+        new_ei = xp.concatenate([ei[:, kept], xp.stack([nodes, nodes])], axis=1)
+        return Graph.from_edge_index(new_ei, num_nodes=n), kept, last
+    return graph.cached("self_loop_structure", build)
+
+
+def _gcn_norm(graph, w, add_self_loops, improved):
+    xp = graph.xp
+    wdt = np.float32 if w is None else w.dtype
+    if add_self_loops:
+        g2, kept, last = self_loop_structure(graph)
+        fill = 2.0 if improved else 1.0
+        if w is None:
+            loop_w = xp.where(last >= 0, 1.0, fill).astype(wdt)
+            w2 = xp.concatenate([xp.ones(kept.shape[0], dtype=wdt), loop_w])
+        else:
+            loop_w = xp.where(last >= 0, w[xp.maximum(last, 0)], xp.asarray(fill, dtype=wdt))
+            w2 = xp.concatenate([w[kept], loop_w.astype(wdt)])
+    else:
+        g2 = graph
+        w2 = xp.ones(graph.num_edges, dtype=wdt) if w is None else w
+    ei = g2.edge_index()
+    # deg by segment sums over CSR rows (float64 prefix sums: deterministic, no atomics)
+    prefix = xp.zeros(g2.num_edges + 1, dtype=np.float64)
+    xp.cumsum(g2.to_csr_order(w2).astype(np.float64), out=prefix[1:])
+    deg = (prefix[g2.indptr[1:]] - prefix[g2.indptr[:-1]]).astype(wdt)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dis = xp.where(deg == 0, 0, deg ** -0.5).astype(wdt)  # negative deg -> NaN, as PyG
+    norm = dis[ei[0]] * w2 * dis[ei[1]]
+    return g2, norm

@@ -1,0 +1,77 @@
+"""Shared test builders and tolerance tables (used by tests and benchmarks)."""
+from __future__ import annotations
+
+import numpy as np
+
+# relative-norm tolerances ||out - ref|| / ||ref|| by value type
+TOLERANCES = {"float64": 1e-10, "float32": 1e-5, "tf32": 5e-4, "float16": 1e-2, "bfloat16": 1e-2}
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64 (NaN anywhere gives inf)."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        raise AssertionError(f"shape {out.shape} != reference shape {ref.shape}")
+    if not np.isfinite(out).all():
+        return float("inf")
+    den = np.linalg.norm(ref)
+    num = np.linalg.norm(out - ref)
+    return float(num / den) if den > 0 else float(num)
+
+
+def assert_close(out, ref, vtype="float32", what="output"):
+    err = rel_err(out, ref)
+    tol = TOLERANCES[vtype]
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({vtype})"
+
+
+def awkward_edge_index(num_nodes=300, num_edges=2000, *, hub_degree=None, seed=None,
+                       num_src=None):
+    """A random edge index [2, E] (int64, NumPy) with every awkward case in it:
+    empty rows (the last tenth of the targets gets no in-edges), self-loops,
+    duplicate edges and a hub target (node 0) with `hub_degree` in-edges.
+    Pass num_src for a bipartite graph (no self-loops then)."""
+    rng = np.random.default_rng(seed)
+    n_dst = num_nodes
+    n_src = num_nodes if num_src is None else num_src
+    hub_degree = max(num_edges // 5, 1) if hub_degree is None else hub_degree
+    live = max(n_dst - max(n_dst // 10, 1), 1)          # targets that may get edges
+    src = rng.integers(0, n_src, num_edges)
+    dst = rng.integers(0, live, num_edges)
+    hub_src = rng.integers(0, n_src, hub_degree)
+    parts_s, parts_d = [src, hub_src], [dst, np.zeros(hub_degree, dtype=np.int64)]
+    if num_src is None:                                  # self-loops
+        loops = rng.integers(0, live, max(num_edges // 50, 1))
+        parts_s.append(loops)
+        parts_d.append(loops)
+    dup = rng.integers(0, num_edges, max(num_edges // 20, 1))   # duplicates
+    parts_s.append(src[dup])
+    parts_d.append(dst[dup])
+    s, d = np.concatenate(parts_s), np.concatenate(parts_d)
+    perm = rng.permutation(s.shape[0])                   # caller order != CSR order
+    return np.stack([s[perm], d[perm]]).astype(np.int64)
+
+
+def rmat_edge_index(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, *, seed=0,
+                    dedup=True, self_loops=False, xp=np):
+    """R-MAT power-law graph with 2**scale nodes and about edge_factor * 2**scale
+    edges, generated with `xp` (numpy, or cupy to build on the GPU)."""
+    n = 1 << scale
+    m = edge_factor * n
+    rs = xp.random.RandomState(seed)
+    src = xp.zeros(m, dtype=np.int64)
+    dst = xp.zeros(m, dtype=np.int64)
+    for bit in range(scale):
+        r = rs.random_sample(m)
+        down = r >= a + b                 # lower half (c or d quadrant)
+        right = ((r >= a) & (r < a + b)) | (r >= a + b + c)
+        src += down.astype(np.int64) << bit
+        dst += right.astype(np.int64) << bit
+    if not self_loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    if dedup:
+        key = xp.unique(src * n + dst)
+        src, dst = key // n, key % n
+    return xp.stack([src, dst]), n
