@@ -1,0 +1,1 @@
+"""PyTorch adapter (installed as fastgnn.torch)."""

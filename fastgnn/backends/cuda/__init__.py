@@ -1,0 +1,1 @@
+"""CUDA backend: CuPy launchers for kernels_cuda/ (compiled lazily)."""

@@ -1,0 +1,1 @@
+"""Benchmarks (installed as fastgnn.bench)."""
