@@ -1,0 +1,89 @@
+"""Compile every CUDA kernel instantiation for sm_90 with NVRTC, without a GPU,
+and fail on register spills.
+
+Uses CuPy's low-level NVRTC binding (works with the nvidia-cuda-nvrtc wheel on
+a machine with no device). `--ptxas-options=-v` makes ptxas report registers,
+stack frame and spills per kernel in the program log.
+
+    python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+from .loader import instantiations, options, source
+
+_FUNC = re.compile(r"Compiling entry function '([^']+)'")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def compile_family(family, vtype, itype, names, arch="sm_90"):
+    """Compile one module; returns a list of (kernel, registers, spill_store, spill_load)."""
+    from cupy_backends.cuda.libs import nvrtc
+    prog = nvrtc.createProgram(source(family), f"{family}.cu", [], [])
+    try:
+        for n in names:
+            nvrtc.addNameExpression(prog, n)
+        opts = options() + (f"--gpu-architecture={arch}", "--ptxas-options=-v")
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            raise RuntimeError(f"{family}.cu ({vtype}, {itype}) failed to compile:\n"
+                               f"{nvrtc.getProgramLog(prog)}") from e
+        log = nvrtc.getProgramLog(prog)
+        nvrtc.getCUBIN(prog)  # make sure machine code was produced
+    finally:
+        nvrtc.destroyProgram(prog)
+    report, current, regs = [], None, None
+    for line in log.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            current = m.group(1)
+            continue
+        m = _REGS.search(line)
+        if m:
+            regs = int(m.group(1))
+            report.append([current, regs, 0, 0])
+            continue
+        m = _SPILL.search(line)
+        if m and current is not None:
+            report.append([current, None, int(m.group(1)), int(m.group(2))])
+    # merge spill lines into the register lines of the same kernel
+    merged = {}
+    for name, r, ss, sl in report:
+        entry = merged.setdefault(name, [None, 0, 0])
+        if r is not None:
+            entry[0] = r
+        entry[1] += ss
+        entry[2] += sl
+    return [(k, *v) for k, v in merged.items()], len(names)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    failures, total = [], 0
+    for family, vt, it, names in instantiations():
+        rows, n = compile_family(family, vt, it, names, args.arch)
+        total += n
+        for kernel, regs, ss, sl in rows:
+            if args.verbose:
+                print(f"{family:8s} {vt:9s} {it:6s} regs={regs} spill={ss}/{sl} {kernel}")
+            if ss or sl:
+                failures.append(f"{family} {vt} {it}: {kernel} spills {ss} B stores / {sl} B loads")
+    print(f"compiled {total} kernel instantiations for {args.arch} in {time.time() - t0:.1f} s")
+    if failures:
+        print("register spills:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""One loader for every CUDA source in kernels_cuda/.
+
+Each family (`spmm`, ...) declares its kernel templates in KERNELS below; a
+module is compiled lazily through `cupy.RawModule(name_expressions=...)` for
+one (value type, index type) pair at a time, and memoised per device. Nothing
+here compiles or touches the GPU at import time. `instantiations()` lists
+every (family, value type, index type, name expressions) so the NVRTC compile
+check (compile_check.py) builds exactly what the launchers can ask for.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import itertools
+
+# fastgnn value type -> C storage type (see kernels_cuda/common.cuh)
+C_VALUE = {"float32": "float", "float64": "double", "float16": "f16_t", "bfloat16": "bf16_t"}
+C_INDEX = {"int32": "int", "int64": "long long"}
+VALUE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+COMPILE_OPTIONS = ("-std=c++17",)
+
+
+def vec_widths(vtype):
+    """Vector widths (values per load) up to 16 bytes for this value type."""
+    return [v for v in (1, 2, 4, 8) if v * VALUE_BYTES[vtype] <= 16]
+
+
+def _spmm_names(vt, it):
+    T, I = C_VALUE[vt], C_INDEX[it]
+    names = []
+    for vec in vec_widths(vt):
+        for has_w in ("false", "true"):
+            names.append(f"spmm_fwd<{T}, {I}, {vec}, {has_w}>")
+        names.append(f"spmm_combine<{T}, {I}, {vec}>")
+        names.append(f"sddmm<{T}, {I}, {vec}>")
+    return names
+
+
+# family -> function (value type, index type) -> name expressions
+KERNELS = {"spmm": _spmm_names}
+
+
+def kernels_dir() -> str:
+    return str(importlib.resources.files("fastgnn.kernels_cuda"))
+
+
+@functools.lru_cache(maxsize=None)
+def source(family: str) -> str:
+    path = importlib.resources.files("fastgnn.kernels_cuda").joinpath(f"{family}.cu")
+    return path.read_text()
+
+
+def options():
+    return COMPILE_OPTIONS + (f"-I{kernels_dir()}",)
+
+
+def instantiations():
+    """[(family, vtype, itype, [name expressions])] for every launchable kernel."""
+    return [(fam, vt, it, names(vt, it))
+            for fam, names in KERNELS.items()
+            for vt, it in itertools.product(C_VALUE, C_INDEX)]
+
+
+_modules: dict = {}
+
+
+def get_function(family: str, vtype: str, itype: str, name: str):
+    """The compiled kernel `name` (a name expression of KERNELS[family]) on
+    the current device, compiling its (family, vtype, itype) module once."""
+    import cupy
+    dev = cupy.cuda.Device().id
+    key = (family, vtype, itype, dev)
+    mod = _modules.get(key)
+    if mod is None:
+        names = KERNELS[family](vtype, itype)
+        mod = cupy.RawModule(code=source(family), options=options(), name_expressions=names)
+        _modules[key] = mod
+    return mod.get_function(name)

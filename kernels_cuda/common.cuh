@@ -1,0 +1,81 @@
+// Shared device helpers of fastgnn's kernels: value-type traits and packed
+// vector loads. Self-contained (no CUDA headers), so NVRTC compiles it
+// without include paths.
+//
+// Value types: float, double, and two 16-bit storage types (fp16, bf16)
+// converted with PTX `cvt` instructions; arithmetic is done in `acc_t`
+// (float, or double for double).
+#pragma once
+
+typedef long long i64;
+
+struct f16_t { unsigned short bits; };
+struct bf16_t { unsigned short bits; };
+
+template <typename T> struct value_traits;
+
+template <> struct value_traits<float> {
+    typedef float acc_t;
+    static __device__ __forceinline__ float to_acc(float v) { return v; }
+    static __device__ __forceinline__ float from_acc(float v) { return v; }
+};
+
+template <> struct value_traits<double> {
+    typedef double acc_t;
+    static __device__ __forceinline__ double to_acc(double v) { return v; }
+    static __device__ __forceinline__ double from_acc(double v) { return v; }
+};
+
+template <> struct value_traits<f16_t> {
+    typedef float acc_t;
+    static __device__ __forceinline__ float to_acc(f16_t v) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+        return f;
+    }
+    static __device__ __forceinline__ f16_t from_acc(float f) {
+        f16_t v;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+        return v;
+    }
+};
+
+template <> struct value_traits<bf16_t> {
+    typedef float acc_t;
+    static __device__ __forceinline__ float to_acc(bf16_t v) {
+        return __uint_as_float(((unsigned int)v.bits) << 16);
+    }
+    static __device__ __forceinline__ bf16_t from_acc(float f) {
+        bf16_t v;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
+        return v;
+    }
+};
+
+// VEC consecutive values moved as one aligned load/store (up to 16 bytes).
+template <typename T, int VEC>
+struct __align__(sizeof(T) * VEC) pack_t {
+    T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ pack_t<T, VEC> load_pack(const T* __restrict__ p) {
+    return *reinterpret_cast<const pack_t<T, VEC>*>(p);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_pack(T* __restrict__ p, const pack_t<T, VEC>& v) {
+    *reinterpret_cast<pack_t<T, VEC>*>(p) = v;
+}
+
+// Sum over the `group` lanes of a lane group (group is a power of two <= 32,
+// groups aligned inside the warp); every lane of the group gets the total.
+template <typename A>
+__device__ __forceinline__ A group_sum(A v, int group) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = (group == 32) ? 0xffffffffu
+                                        : (((1u << group) - 1u) << (lane & ~(unsigned)(group - 1)));
+    for (int offset = group >> 1; offset > 0; offset >>= 1)
+        v += __shfl_xor_sync(mask, v, offset, group);
+    return v;
+}
