@@ -23,8 +23,16 @@ from ._array import as_backend_array, device_name, is_cupy, xp_of
 INT32_MAX = 2**31 - 1
 
 
-def _index_dtype(num_edges: int, num_nodes: int):
-    return np.int32 if max(num_edges, num_nodes) <= INT32_MAX else np.int64
+def _index_dtype(num_edges: int, num_nodes: int, forced=None):
+    fits = max(num_edges, num_nodes) <= INT32_MAX
+    if forced is None:
+        return np.int32 if fits else np.int64
+    forced = np.dtype(forced)
+    if forced not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise ValueError(f"index_dtype must be int32 or int64, got {forced}")
+    if forced == np.int32 and not fits:
+        raise ValueError("index_dtype=int32 cannot hold this graph's edge or node count")
+    return forced.type
 
 
 def _check_int_array(a, name: str):
@@ -50,13 +58,15 @@ class Graph:
 
     # ------------------------------------------------------------------ build
     @classmethod
-    def from_edge_index(cls, edge_index, num_nodes=None, *, num_src=None, num_dst=None):
+    def from_edge_index(cls, edge_index, num_nodes=None, *, num_src=None, num_dst=None,
+                        index_dtype=None):
         """Graph from an edge index `[2, E]` (row 0 = sources, row 1 = targets).
 
         edge_index: NumPy, CuPy or any DLPack array (torch, jax) of integers.
         num_nodes:  node count of a square graph; inferred as max index + 1 if
                     neither it nor num_src/num_dst is given.
         num_src, num_dst: sizes of a bipartite graph (source and target sets).
+        index_dtype: force int32 or int64 indices (default: int32 when they fit).
         Edge ids are column positions of `edge_index`.
         """
         ei = as_backend_array(edge_index, "edge_index")
@@ -90,7 +100,7 @@ class Graph:
         if max_dst >= num_dst:
             raise ValueError(f"edge_index[1] holds target index {max_dst}, but there are "
                              f"only {num_dst} target nodes")
-        idx = _index_dtype(E, max(num_src, num_dst))
+        idx = _index_dtype(E, max(num_src, num_dst), index_dtype)
         order = _stable_argsort(xp, dst, E)
         indices = src[order].astype(idx)
         counts = xp.bincount(dst, minlength=num_dst) if E else xp.zeros(num_dst, dtype=np.int64)
@@ -100,7 +110,7 @@ class Graph:
         return cls(indptr, indices, edge_ids, num_src, num_dst)
 
     @classmethod
-    def from_csr(cls, indptr, indices, num_src=None):
+    def from_csr(cls, indptr, indices, num_src=None, *, index_dtype=None):
         """Graph from CSR-by-destination arrays; edge ids are CSR positions.
 
         indptr:  [num_dst + 1] non-decreasing offsets starting at 0.
@@ -130,7 +140,7 @@ class Graph:
         if max_src >= num_src:
             raise ValueError(f"indices holds {max_src}, but num_src={num_src}")
         num_dst = indptr.shape[0] - 1
-        idx = _index_dtype(E, max(num_src, num_dst))
+        idx = _index_dtype(E, max(num_src, num_dst), index_dtype)
         return cls(indptr.astype(idx), indices.astype(idx), None, num_src, num_dst)
 
     @classmethod
@@ -176,12 +186,7 @@ class Graph:
     @property
     def csr_rows(self):
         """[E] target node of each CSR position (index dtype)."""
-        def build():
-            xp = self.xp
-            rows = xp.repeat(xp.arange(self.num_dst, dtype=self.index_dtype),
-                             self.in_degree.astype(np.int64))
-            return rows.astype(self.index_dtype)
-        return self.cached("csr_rows", build)
+        return self.cached("csr_rows", lambda: segment_ids(self.indptr, self.num_edges))
 
     def transpose(self) -> "Graph":
         """The reverse graph (CSC of this one), built once and cached.
@@ -259,6 +264,14 @@ def _stable_argsort(xp, keys, num_edges):
         return np.argsort(keys, kind="stable")
     pos = xp.arange(num_edges, dtype=np.int64)
     return xp.argsort(keys.astype(np.int64) * max(num_edges, 1) + pos)
+
+
+def segment_ids(offsets, total):
+    """[total] segment of each position for offsets [n + 1] (like repeat(arange(n),
+    diff(offsets)), which CuPy cannot do with array counts)."""
+    xp = xp_of(offsets)
+    pos = xp.arange(total, dtype=offsets.dtype)
+    return (xp.searchsorted(offsets[1:], pos, side="right")).astype(offsets.dtype)
 
 
 def as_graph(graph) -> Graph:

@@ -75,3 +75,40 @@ def rmat_edge_index(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, *, seed=0,
         key = xp.unique(src * n + dst)
         src, dst = key // n, key % n
     return xp.stack([src, dst]), n
+
+
+# ------------------------------------------------------------- devices
+def devices():
+    """pytest params for every device: "cpu", and "cuda" marked `gpu` (skipped
+    unless CuPy sees a device)."""
+    import pytest
+
+    from ._array import gpu_available
+    return ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not gpu_available(), reason="needs a CUDA device visible to CuPy")])]
+
+
+def to_device(a, device):
+    """NumPy array -> the backend array of `device` ("cpu" or "cuda")."""
+    if device == "cpu" or a is None:
+        return a
+    import cupy
+    return cupy.asarray(a)
+
+
+def to_numpy(a):
+    if a is None:
+        return None
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def to_bf16_bits(x):
+    """float array -> uint16 bfloat16 bit patterns (round to nearest even)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = u + 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b):
+    """uint16 bfloat16 bit patterns -> float32."""
+    return (np.asarray(b).astype(np.uint32) << 16).view(np.float32)

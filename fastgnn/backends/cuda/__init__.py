@@ -1,1 +1,3 @@
-"""CUDA backend: CuPy launchers for kernels_cuda/ (compiled lazily)."""
+"""CUDA backend: CuPy launchers for kernels_cuda/ (compiled lazily, launched
+on CuPy's current stream)."""
+from .spmm import chosen_paths, sddmm, spmm  # noqa: F401

@@ -1,0 +1,293 @@
+"""CUDA launchers of the SpMM family: two paths and a dispatcher.
+
+* "custom": kernels_cuda/spmm.cu. Rows are cut into tasks of at most `chunk`
+  edges (cached per graph), a lane group per task, vectorised loads; any
+  value type (fp32/fp64/fp16/bf16, fp32 accumulation), int32 or int64.
+* "cusparse": cuSPARSE generic SpMM (row-major dense operands, CSR) through
+  CuPy's low-level bindings; descriptors, the chosen algorithm and the
+  workspace are cached per (graph, width, dtype). fp32/fp64 only.
+
+"auto" times every candidate (each cuSPARSE algorithm, the custom kernel at
+a few chunk sizes) once per (graph, width, value type, weighted) with CUDA
+events, keeps the fastest and records the choice in `graph.cache` under
+("spmm_plan", F, vtype, weighted) -> SpmmChoice (see `chosen_paths`).
+
+All launches go to CuPy's current stream; all buffers come from CuPy's
+current allocator (PyTorch's when called through fastgnn.torch).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import cupy as cp
+import numpy as np
+
+from .loader import C_INDEX, C_VALUE, VALUE_BYTES, get_function, vec_widths
+
+BLOCK = 256
+CHUNKS = (64, 256, 1024)     # custom-kernel task sizes tried by "auto"
+DEFAULT_CHUNK = 256
+_ITYPE = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
+
+
+def _acc_dtype(vtype):
+    return np.float64 if vtype == "float64" else np.float32
+
+
+# ------------------------------------------------------------------ tasks
+@dataclasses.dataclass
+class TaskPlan:
+    """Rows cut into tasks of <= chunk edges (see kernels_cuda/spmm.cu)."""
+    chunk: int
+    task_row: cp.ndarray     # [T]
+    task_begin: cp.ndarray   # [T]
+    task_slot: cp.ndarray    # [T] partial slot or -1
+    split_row: cp.ndarray    # [S] rows with more than one task
+    slot_ptr: cp.ndarray     # [S + 1]
+    num_slots: int
+
+
+def task_plan(graph, chunk: int = DEFAULT_CHUNK) -> TaskPlan:
+    def build():
+        idx = graph.index_dtype
+        deg = cp.diff(graph.indptr).astype(np.int64)
+        ntask = cp.maximum((deg + chunk - 1) // chunk, 1)
+        task_ptr = cp.zeros(graph.num_dst + 1, dtype=np.int64)
+        cp.cumsum(ntask, out=task_ptr[1:])
+        num_tasks = int(task_ptr[-1])
+        t = cp.arange(num_tasks, dtype=np.int64)
+        row = cp.searchsorted(task_ptr[1:], t, side="right")
+        begin = graph.indptr[row].astype(np.int64) + (t - task_ptr[row]) * chunk
+        split = ntask > 1
+        split_task = split[row]
+        slot = cp.where(split_task, cp.cumsum(split_task) - 1, -1)
+        split_row = cp.nonzero(split)[0]
+        slot_ptr = cp.zeros(split_row.shape[0] + 1, dtype=np.int64)
+        cp.cumsum(ntask[split_row], out=slot_ptr[1:])
+        return TaskPlan(chunk, row.astype(idx), begin.astype(idx), slot.astype(idx),
+                        split_row.astype(idx), slot_ptr.astype(idx), int(slot_ptr[-1]))
+    return graph.cached(("spmm_tasks", chunk), build)
+
+
+def _launch_shape(vtype, F, *arrays):
+    """(VEC, group): the widest vector (<= 16 bytes) dividing F at which every
+    array is aligned, and the power-of-two lane count (<= 32) covering F."""
+    vec = 1
+    for v in vec_widths(vtype):
+        if F % v == 0 and all(a.data.ptr % (v * VALUE_BYTES[vtype]) == 0 for a in arrays):
+            vec = v
+    lanes = -(-F // vec)
+    group = 1
+    while group < min(lanes, 32):
+        group *= 2
+    return vec, group
+
+
+_EMPTY = {}
+
+
+def _null(dtype):
+    key = (cp.cuda.Device().id, np.dtype(dtype))
+    if key not in _EMPTY:
+        _EMPTY[key] = cp.empty(1, dtype=dtype)
+    return _EMPTY[key]
+
+
+def _grid(num_units, group):
+    return (max(1, -(-num_units * group // BLOCK)),)
+
+
+def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None):
+    F = x.shape[1]
+    itype = _ITYPE[np.dtype(graph.index_dtype)]
+    out = cp.empty((graph.num_dst, F), dtype=x.dtype) if out is None else out
+    if F == 0 or graph.num_dst == 0:
+        return out
+    plan = task_plan(graph, chunk)
+    acc = _acc_dtype(vtype)
+    vec, group = _launch_shape(vtype, F, x, out)
+    T, I = C_VALUE[vtype], C_INDEX[itype]
+    has_w = weight_csr is not None
+    partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else _null(acc)
+    fwd = get_function("spmm", vtype, itype, f"spmm_fwd<{T}, {I}, {vec}, {'true' if has_w else 'false'}>")
+    num_tasks = int(plan.task_row.shape[0])
+    fwd(_grid(num_tasks, group), (BLOCK,),
+        (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
+         weight_csr.astype(acc, copy=False) if has_w else _null(acc), x, out, partial,
+         np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group)))
+    num_split = int(plan.split_row.shape[0])
+    if num_split:
+        combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
+        combine(_grid(num_split, group), (BLOCK,),
+                (plan.split_row, plan.slot_ptr, partial, out, np.int64(num_split),
+                 np.int32(F), np.int32(group)))
+    return out
+
+
+def sddmm(graph, a, b, vtype):
+    """[E] CSR order: <a[row_e], b[src_e]>, fp32 (fp64 for float64)."""
+    F = a.shape[1]
+    itype = _ITYPE[np.dtype(graph.index_dtype)]
+    acc = _acc_dtype(vtype)
+    out = cp.empty(graph.num_edges, dtype=acc)
+    if graph.num_edges == 0:
+        return out
+    if F == 0:
+        out.fill(0)
+        return out
+    plan = task_plan(graph, DEFAULT_CHUNK)
+    vec, group = _launch_shape(vtype, F, a, b)
+    kern = get_function("spmm", vtype, itype, f"sddmm<{C_VALUE[vtype]}, {C_INDEX[itype]}, {vec}>")
+    num_tasks = int(plan.task_row.shape[0])
+    kern(_grid(num_tasks, group), (BLOCK,),
+         (plan.task_row, plan.task_begin, graph.indptr, graph.indices, a, b, out,
+          np.int64(num_tasks), np.int32(F), np.int32(DEFAULT_CHUNK), np.int32(group)))
+    return out
+
+
+# --------------------------------------------------------------- cuSPARSE
+_CUDA_R = {"float32": 0, "float64": 1}          # cudaDataType_t values (library_types.h)
+CUSPARSE_ALGS = {"default": 0, "csr_alg1": 4, "csr_alg2": 6, "csr_alg3": 12}
+
+
+class CusparsePlan:
+    """Descriptors + workspace for one (graph, F, vtype, alg); pointers are
+    re-bound on every call (csrSetPointers / dnMatSetValues)."""
+
+    def __init__(self, graph, F, vtype, alg):
+        from cupy_backends.cuda.libs import cusparse as cs
+        self.cs = cs
+        self.alg = CUSPARSE_ALGS[alg]
+        self.dtype = _CUDA_R[vtype]
+        self.F = F
+        itype = cs.CUSPARSE_INDEX_32I if graph.index_dtype == np.int32 else cs.CUSPARSE_INDEX_64I
+        dt = np.float64 if vtype == "float64" else np.float32
+        self.ones = cp.ones(max(graph.num_edges, 1), dtype=dt)
+        x0 = cp.empty((max(graph.num_src, 1), F), dtype=dt)
+        y0 = cp.empty((max(graph.num_dst, 1), F), dtype=dt)
+        self.mat = cs.createCsr(graph.num_dst, graph.num_src, graph.num_edges,
+                                graph.indptr.data.ptr, graph.indices.data.ptr, self.ones.data.ptr,
+                                itype, itype, cs.CUSPARSE_INDEX_BASE_ZERO, self.dtype)
+        self.dx = cs.createDnMat(graph.num_src, F, F, x0.data.ptr, self.dtype, cs.CUSPARSE_ORDER_ROW)
+        self.dy = cs.createDnMat(graph.num_dst, F, F, y0.data.ptr, self.dtype, cs.CUSPARSE_ORDER_ROW)
+        self.alpha = np.ones(1, dtype=dt)
+        self.beta = np.zeros(1, dtype=dt)
+        handle = cp.cuda.device.get_cusparse_handle()
+        size = cs.spMM_bufferSize(handle, cs.CUSPARSE_OPERATION_NON_TRANSPOSE,
+                                  cs.CUSPARSE_OPERATION_NON_TRANSPOSE, self.alpha.ctypes.data,
+                                  self.mat, self.dx, self.beta.ctypes.data, self.dy,
+                                  self.dtype, self.alg)
+        self.workspace = cp.empty(max(size, 1), dtype=np.uint8)
+
+    def __call__(self, graph, x, weight_csr, out):
+        cs = self.cs
+        handle = cp.cuda.device.get_cusparse_handle()
+        cs.setStream(handle, cp.cuda.get_current_stream().ptr)
+        vals = self.ones if weight_csr is None else weight_csr
+        cs.spMatSetValues(self.mat, vals.data.ptr)
+        cs.dnMatSetValues(self.dx, x.data.ptr)
+        cs.dnMatSetValues(self.dy, out.data.ptr)
+        cs.spMM(handle, cs.CUSPARSE_OPERATION_NON_TRANSPOSE, cs.CUSPARSE_OPERATION_NON_TRANSPOSE,
+                self.alpha.ctypes.data, self.mat, self.dx, self.beta.ctypes.data, self.dy,
+                self.dtype, self.alg, self.workspace.data.ptr)
+        return out
+
+    def __del__(self):
+        try:
+            self.cs.destroySpMat(self.mat)
+            self.cs.destroyDnMat(self.dx)
+            self.cs.destroyDnMat(self.dy)
+        except Exception:
+            pass
+
+
+def cusparse_supports(graph, vtype):
+    return vtype in _CUDA_R and graph.num_edges > 0 and graph.num_dst > 0 and graph.num_src > 0
+
+
+def spmm_cusparse(graph, x, weight_csr, vtype, alg="default", out=None):
+    F = x.shape[1]
+    out = cp.empty((graph.num_dst, F), dtype=x.dtype) if out is None else out
+    if not cusparse_supports(graph, vtype) or F == 0:
+        if F and graph.num_dst:
+            out.fill(0)
+        return out
+    w = None if weight_csr is None else weight_csr.astype(x.dtype, copy=False)
+    plan = graph.cached(("cusparse_plan", F, vtype, alg),
+                        lambda: CusparsePlan(graph, F, vtype, alg))
+    return plan(graph, x, w, out)
+
+
+# --------------------------------------------------------------- dispatch
+@dataclasses.dataclass
+class SpmmChoice:
+    path: str            # "custom" or "cusparse"
+    option: object       # chunk size or cuSPARSE algorithm name
+    timings_ms: dict     # candidate -> median ms measured once
+
+
+def _candidates(graph, vtype):
+    cands = [("custom", c) for c in CHUNKS]
+    if cusparse_supports(graph, vtype):
+        cands += [("cusparse", a) for a in CUSPARSE_ALGS]
+    return cands
+
+
+def _run(graph, x, w, vtype, path, option, out=None):
+    if path == "custom":
+        return spmm_custom(graph, x, w, vtype, chunk=option, out=out)
+    return spmm_cusparse(graph, x, w, vtype, alg=option, out=out)
+
+
+def _time(fn, repeats=3):
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    fn()  # warm-up (compiles, builds plans)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def choose(graph, x, w, vtype) -> SpmmChoice:
+    """Time every candidate once on these inputs; cache the fastest."""
+    key = ("spmm_plan", x.shape[1], vtype, w is not None)
+    if key in graph.cache:
+        return graph.cache[key]
+    out = cp.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
+    timings = {}
+    for path, opt in _candidates(graph, vtype):
+        try:
+            timings[(path, opt)] = _time(lambda: _run(graph, x, w, vtype, path, opt, out))
+        except Exception as e:  # an algorithm cuSPARSE refuses for this shape
+            timings[(path, opt)] = float("inf")
+            if path == "custom":
+                raise
+            del e
+    best = min(timings, key=timings.get)
+    for (path, opt) in timings:  # drop plans of the losers (descriptors, workspaces)
+        if path == "cusparse" and (path, opt) != best:
+            graph.cache.pop(("cusparse_plan", x.shape[1], vtype, opt), None)
+    choice = SpmmChoice(best[0], best[1], {f"{p}:{o}": t for (p, o), t in timings.items()})
+    graph.cache[key] = choice
+    return choice
+
+
+def chosen_paths(graph):
+    """{(F, vtype, weighted): SpmmChoice} made so far on this graph."""
+    return {k[1:]: v for k, v in graph.cache.items() if isinstance(k, tuple) and k[0] == "spmm_plan"}
+
+
+def spmm(graph, x, weight_csr, vtype, path="auto"):
+    """[num_dst, F] = A_w @ x on the GPU (see module docstring for paths)."""
+    if path == "custom" or (path == "cusparse" and not cusparse_supports(graph, vtype)):
+        return spmm_custom(graph, x, weight_csr, vtype)
+    if path == "cusparse":
+        return spmm_cusparse(graph, x, weight_csr, vtype)
+    if graph.num_edges == 0 or x.shape[1] == 0:
+        return spmm_custom(graph, x, weight_csr, vtype)
+    c = choose(graph, x, weight_csr, vtype)
+    return _run(graph, x, weight_csr, vtype, c.path, c.option)

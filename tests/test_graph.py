@@ -1,0 +1,86 @@
+"""fastgnn.Graph: construction, ordering, caches and validation (CPU and GPU)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from fastgnn import Graph
+from fastgnn.testing import awkward_edge_index, devices, to_device, to_numpy
+
+
+@pytest.mark.parametrize("device", devices())
+def test_csr_by_destination_keeps_caller_order(device):
+    ei = awkward_edge_index(200, 1500, seed=np.random.randint(1 << 30))
+    g = Graph.from_edge_index(to_device(ei, device), num_nodes=200)
+    indptr, indices, ids = map(to_numpy, (g.indptr, g.indices, g.edge_ids))
+    assert g.num_edges == ei.shape[1] and g.index_dtype == np.int32
+    # each CSR position points back at a caller edge with the same endpoints
+    np.testing.assert_array_equal(indices, ei[0][ids])
+    rows = np.repeat(np.arange(200), np.diff(indptr))
+    np.testing.assert_array_equal(rows, ei[1][ids])
+    # stable: caller ids increase inside every row
+    for i in range(200):
+        seg = ids[indptr[i]:indptr[i + 1]]
+        assert np.all(np.diff(seg) > 0)
+    np.testing.assert_array_equal(to_numpy(g.edge_index()), ei)
+    np.testing.assert_array_equal(to_numpy(g.in_degree), np.bincount(ei[1], minlength=200))
+    np.testing.assert_array_equal(to_numpy(g.out_degree), np.bincount(ei[0], minlength=200))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_transpose_is_cached_reverse_graph(device):
+    ei = awkward_edge_index(120, 900, seed=np.random.randint(1 << 30), num_src=77)
+    g = Graph.from_edge_index(to_device(ei, device), num_src=77, num_dst=120)
+    t = g.transpose()
+    assert t is g.transpose() and t.num_src == 120 and t.num_dst == 77
+    a = sp.csr_matrix((np.arange(1, g.num_edges + 1, dtype=float), to_numpy(g.indices),
+                       to_numpy(g.indptr)), shape=(120, 77))
+    vals = np.arange(1, g.num_edges + 1, dtype=float)[to_numpy(t.edge_ids)]
+    at = sp.csr_matrix((vals, to_numpy(t.indices), to_numpy(t.indptr)), shape=(77, 120))
+    assert abs(a.T - at).max() == 0
+
+
+def test_index_dtypes_and_scipy_and_csr():
+    ei = awkward_edge_index(50, 300, seed=1)
+    g64 = Graph.from_edge_index(ei, num_nodes=50, index_dtype=np.int64)
+    assert g64.index_dtype == np.int64
+    m = sp.coo_matrix((np.ones(ei.shape[1]), (ei[1], ei[0])), shape=(50, 50))
+    gs = Graph.from_scipy(m)
+    assert gs.num_edges == m.tocsr().nnz and gs.edge_ids is None
+    gc = Graph.from_csr(gs.indptr, gs.indices, num_src=50)
+    np.testing.assert_array_equal(gc.indices, gs.indices)
+
+
+def test_inputs_not_mutated_and_empty_graph():
+    ei = awkward_edge_index(30, 100, seed=2)
+    before = ei.copy()
+    Graph.from_edge_index(ei).transpose()
+    np.testing.assert_array_equal(ei, before)
+    g = Graph.from_edge_index(np.zeros((2, 0), dtype=np.int64), num_nodes=5)
+    assert g.num_edges == 0 and to_numpy(g.indptr).tolist() == [0] * 6
+    assert g.transpose().num_edges == 0
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("bad, kwargs, err, words", [
+    (np.array([[0, -1], [1, 1]]), {}, ValueError, "negative"),
+    (np.array([[0, 5], [1, 1]]), {"num_nodes": 3}, ValueError, "source index 5"),
+    (np.array([[0, 1], [1, 9]]), {"num_src": 3, "num_dst": 4}, ValueError, "target index 9"),
+    (np.array([0, 1, 2]), {}, ValueError, "shape [2, E]"),
+    (np.array([[0.0, 1.0], [1.0, 0.0]]), {}, TypeError, "integers"),
+])
+def test_bad_edge_index(device, bad, kwargs, err, words):
+    with pytest.raises(err, match="edge_index|" + words) as info:
+        Graph.from_edge_index(to_device(bad, device), **kwargs)
+    assert words in str(info.value)
+
+
+def test_bad_csr():
+    with pytest.raises(ValueError, match="non-decreasing"):
+        Graph.from_csr(np.array([0, 2, 1, 3]), np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="end at len"):
+        Graph.from_csr(np.array([0, 2]), np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="num_src"):
+        Graph.from_csr(np.array([0, 2]), np.array([0, 4]), num_src=3)
+    with pytest.raises(TypeError, match="Graph"):
+        from fastgnn import spmm
+        spmm(np.zeros((2, 3)), np.zeros((3, 2)))
