@@ -42,6 +42,7 @@ class SpmmResiduals:
     path: str
     weight_dtype: object      # dtype of the caller's edge_weight (None if not given)
     num_src: int
+    deterministic: bool
 
 
 def _weight_dtype_for(vtype):
@@ -115,7 +116,7 @@ def validate_edge_weight(graph: Graph, edge_weight, name="edge_weight"):
 
 
 def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto",
-             needs_weight_grad=True):
+             deterministic=True, needs_weight_grad=True):
     """Forward of `spmm`; returns (out [num_dst, F], SpmmResiduals)."""
     graph = as_graph(graph)
     if reduce not in REDUCES:
@@ -126,10 +127,10 @@ def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto
     w = validate_edge_weight(graph, edge_weight)
     wdt = _weight_dtype_for(vt)
     w_eff = effective_weights(graph, None if w is None else graph.to_csr_order(w), reduce, wdt)
-    out = backend_for(x).spmm(graph, x, w_eff, vt, path)
+    out = backend_for(x).spmm(graph, x, w_eff, vt, path, deterministic)
     keep_x = x if (w is not None and needs_weight_grad) else None
     res = SpmmResiduals(keep_x, w_eff, reduce, vt, path, None if w is None else w.dtype,
-                        graph.num_src)
+                        graph.num_src, bool(deterministic))
     return out, res
 
 
@@ -142,7 +143,7 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
     grad_x = grad_w = None
     if needs_x_grad:
         w_t = _transpose_weights(graph, res.weight_csr, res.reduce, wdt)
-        grad_x = be.spmm(graph.transpose(), g, w_t, res.vtype, res.path)
+        grad_x = be.spmm(graph.transpose(), g, w_t, res.vtype, res.path, res.deterministic)
     if needs_weight_grad and res.weight_dtype is not None:
         if res.x is None:
             raise ValueError("spmm_fwd was called with needs_weight_grad=False")
@@ -153,7 +154,8 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
     return grad_x, grad_w
 
 
-def spmm(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto"):
+def spmm(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto",
+         deterministic=True):
     """Neighbour aggregation by sparse-dense product: `out = A_w @ x`.
 
     graph:       fastgnn.Graph with num_src source and num_dst target nodes.
@@ -163,10 +165,13 @@ def spmm(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto"):
     reduce:      "sum" or "mean" (mean divides by the in-degree; empty rows give 0).
     path:        GPU only: "auto" (time cuSPARSE and the custom kernel once per
                  graph, width and dtype, keep the faster), "cusparse" or "custom".
+    deterministic: GPU only: True (default) keeps results bitwise repeatable
+                 (no float atomics anywhere); False lets "auto" also consider
+                 cuSPARSE algorithms that are not.
     Returns [num_dst, F] in x's dtype (fp32 accumulation for 16-bit types).
     """
     out, _ = spmm_fwd(graph, x, edge_weight, reduce, vtype=vtype, path=path,
-                      needs_weight_grad=False)
+                      deterministic=deterministic, needs_weight_grad=False)
     return out
 
 
@@ -207,8 +212,13 @@ def self_loop_structure(graph: Graph):
         loop_ids = xp.nonzero(~not_loop)[0]
         last = xp.full(n, -1, dtype=np.int64)
         if loop_ids.size:
-            # later loops overwrite earlier ones, as PyG's scatter assignment does on CPU
-            last[ei[0][loop_ids]] = loop_ids
+            # a node's last loop wins, as PyG's scatter assignment does on CPU; picked
+            # explicitly because a GPU scatter with repeated indices has no defined winner
+            loop_nodes = ei[0][loop_ids]
+            order = xp.argsort(loop_nodes * ei.shape[1] + loop_ids)
+            loop_nodes, loop_ids = loop_nodes[order], loop_ids[order]
+            is_last = xp.concatenate([loop_nodes[1:] != loop_nodes[:-1], xp.ones(1, dtype=bool)])
+            last[loop_nodes[is_last]] = loop_ids[is_last]
         nodes = xp.arange(n, dtype=ei.dtype)
         new_ei = xp.concatenate([ei[:, kept], xp.stack([nodes, nodes])], axis=1)
         return Graph.from_edge_index(new_ei, num_nodes=n), kept, last

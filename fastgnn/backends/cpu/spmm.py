@@ -34,8 +34,9 @@ def _sddmm_rows(indptr, indices, a, b, out):
             out[e] = acc
 
 
-def spmm(graph, x, weight_csr, vtype, path="auto"):
-    """[num_dst, F] = A_w @ x on the CPU (path is a GPU-only option)."""
+def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True):
+    """[num_dst, F] = A_w @ x on the CPU (path and deterministic are GPU
+    options; the CPU kernel is always deterministic)."""
     out = np.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
     has_w = weight_csr is not None
     w = weight_csr.astype(x.dtype, copy=False) if has_w else np.empty(0, dtype=x.dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import itertools
+import os
 
 # fastgnn value type -> C storage type (see kernels_cuda/common.cuh)
 C_VALUE = {"float32": "float", "float64": "double", "float16": "f16_t", "bfloat16": "bf16_t"}
@@ -40,14 +41,21 @@ def _spmm_names(vt, it):
 KERNELS = {"spmm": _spmm_names}
 
 
+@functools.lru_cache(maxsize=None)
 def kernels_dir() -> str:
-    return str(importlib.resources.files("fastgnn.kernels_cuda"))
+    """kernels_cuda/ as installed (package data fastgnn.kernels_cuda), or the
+    source tree's copy when fastgnn runs from a checkout without install."""
+    try:
+        return str(importlib.resources.files("fastgnn.kernels_cuda"))
+    except ModuleNotFoundError:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return os.path.normpath(os.path.join(here, "..", "..", "..", "kernels_cuda"))
 
 
 @functools.lru_cache(maxsize=None)
 def source(family: str) -> str:
-    path = importlib.resources.files("fastgnn.kernels_cuda").joinpath(f"{family}.cu")
-    return path.read_text()
+    with open(os.path.join(kernels_dir(), f"{family}.cu")) as f:
+        return f.read()
 
 
 def options():

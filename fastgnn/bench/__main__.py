@@ -1,0 +1,289 @@
+"""`python -m fastgnn.bench` / `fastgnn bench`: benchmark fastgnn against its baselines.
+
+Examples
+    python -m fastgnn.bench --quick                       # CPU smoke run, < 1 minute
+    python -m fastgnn.bench --graphs rmat20 clustered     # H200: SpMM ops + layers
+    python -m fastgnn.bench --ops spmm_sum --layers none --dtypes fp32 --width 64 128
+    python -m fastgnn.bench --list                        # the registered cases
+
+Writes a JSON list of records (one per graph x case x dtype x width x
+implementation) to --out and a markdown table beside it (.md), then prints a
+compact table. See docs/benchmarks.md for the method and the baselines.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shlex
+import sys
+
+from . import core
+from .core import CASES
+
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+          "fp16": "float16", "float16": "float16"}
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+FULL_GRAPHS = ["rmat20", "rmat16", "uniform20", "clustered", "grid"]
+QUICK_GRAPHS = ["rmat10", "clustered12", "grid32"]
+H200_BANDWIDTH_GBS = 4190.0     # measured copy bandwidth, read + write (GPU.md)
+
+
+def _load_cases():
+    from . import cases_layers, cases_spmm  # noqa: F401  (register on import)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="fastgnn bench", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="graph names: rmat<S>[e<EF>], uniform<S>[e<EF>], "
+                                       "clustered[<S>], grid[<SIDE>], npz:PATH|NAME")
+    p.add_argument("--graphs", nargs="+", help=f"graphs (default {' '.join(FULL_GRAPHS)}; "
+                   f"--quick: {' '.join(QUICK_GRAPHS)})")
+    p.add_argument("--width", nargs="+", type=int, help="feature widths F (default 128; --quick: 32 64)")
+    p.add_argument("--dtypes", nargs="+", help="fp32 bf16 fp16 (default fp32 bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--ops", nargs="+", help="op cases, 'all' or 'none' (default: the default ops)")
+    p.add_argument("--layers", nargs="+", help="layer cases, 'all' or 'none' (default: all)")
+    p.add_argument("--impls", nargs="+", help="only implementations whose name contains one of these")
+    p.add_argument("--repeats", type=int, help="timed calls per measurement, median reported "
+                   "(default 20; --quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 1)")
+    p.add_argument("--quick", action="store_true",
+                   help="CPU-friendly smoke run: small graphs, F=32 and 64, few repeats")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help=f"GB/s for the bytes floor (default {H200_BANDWIDTH_GBS:g} on CUDA, "
+                        "the H200's measured copy bandwidth; none on CPU)")
+    p.add_argument("--out", help="JSON path (default benchmarks/results/<auto name>.json); "
+                   "the markdown goes beside it")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("--list", action="store_true", help="list the registered cases and exit")
+    return p
+
+
+def _select(names, kind, default_all=False):
+    pool = [c for c in CASES.values() if c.kind == kind]
+    if names is None:
+        return [c for c in pool if c.default or default_all]
+    if names == ["none"]:
+        return []
+    if names == ["all"]:
+        return pool
+    by = {c.name.lower(): c for c in pool}
+    out = []
+    for n in names:
+        if n.lower() not in by:
+            raise SystemExit(f"fastgnn bench: unknown {kind} {n!r}; known: {', '.join(c.name for c in pool)}")
+        out.append(by[n.lower()])
+    return out
+
+
+def _versions(torch, cuda):
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import torch_geometric
+        v["pyg"] = torch_geometric.__version__
+    except Exception:  # noqa: BLE001
+        v["pyg"] = None
+    try:
+        import cupy
+        v["cupy"] = cupy.__version__
+    except Exception:  # noqa: BLE001
+        v["cupy"] = None
+    import fastgnn
+    v["fastgnn"] = fastgnn.__version__
+    if cuda:
+        v["cuda"] = torch.version.cuda
+        try:
+            import turbo_gnn
+            v["turbo_gnn"] = getattr(turbo_gnn, "__version__", "installed")
+        except Exception:  # noqa: BLE001
+            pass
+    return v
+
+
+def _device_label(torch, device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
+           f"{torch.get_num_threads()} torch threads)"
+
+
+def _slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "device"
+
+
+def _progress(total, disable):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, disable=disable, file=sys.stderr, mininterval=0.5,
+                    dynamic_ncols=True, leave=False)
+    except Exception:  # noqa: BLE001
+        class _Null:
+            def update(self, n=1): pass
+            def set_description_str(self, s): pass
+            def close(self): pass
+        return _Null()
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    _load_cases()
+    if args.list:
+        for c in CASES.values():
+            print(f"{c.kind:5} {c.name:10} {'(default)' if c.default else '         '} {c.description}")
+        return 0
+
+    import torch
+
+    from . import graphs as bgraphs
+
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("fastgnn bench: --device cuda but torch sees no CUDA device")
+    cuda = device.type == "cuda"
+    if cuda:
+        device = torch.device("cuda", torch.cuda.current_device())
+
+    quick = args.quick
+    graph_specs = args.graphs or (QUICK_GRAPHS if quick else FULL_GRAPHS)
+    widths = args.width or ([32, 64] if quick else [128])
+    repeats = args.repeats or (3 if quick else 20)
+    warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
+    skipped = []
+    dtype_names = []
+    for d in (args.dtypes or (["fp32", "bf16"] if cuda else ["fp32"])):
+        if d.lower() not in DTYPES:
+            raise SystemExit(f"fastgnn bench: unknown dtype {d!r} (fp32, bf16, fp16)")
+        full = DTYPES[d.lower()]
+        if not cuda and full != "float32":
+            skipped.append(f"dtype {d}: the CPU backend runs float32 only")
+            continue
+        if full not in dtype_names:
+            dtype_names.append(full)
+    cases = _select(args.ops, "op") + _select(args.layers, "layer", default_all=True)
+    bandwidth = args.bandwidth if args.bandwidth is not None else (H200_BANDWIDTH_GBS if cuda else None)
+
+    command = "python -m fastgnn.bench " + shlex.join(argv)
+    gpu = _device_label(torch, device)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_path = args.out or os.path.join("benchmarks", "results",
+                                        f"{'quick' if quick else 'spmm'}-{_slug(gpu)}-{stamp}.json")
+    meta = {"gpu": gpu, "command": command, "versions": _versions(torch, cuda),
+            "bandwidth_gbs": bandwidth, "skipped": skipped,
+            "timing": (f"median of {repeats} calls after {warmup} warm-up calls, "
+                       + ("CUDA events" if cuda else "time.perf_counter")
+                       + "; fwd under torch.no_grad, fwd+bwd = forward + torch.autograd.grad")}
+
+    records = []
+    total = len(graph_specs) * len(widths) * len(dtype_names) * len(cases)
+    bar = _progress(total, args.no_progress)
+    try:
+        for spec in graph_specs:
+            try:
+                g = bgraphs.make(spec, torch, device, args.seed)
+            except bgraphs.GraphUnavailable as exc:
+                skipped.append(f"graph {spec}: {exc}")
+                print(f"fastgnn bench: skipping graph {spec}: {exc}", file=sys.stderr)
+                bar.update(len(widths) * len(dtype_names) * len(cases))
+                continue
+            except ValueError as exc:
+                raise SystemExit(f"fastgnn bench: {exc}")
+            for width in widths:
+                for dname in dtype_names:
+                    for case in cases:
+                        bar.set_description_str(f"{g.name} {case.name} {SHORT[dname]} F={width}")
+                        records += run_case(torch, device, g, case, dname, width, args, repeats,
+                                            warmup, bandwidth, meta, skipped)
+                        bar.update(1)
+            del g
+            core.free_memory(torch)
+    finally:
+        bar.close()
+
+    from . import report
+    report.add_speedups(records)
+    d = os.path.dirname(out_path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(records, f, indent=1, default=str)
+    md_path = os.path.splitext(out_path)[0] + ".md"
+    with open(md_path, "w") as f:
+        f.write(report.markdown(records, meta))
+    print(report.table(records, compact=True) if records else "(no measurements)")
+    print(f"\n{len(records)} records -> {out_path}\nmarkdown -> {md_path}")
+    return 0
+
+
+def run_case(torch, device, g, case, dname, width, args, repeats, warmup, bandwidth, meta, skipped):
+    """All implementations of one case on one graph, dtype and width -> records."""
+    dtype = getattr(torch, dname)
+    gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    x = torch.randn(g.num_nodes, width, generator=gen, device=device).to(dtype)
+    grad_out = torch.randn(g.num_nodes, width, generator=gen, device=device).to(dtype)
+    ctx = core.Ctx(torch, device, dtype, SHORT[dname], width, g, x, x.float(), grad_out, args.seed)
+
+    ref_out, ref_grad, ref_err = core.run_reference(torch, ctx, case)
+    ctx.x_ref = None                                   # not held while timing
+    impls = []
+    for impl in case.impls(ctx):
+        if device.type not in impl.devices:
+            continue
+        if args.impls and not any(s in impl.name for s in args.impls):
+            continue
+        why = impl.available()
+        if why:
+            note = f"{case.name} / {impl.name}: {why}"
+            if note not in skipped:
+                skipped.append(note)
+            continue
+        impls.append(impl)
+
+    floor = case.floor_bytes(ctx) if case.floor_bytes else None
+    records = []
+    for impl in impls:
+        res = core.measure(torch, ctx, impl, ref_out, ref_grad, repeats=repeats, warmup=warmup)
+        rec = {"gpu": meta["gpu"], "device": str(device), "versions": meta["versions"],
+               "graph": g.name, "graph_stats": g.stats, "graph_source": g.source,
+               "case": case.name, "kind": case.kind, "family": case.family,
+               "op": case.name if case.kind == "op" else None,
+               "layer": case.name if case.kind == "layer" else None,
+               "impl": impl.name, "fastgnn": impl.fastgnn, "settings": impl.settings,
+               "dtype": SHORT[dname], "width": width}
+        rec.update(res)
+        rec["bytes_fwd"], rec["bytes_fwd_bwd"] = floor if floor else (None, None)
+        rec["floor_ms"] = rec["floor_fwd_bwd_ms"] = rec["floor_frac"] = rec["floor_frac_fwd_bwd"] = None
+        if floor and bandwidth:
+            rec["floor_ms"] = floor[0] / (bandwidth * 1e9) * 1e3
+            rec["floor_fwd_bwd_ms"] = floor[1] / (bandwidth * 1e9) * 1e3
+            if rec["fwd_ms"]:
+                rec["floor_frac"] = round(rec["floor_ms"] / rec["fwd_ms"], 4)
+            if rec["fwd_bwd_ms"]:
+                rec["floor_frac_fwd_bwd"] = round(rec["floor_fwd_bwd_ms"] / rec["fwd_bwd_ms"], 4)
+        rec["bandwidth_gbs"] = bandwidth
+        rec["reference"] = ("float32 " + ("chunked gather/index_add_" if case.kind == "op"
+                                          else "PyG layer on edge_index")
+                            + " on the dtype-rounded inputs")
+        if ref_err:
+            rec["errors"]["reference"] = ref_err
+        rec.setdefault("path", None)
+        rec.update({"repeats": repeats, "warmup": warmup, "seed": args.seed,
+                    "command": meta["command"]})
+        records.append(rec)
+    del ctx, x, grad_out, ref_out, ref_grad
+    core.free_memory(torch)
+    return records
+
+
+if __name__ == "__main__":
+    sys.exit(main())

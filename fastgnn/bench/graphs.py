@@ -1,0 +1,151 @@
+"""Benchmark graphs by name.
+
+    rmat<S>[e<EF>]     R-MAT, 2**S nodes, edge factor EF (16)       rmat20, rmat16e8
+    uniform<S>[e<EF>]  uniform random endpoints, 2**S nodes          uniform20
+    clustered[<S>]     blocks of 64, 2**S nodes (default 262,144)    clustered, clustered12
+    grid[<SIDE>]       SIDE x SIDE 2-D mesh (default 1024)           grid, grid64
+    npz:PATH|NAME      a real graph from ../shared/datasets (symmetrised); NAME is
+                       looked up as <datasets>/**/NAME.npz          npz:tolokers
+
+Generated graphs are built with CuPy when the benchmark runs on CUDA and
+CuPy works (fast at scale), else NumPy; then handed to torch by DLPack.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import generators as gen
+
+DEFAULT_CLUSTERED_SCALE = 18   # 262,144 nodes, as in GPU.md
+DEFAULT_GRID_SIDE = 1024
+
+
+@dataclass
+class BenchGraph:
+    name: str
+    edge_index: object          # torch int64 [2, E] on the bench device
+    num_nodes: int
+    stats: dict
+    source: str                 # how it was made
+    cache: dict = field(default_factory=dict)   # derived torch structures (CSR, ...)
+
+    def cached(self, key, build):
+        if key not in self.cache:
+            self.cache[key] = build()
+        return self.cache[key]
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes per index as fastgnn stores them (int32 when everything fits)."""
+        return 4 if max(self.stats["num_edges"], self.num_nodes) <= 2**31 - 1 else 8
+
+
+class GraphUnavailable(Exception):
+    """The graph cannot be made here (a missing dataset file): skip it."""
+
+
+def datasets_dirs():
+    """Candidate ../shared/datasets folders: beside the working directory and
+    beside the checkout that holds this package."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cands = [os.path.join(os.getcwd(), "..", "shared", "datasets"),
+             os.path.join(here, "..", "shared", "datasets"),
+             os.environ.get("FASTGNN_DATASETS", "")]
+    seen, out = set(), []
+    for c in cands:
+        if c and os.path.isdir(c) and os.path.realpath(c) not in seen:
+            seen.add(os.path.realpath(c))
+            out.append(c)
+    return out
+
+
+def _resolve_npz(arg: str) -> str:
+    if os.path.exists(arg):
+        return arg
+    name = os.path.basename(arg)
+    name = name if name.endswith(".npz") else name + ".npz"
+    for d in datasets_dirs():
+        hits = sorted(glob.glob(os.path.join(d, "**", name), recursive=True))
+        if hits:
+            return hits[0]
+    raise GraphUnavailable(f"npz graph {arg!r} not found (looked in {datasets_dirs() or 'no datasets folder'})")
+
+
+def parse(spec: str):
+    """(canonical name, description, builder(xp, seed) -> (edge_index, n))."""
+    if spec.startswith("npz:"):
+        path = _resolve_npz(spec[4:])
+        name = os.path.splitext(os.path.basename(path))[0]
+        return name, f"load_npz({path!r}) symmetrised", lambda xp, seed: gen.load_npz(path, xp=xp)
+    m = re.fullmatch(r"(rmat|uniform)(\d+)(?:e(\d+))?", spec)
+    if m:
+        kind, scale, ef = m.group(1), int(m.group(2)), int(m.group(3) or 16)
+        f = gen.rmat if kind == "rmat" else gen.uniform
+        desc = f"{kind}(scale={scale}, edge_factor={ef})"
+        return spec, desc, lambda xp, seed: f(scale, ef, seed=seed, xp=xp)
+    m = re.fullmatch(r"clustered(\d+)?", spec)
+    if m:
+        scale = int(m.group(1) or DEFAULT_CLUSTERED_SCALE)
+        n = 1 << scale
+        desc = f"clustered(num_nodes={n}, block=64, random_per_node=2)"
+        return spec, desc, lambda xp, seed: gen.clustered(n, seed=seed, xp=xp)
+    m = re.fullmatch(r"grid(\d+)?", spec)
+    if m:
+        side = int(m.group(1) or DEFAULT_GRID_SIDE)
+        return spec, f"grid(side={side})", lambda xp, seed: gen.grid(side, seed=seed, xp=xp)
+    raise ValueError(f"unknown graph {spec!r}: use rmat<S>[e<EF>], uniform<S>[e<EF>], "
+                     "clustered[<S>], grid[<SIDE>] or npz:PATH")
+
+
+def make(spec: str, torch, device, seed: int = 0) -> BenchGraph:
+    """Build the named graph on `device` (a torch.device). Raises
+    GraphUnavailable for a missing dataset, ValueError for a bad name."""
+    name, desc, build = parse(spec)
+    xp = np
+    if device.type == "cuda" and not spec.startswith("npz:"):
+        from .._array import gpu_available
+        if gpu_available():
+            import cupy
+            xp = cupy
+    ei, n = build(xp, seed)
+    stats = gen.graph_stats(ei, n, xp)
+    if xp is np:
+        t = torch.from_numpy(np.ascontiguousarray(ei)).to(device)
+    else:
+        with torch.cuda.device(device):
+            t = torch.from_dlpack(ei).to(device).clone()
+        del ei
+    return BenchGraph(name, t.contiguous(), int(n), stats, f"{desc}, seed={seed}, built with {xp.__name__}")
+
+
+# ------------------------------------------------------------ torch structures
+
+
+def csr_by_target(torch, g: BenchGraph, index_dtype=None):
+    """(crow [n+1], col [E]) of A with rows = targets (PyG's adj_t), stable in
+    edge order, in `index_dtype` (int32 when it fits by default). Built anew
+    on each call (outside timing) so that no implementation's peak memory
+    carries another's structures."""
+    if index_dtype is None:
+        index_dtype = torch.int32 if g.index_bytes == 4 else torch.int64
+
+    def build():
+        src, dst = g.edge_index[0], g.edge_index[1]
+        order = torch.sort(dst, stable=True).indices
+        counts = torch.bincount(dst, minlength=g.num_nodes)
+        crow = torch.zeros(g.num_nodes + 1, dtype=torch.int64, device=dst.device)
+        crow[1:] = torch.cumsum(counts, 0)
+        return crow.to(index_dtype), src[order].to(index_dtype)
+    return build()
+
+
+def csr_adj_t(torch, g: BenchGraph, dtype, index_dtype=None):
+    """torch.sparse_csr_tensor of A^T-as-PyG-calls-it (rows = targets), values 1."""
+    crow, col = csr_by_target(torch, g, index_dtype)
+    vals = torch.ones(col.shape[0], dtype=dtype, device=col.device)
+    return torch.sparse_csr_tensor(crow, col, vals, size=(g.num_nodes, g.num_nodes))
