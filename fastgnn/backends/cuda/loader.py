@@ -37,8 +37,17 @@ def _spmm_names(vt, it):
     return names
 
 
+def _segment_names(vt, it):
+    T, I = C_VALUE[vt], C_INDEX[it]
+    names = [f"segment_combine<{T}, {I}>"]
+    for vec in vec_widths(vt):
+        names.append(f"segment_fwd<{T}, {I}, {vec}>")
+        names.append(f"segment_bwd<{T}, {I}, {vec}>")
+    return names
+
+
 # family -> function (value type, index type) -> name expressions
-KERNELS = {"spmm": _spmm_names}
+KERNELS = {"spmm": _spmm_names, "segment": _segment_names}
 
 
 @functools.lru_cache(maxsize=None)
