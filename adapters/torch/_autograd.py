@@ -1,0 +1,276 @@
+"""One generic bridge from fastgnn forward/backward pairs to `torch.autograd`.
+
+Every fastgnn op is a pure pair `out, res = fwd(graph, *arrays, **static)` /
+`grads = bwd(graph, res, *grad_outs, **flags)` on NumPy (CPU) or CuPy (GPU)
+arrays. An `Op` record says how to call one pair; `apply(op, graph, *tensors,
+**static)` runs it under autograd through the single `FastgnnFunction`.
+
+Conversion rules (the adapter converts, the core validates):
+
+- tensors reach the backend by DLPack without a copy (`numpy.from_dlpack` on
+  CPU, `cupy.from_dlpack` on CUDA) and results come back by `torch.from_dlpack`;
+  non-contiguous inputs are made contiguous (a copy; inputs are never mutated);
+- bfloat16 travels as int16 with `vtype="bfloat16"` (CuPy has no bf16 dtype);
+  16-bit integer results of a bf16 op are viewed back as bfloat16;
+- on CUDA the op runs on PyTorch's current stream and CuPy allocates from
+  PyTorch's caching allocator, so `torch.cuda.max_memory_allocated` sees every
+  output and workspace and the two libraries never hold separate pools.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, Mapping
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+__all__ = ["Op", "FastgnnFunction", "apply", "device_scope", "to_array", "to_tensor"]
+
+
+class Op:
+    """How to call one fastgnn forward/backward pair from PyTorch.
+
+    fwd(graph, *arrays, **static, **fwd_flags[, vtype=...]) -> (out | tuple of outs, residuals)
+    bwd(graph, residuals, *grad_outs, **bwd_flags) -> one gradient (or None) per input
+
+    inputs:    names of the array inputs, in call order (used in error messages)
+    features:  inputs that carry the op's value type (bf16 -> int16 + vtype)
+    fwd_flags: {keyword: input name}: the keyword is True when that input needs a gradient
+    bwd_flags: the same for bwd
+    vtype_arg: fwd's value-type keyword, passed only for bfloat16 (None: the op has none)
+    """
+
+    def __init__(self, name: str, fwd: Callable, bwd: Callable, inputs, *, features=(),
+                 fwd_flags: Mapping[str, str] | None = None,
+                 bwd_flags: Mapping[str, str] | None = None, vtype_arg: str | None = "vtype"):
+        self.name = name
+        self.fwd = fwd
+        self.bwd = bwd
+        self.inputs = tuple(inputs)
+        self.features = tuple(features)
+        self.fwd_flags = dict(fwd_flags or {})
+        self.bwd_flags = dict(bwd_flags or {})
+        self.vtype_arg = vtype_arg
+        for name_ in (*self.features, *self.fwd_flags.values(), *self.bwd_flags.values()):
+            if name_ not in self.inputs:
+                raise ValueError(f"Op {name}: {name_!r} is not one of its inputs {self.inputs}")
+
+    def __repr__(self):
+        return f"Op({self.name}, inputs={self.inputs})"
+
+
+# ---------------------------------------------------------------- CUDA context
+_local = threading.local()
+_streams: dict = {}       # (device, stream handle) -> CuPy stream object
+_mallocs: dict = {}       # device -> allocator function
+
+
+class _StreamHandle:
+    """A raw cudaStream_t speaking the CUDA stream protocol (for CuPy >= 14)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def _cupy_stream(cupy, device: int):
+    """CuPy's view of PyTorch's current stream on `device` (cached per handle)."""
+    ptr = torch.cuda.current_stream(device).cuda_stream
+    key = (device, ptr)
+    s = _streams.get(key)
+    if s is None:
+        if ptr == 0:
+            s = cupy.cuda.Stream.null           # the legacy default stream
+        elif hasattr(cupy.cuda.Stream, "from_external"):
+            s = cupy.cuda.Stream.from_external(_StreamHandle(ptr))
+        else:                                   # CuPy < 14
+            s = cupy.cuda.ExternalStream(ptr, device)
+        if len(_streams) > 256:                 # streams come and go; keep this small
+            _streams.clear()
+        _streams[key] = s
+    return s
+
+
+def _torch_malloc(cupy, device: int):
+    """A CuPy allocator that takes its memory from PyTorch's caching allocator:
+    each buffer is a uint8 tensor kept alive by the CuPy memory object."""
+    fn = _mallocs.get(device)
+    if fn is None:
+        dev = torch.device("cuda", device)
+
+        def fn(size):
+            buf = torch.empty((size,), dtype=torch.uint8, device=dev)
+            mem = cupy.cuda.UnownedMemory(buf.data_ptr(), size, buf, device)
+            return cupy.cuda.MemoryPointer(mem, 0)
+        _mallocs[device] = fn
+    return fn
+
+
+@contextlib.contextmanager
+def device_scope(device):
+    """Run fastgnn calls for tensors on `device`: on CUDA, make it current for
+    torch and CuPy, launch on PyTorch's current stream and allocate from
+    PyTorch's caching allocator. A no-op on CPU. Re-entrant."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        yield
+        return
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if getattr(_local, "device", None) == idx:        # already inside a scope for it
+        yield
+        return
+    import cupy
+    prev = getattr(_local, "device", None)
+    with torch.cuda.device(idx), cupy.cuda.Device(idx):
+        with _cupy_stream(cupy, idx), cupy.cuda.using_allocator(_torch_malloc(cupy, idx)):
+            _local.device = idx
+            try:
+                yield
+            finally:
+                _local.device = prev
+
+
+# ------------------------------------------------------------- conversions
+_INT16_FOR_BF16 = torch.int16
+
+
+def to_array(t: torch.Tensor):
+    """Tensor -> NumPy/CuPy array sharing its memory (contiguous; bf16 as int16).
+    On CUDA call it inside `device_scope` so the producer and consumer streams agree."""
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(_INT16_FOR_BF16)
+    if t.device.type == "cuda":
+        import cupy
+        return cupy.from_dlpack(t)
+    if t.device.type != "cpu":
+        raise TypeError(f"fastgnn supports CPU and CUDA tensors, got device {t.device}")
+    return np.from_dlpack(t)
+
+
+def to_tensor(a, bf16: bool = False) -> torch.Tensor:
+    """NumPy/CuPy array -> tensor sharing its memory; 16-bit integer results of
+    a bf16 op are viewed as bfloat16."""
+    t = torch.from_dlpack(a)
+    if bf16 and t.dtype in (torch.int16, torch.uint16):
+        t = t.view(torch.bfloat16)
+    return t
+
+
+def _data_ptr(a):
+    """Address of a NumPy/CuPy array's first byte, or None for anything else."""
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    data = getattr(a, "data", None)
+    return getattr(data, "ptr", None)
+
+
+def _arrays_in(obj, depth=0):
+    """Backend arrays held by a residuals object (dataclass, tuple, dict, ...)."""
+    if depth > 3 or obj is None:
+        return
+    if isinstance(obj, np.ndarray) or type(obj).__module__.startswith("cupy"):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _arrays_in(o, depth + 1)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _arrays_in(o, depth + 1)
+    elif hasattr(obj, "__dict__"):
+        for o in vars(obj).values():
+            yield from _arrays_in(o, depth + 1)
+
+
+def _device_of(tensors):
+    for t in tensors:
+        if t is not None and t.device.type == "cuda":
+            return t.device
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------- autograd
+class FastgnnFunction(torch.autograd.Function):
+    """The one autograd.Function for every fastgnn op: forward(ctx, op, graph,
+    static, *tensors). Use `apply` rather than calling it directly."""
+
+    @staticmethod
+    def forward(ctx, op: Op, graph, static: dict, *tensors):
+        needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
+        bf16 = any(t is not None and t.dtype == torch.bfloat16
+                   for name, t in zip(op.inputs, tensors) if name in op.features)
+        device = _device_of(tensors)
+        with device_scope(device):
+            arrays = [None if t is None else to_array(t) for t in tensors]
+            kw = dict(static)
+            if bf16 and op.vtype_arg:
+                kw[op.vtype_arg] = "bfloat16"
+            for key, name in op.fwd_flags.items():
+                kw[key] = needs[name]
+            out, res = op.fwd(graph, *arrays, **kw)
+            single = not isinstance(out, tuple)
+            outs = tuple(to_tensor(a, bf16) for a in ((out,) if single else out))
+
+        ctx.op, ctx.graph, ctx.bf16, ctx.device = op, graph, bf16, device
+        ctx.in_dtypes = [None if t is None else t.dtype for t in tensors]
+        if any(needs.values()):
+            ctx.res = res
+            # Residuals may alias input memory (DLPack views). Saving those
+            # inputs makes autograd's version check catch in-place edits
+            # between forward and backward instead of giving wrong gradients.
+            ptrs = {_data_ptr(a) for a in _arrays_in(res)} - {None}
+            ctx.save_for_backward(*[t for t in tensors
+                                    if t is not None and t.numel() and t.data_ptr() in ptrs])
+        else:
+            ctx.res = None
+        nondiff = [o for o in outs if not (o.is_floating_point() or o.is_complex())]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return outs[0] if single else outs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outs):
+        op = ctx.op
+        n_in = len(op.inputs)
+        if ctx.res is None:
+            return (None, None, None) + (None,) * n_in
+        ctx.saved_tensors  # noqa: B018  (raises if a saved input was modified in place)
+        needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
+        with device_scope(ctx.device):
+            garrs = [None if g is None else to_array(g) for g in grad_outs]
+            kw = {key: needs[name] for key, name in op.bwd_flags.items()}
+            grads = op.bwd(ctx.graph, ctx.res, *garrs, **kw)
+            if len(grads) != n_in:
+                raise RuntimeError(f"{op.name}_bwd returned {len(grads)} gradients "
+                                   f"for {n_in} inputs")
+            out = []
+            for name, g, dt in zip(op.inputs, grads, ctx.in_dtypes):
+                if g is None or not needs[name]:
+                    out.append(None)
+                    continue
+                t = to_tensor(g, ctx.bf16 and name in op.features)
+                out.append(t if t.dtype == dt else t.to(dt))
+        return (None, None, None, *out)
+
+
+def apply(op: Op, graph, *tensors, **static):
+    """Run `op` on torch tensors with autograd: `op.fwd(graph, *arrays, **static)`
+    forward, `op.bwd` backward. `tensors` are the op's array inputs in order
+    (None allowed); `static` are its non-array keywords."""
+    if len(tensors) != len(op.inputs):
+        raise TypeError(f"{op.name} takes {len(op.inputs)} array inputs {op.inputs}, "
+                        f"got {len(tensors)}")
+    for name, t in zip(op.inputs, tensors):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t is not None and t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense tensor, got layout {t.layout}")
+    return FastgnnFunction.apply(op, graph, static, *tensors)
+

@@ -1,0 +1,189 @@
+"""Functional PyTorch API: differentiable fastgnn ops on torch tensors."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import fastgnn
+from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
+
+from ._autograd import Op, apply, device_scope, to_array, to_tensor
+from .graph_cache import resolve
+
+__all__ = ["spmm", "gcn_norm", "SPMM"]
+
+SPMM = Op("spmm", spmm_fwd, spmm_bwd, inputs=("x", "edge_weight"), features=("x",),
+          fwd_flags={"needs_weight_grad": "edge_weight"},
+          bwd_flags={"needs_x_grad": "x", "needs_weight_grad": "edge_weight"})
+
+
+def _rows(x):
+    return int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() == 2 else None
+
+
+def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None, path="auto"):
+    r"""Neighbour aggregation `out = A_w @ x`, differentiable in x and edge_weight.
+
+    Messages flow source j -> target i along each edge e = (j -> i):
+
+        sum:   out[i] = sum_{e=(j->i)} w_e x[j]
+        mean:  out[i] = 1/deg_in(i) * sum_{e=(j->i)} w_e x[j]     (0 for deg_in(i) = 0)
+
+    with w_e = 1 when no weight is given.
+
+    edge_index_or_graph: [2, E] integer tensor (row 0 sources, row 1 targets),
+                 PyG EdgeIndex, torch sparse adj_t [num_dst, num_src] (its
+                 values are the weights) or fastgnn.Graph; tensors are turned
+                 into a Graph once and cached (`fastgnn.torch.to_graph`).
+    x:           [num_src, F] float tensor (float32/float64 on CPU; also
+                 float16/bfloat16 on CUDA), on the graph's device.
+    edge_weight: [E] optional float tensor in edge_index's column order
+                 (must be None for a sparse adj_t).
+    reduce:      "sum" or "mean".
+    num_nodes:   None (square graph with x.size(0) nodes), an int (square), or
+                 (num_src, num_dst) for a bipartite graph.
+    path:        GPU kernel choice: "auto", "cusparse" or "custom".
+    Returns [num_dst, F] in x's dtype.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if num_nodes is None:
+        num_nodes = _rows(x)
+    graph, adj_w = resolve(edge_index_or_graph, num_nodes)
+    if adj_w is not None:
+        if edge_weight is not None:
+            raise ValueError("edge_weight must be None when the graph is a sparse adj_t: "
+                             "its values are the edge weights")
+        edge_weight = adj_w
+    return apply(SPMM, graph, x, edge_weight, reduce=reduce, path=path)
+
+
+# ---------------------------------------------------------------- GCN norm
+def _torch(a):
+    return to_tensor(a)
+
+
+def _cached_edge_index(graph):
+    """[2, E] int64 tensor of the graph's edges in caller order (cached)."""
+    return graph.cached(("fastgnn.torch", "edge_index"),
+                        lambda: _torch(graph.edge_index()).long())
+
+
+def _appended_loops(graph):
+    """Graph with one self-loop per node appended after all edges (existing
+    loops kept), PyG's `add_self_loops` on a sparse adj_t (cached)."""
+    def build():
+        ei = _cached_edge_index(graph)
+        nodes = torch.arange(graph.num_dst, device=ei.device)
+        return fastgnn.Graph.from_edge_index(torch.cat([ei, torch.stack([nodes, nodes])], 1),
+                                             num_nodes=graph.num_dst)
+    return graph.cached(("fastgnn.torch", "appended_self_loops"), build)
+
+
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _norm_dtype(dtype):
+    """Weights for features of `dtype`: float64 for float64, else float32 (the
+    16-bit kernels take float32 weights)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _sym_norm(ei, w, n):
+    """deg^-1/2[src] * w * deg^-1/2[dst] over n nodes with torch ops (differentiable in w)."""
+    deg = torch.zeros(n, dtype=w.dtype, device=w.device).index_add_(0, ei[1], w)
+    dis = deg.pow(-0.5)
+    dis = dis.masked_fill(dis == float("inf"), 0)
+    return dis[ei[0]] * w * dis[ei[1]]
+
+
+def gcn_norm(edge_index_or_adj, edge_weight=None, num_nodes=None, *, improved=False,
+             add_self_loops=True, dtype=torch.float32):
+    r"""GCN normalisation as PyG 2.8's `gcn_norm`; returns (graph', weight' [E']).
+
+        w'_e = deg(j)^-1/2 * w_e * deg(i)^-1/2   for e = (j -> i),  deg(i) = sum of w into i
+
+    Self-loops, with add_self_loops, follow PyG per input kind:
+      edge_index / EdgeIndex / Graph: existing loops are replaced by one loop
+          per node (weight of the node's last loop, else 2 if improved else 1),
+          as `add_remaining_self_loops`; graph' edges are the non-loop edges in
+          order, then loops 0..n-1. Without edge_weight every loop weighs 1
+          even if improved (PyG 2.8 fills loops only for weighted graphs).
+          Gradients are the true ones: a node's overwritten earlier loops get
+          0 (PyG's index_put gives them the last loop's gradient too).
+      sparse adj_t (values = weights; edge_weight is ignored, as in PyG):
+          one loop per node is appended after all entries (fill 2 or 1), as
+          `add_self_loops`.
+    weight' is in graph''s caller edge order, on the graph's device. Without
+    weights (or all-ones adj_t values) the result is cached on the graph; with
+    weights that require grad it is computed by differentiable torch ops.
+    dtype: value type for the unweighted case (float64 stays float64, every
+    other type gives float32 weights); weighted results keep the weights' dtype.
+    """
+    graph, adj_w = resolve(edge_index_or_adj, num_nodes)
+    sparse = isinstance(edge_index_or_adj, torch.Tensor) and edge_index_or_adj.layout != torch.strided
+    w = adj_w if sparse else edge_weight
+    if add_self_loops and graph.num_src != graph.num_dst:
+        raise ValueError("gcn_norm with add_self_loops needs a square graph "
+                         f"(got num_src={graph.num_src}, num_dst={graph.num_dst})")
+    if w is None and not sparse:
+        # PyG 2.8 quirk, kept for drop-in equality: add_remaining_self_loops
+        # only fills loop weights when there are edge weights, so `improved`
+        # has no effect on an unweighted edge_index.
+        improved = False
+    fill = 2.0 if improved else 1.0
+    device = torch.device(graph.device)
+
+    if w is not None and w.requires_grad:                       # differentiable path
+        if w.dim() == 2 and w.shape[1] == 1:
+            w = w[:, 0]
+        if w.dim() != 1 or w.shape[0] != graph.num_edges:
+            raise ValueError(f"edge_weight must have shape [E] = [{graph.num_edges}], "
+                             f"got {tuple(w.shape)}")
+        with device_scope(device):
+            if not add_self_loops:
+                g2, w2 = graph, w
+            elif sparse:
+                g2 = _appended_loops(graph)
+                w2 = torch.cat([w, w.new_full((graph.num_dst,), fill)])
+            else:
+                g2, kept, last = self_loop_structure(graph)
+                kept, last = _torch(kept).long(), _torch(last).long()
+                loop_w = torch.where(last >= 0, w[last.clamp(min=0)], w.new_tensor(fill))
+                w2 = torch.cat([w[kept], loop_w])
+            return g2, _sym_norm(_cached_edge_index(g2), w2, g2.num_dst)
+
+    with device_scope(device):                                   # fastgnn core path
+        wdt = _norm_dtype(dtype)
+        if w is None:
+            if sparse and add_self_loops:
+                g2 = _appended_loops(graph)
+                key = ("fastgnn.torch", "gcn_norm_appended", improved, str(wdt))
+
+                def build():
+                    xp = g2.xp
+                    ndt = _NP_DTYPES[wdt]
+                    w2 = xp.concatenate([xp.ones(graph.num_edges, dtype=ndt),
+                                         xp.full(graph.num_dst, fill, dtype=ndt)])
+                    return fastgnn.gcn_norm(g2, w2, add_self_loops=False)[1]
+                return g2, _torch(g2.cached(key, build))
+            if wdt == torch.float32:                             # cached by the core
+                g2, w2 = fastgnn.gcn_norm(graph, add_self_loops=add_self_loops, improved=improved)
+                return g2, _torch(w2)
+            key = ("fastgnn.torch", "gcn_norm", add_self_loops, improved, str(wdt))
+
+            def build():
+                ones = graph.xp.ones(graph.num_edges, dtype=np.float64)
+                return fastgnn.gcn_norm(graph, ones, add_self_loops=add_self_loops,
+                                        improved=improved)
+            g2, w2 = graph.cached(key, build)
+            return g2, _torch(w2)
+        if sparse and add_self_loops:
+            g2 = _appended_loops(graph)
+            xp = g2.xp
+            wa = to_array(w)
+            w2 = xp.concatenate([wa, xp.full(graph.num_dst, fill, dtype=wa.dtype)])
+            return g2, _torch(fastgnn.gcn_norm(g2, w2, add_self_loops=False)[1])
+        g2, w2 = fastgnn.gcn_norm(graph, to_array(w), add_self_loops=add_self_loops,
+                                  improved=improved)
+        return g2, _torch(w2)

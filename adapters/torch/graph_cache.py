@@ -1,0 +1,209 @@
+"""`to_graph`: a fastgnn.Graph from PyTorch graph inputs, built once per input.
+
+Accepted inputs
+    edge_index  [2, E] integer tensor (row 0 = sources, row 1 = targets) or a
+                PyG `EdgeIndex`; edge ids are column positions.
+    adj_t       torch sparse tensor [num_dst, num_src] in CSR, CSC or COO
+                layout, PyG's `adj_t` convention: rows are targets, columns
+                are sources, so `adj_t @ x` is the aggregation. Its values
+                are edge weights; edge ids are storage positions (COO: after
+                coalescing, which sums duplicates as torch does).
+    Graph       a fastgnn.Graph passes through unchanged.
+
+Cache
+    A small LRU (8 entries, shared by all callers) maps an input to its Graph,
+    so the CSR sort, the transpose and every cached derivative (degrees, GCN
+    weights, GPU plans) are paid once per graph, not once per call. The key is
+
+        (kind, sizes, and for every index tensor read:
+         data_ptr, shape, stride, dtype, device, _version)
+
+    where sizes are the requested (num_src, num_dst). `_version` changes on
+    every in-place write, so editing edge_index in place rebuilds. An entry
+    also holds a weak reference to the tensor it was built from and is valid
+    only while that tensor lives: a freed tensor's address can be reused by a
+    new tensor with the same key, and a dead entry is dropped instead of
+    answering for it. Views of a live tensor (same address and strides, shared
+    version counter) hit the same entry.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from fastgnn.graph import Graph
+
+from ._autograd import device_scope
+
+__all__ = ["to_graph", "resolve", "clear_graph_cache"]
+
+_SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo)
+
+
+class _LRU:
+    """Thread-safe LRU whose entries die with the tensor they were built from."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._d: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._dead: list = []       # keys whose anchor died (appended by weakref callbacks)
+        self.hits = self.misses = 0
+
+    def _purge(self):
+        while self._dead:
+            key = self._dead.pop()
+            entry = self._d.get(key)
+            if entry is not None and entry[0]() is None:
+                del self._d[key]
+
+    def get(self, key, anchor, build):
+        with self._lock:
+            self._purge()
+            entry = self._d.get(key)
+            if entry is not None and entry[0]() is not None:
+                self._d.move_to_end(key)
+                self.hits += 1
+                return entry[1]
+            self.misses += 1
+        value = build()
+        dead = self._dead
+        ref = weakref.ref(anchor, lambda _r, key=key: dead.append(key))
+        with self._lock:
+            self._d[key] = (ref, value)
+            self._d.move_to_end(key)
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+        return value
+
+    def clear(self):
+        with self._lock:
+            self._d.clear()
+            self._dead.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self):
+        return len(self._d)
+
+
+_GRAPHS = _LRU(8)
+_ONES = _LRU(8)    # "are these sparse values all ones" flags
+
+
+def clear_graph_cache():
+    """Forget every cached Graph (they are rebuilt on next use)."""
+    _GRAPHS.clear()
+    _ONES.clear()
+
+
+def _tkey(t: torch.Tensor):
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t._version)
+
+
+def _sizes(num_nodes):
+    """num_nodes -> (num_src, num_dst), entries None when unknown."""
+    if num_nodes is None:
+        return None, None
+    if isinstance(num_nodes, (tuple, list)):
+        if len(num_nodes) != 2:
+            raise ValueError(f"num_nodes must be an int or a pair (num_src, num_dst), "
+                             f"got {num_nodes!r}")
+        return tuple(None if n is None else int(n) for n in num_nodes)
+    n = int(num_nodes)
+    return n, n
+
+
+def _is_edge_index_type(obj):
+    return type(obj).__name__ == "EdgeIndex" and isinstance(obj, torch.Tensor)
+
+
+def to_graph(edge_index_or_adj, num_nodes=None) -> Graph:
+    """The fastgnn.Graph of an edge_index tensor, PyG EdgeIndex or torch sparse
+    adj_t (see the module docstring), from the cache when possible.
+
+    num_nodes: None (edge_index: inferred as max index + 1; sparse: its size),
+               an int (square graph), or (num_src, num_dst) (bipartite; None
+               entries are inferred). For a sparse adj_t or an EdgeIndex with
+               a sparse size, given sizes must agree with it.
+    """
+    return resolve(edge_index_or_adj, num_nodes)[0]
+
+
+def resolve(adj, num_nodes=None):
+    """(graph, edge_weight or None) for any graph input. edge_weight is a sparse
+    adj_t's values (None when they are all ones and need no gradient), or None
+    for edge_index inputs and Graphs."""
+    if isinstance(adj, Graph):
+        return adj, None
+    if not isinstance(adj, torch.Tensor):
+        raise TypeError("edge_index must be a [2, E] integer tensor, a PyG EdgeIndex, a torch "
+                        f"sparse tensor or a fastgnn.Graph, got {type(adj).__name__}")
+    num_src, num_dst = _sizes(num_nodes)
+    if adj.layout in _SPARSE_LAYOUTS:
+        return _resolve_sparse(adj, num_src, num_dst)
+    if adj.layout != torch.strided:
+        raise TypeError(f"edge_index has unsupported layout {adj.layout}")
+    anchor = adj
+    if _is_edge_index_type(adj):
+        ss = adj.sparse_size()
+        num_src = _agree(ss[0], num_src, "num_src", "EdgeIndex.sparse_size()[0]")
+        num_dst = _agree(ss[1], num_dst, "num_dst", "EdgeIndex.sparse_size()[1]")
+        adj = adj.as_tensor()
+    key = ("edge_index", num_src, num_dst, _tkey(adj))
+
+    def build():
+        with device_scope(adj.device):
+            return Graph.from_edge_index(adj.detach(), num_src=num_src, num_dst=num_dst)
+    return _GRAPHS.get(key, anchor, build), None
+
+
+def _agree(known, given, name, what):
+    if known is None:
+        return given
+    if given is not None and int(given) != int(known):
+        raise ValueError(f"{name}={given} disagrees with {what}={known}")
+    return int(known)
+
+
+def _resolve_sparse(adj, num_src, num_dst):
+    if adj.dim() != 2 or adj.dense_dim() != 0:
+        raise ValueError(f"adj_t must be a 2-D sparse matrix [num_dst, num_src] with scalar "
+                         f"values, got shape {tuple(adj.shape)}")
+    n_dst, n_src = int(adj.shape[0]), int(adj.shape[1])
+    _agree(n_src, num_src, "num_src (rows of the source features)", "adj_t.size(1)")
+    _agree(n_dst, num_dst, "num_dst (rows of the target features)", "adj_t.size(0)")
+    layout = adj.layout
+    if layout == torch.sparse_coo and not adj.is_coalesced():
+        adj = adj.coalesce()        # sums duplicates, as torch.sparse.mm does
+    if layout == torch.sparse_csr:
+        parts = (adj.crow_indices(), adj.col_indices())
+    elif layout == torch.sparse_csc:
+        parts = (adj.ccol_indices(), adj.row_indices())
+    else:
+        parts = (adj.indices(),)
+    key = (str(layout), n_src, n_dst) + tuple(_tkey(p) for p in parts)
+
+    def build():
+        with device_scope(adj.device):
+            if layout == torch.sparse_csr:
+                return Graph.from_csr(parts[0], parts[1], num_src=n_src)
+            if layout == torch.sparse_csc:
+                ptr, rows = parts
+                cols = torch.repeat_interleave(
+                    torch.arange(n_src, device=ptr.device, dtype=rows.dtype), ptr.diff())
+                ei = torch.stack([cols, rows])
+            else:
+                ei = parts[0].flip(0)
+            return Graph.from_edge_index(ei, num_src=n_src, num_dst=n_dst)
+    graph = _GRAPHS.get(key, adj, build)
+    values = adj.values()
+    if values.dtype in (torch.float16, torch.bfloat16):
+        values = values.float()     # fastgnn takes 16-bit features, not 16-bit weights
+    if values.requires_grad:
+        return graph, values
+    ones = _ONES.get(("ones", _tkey(values)), adj,
+                     lambda: bool((values == 1).all()) if values.numel() else True)
+    return graph, (None if ones else values)

@@ -1,0 +1,335 @@
+"""Drop-in replacements for PyG 2.8's GCNConv, SAGEConv and GINConv.
+
+Same constructor arguments, parameter names (a PyG `state_dict` loads with
+`strict=True`), forward inputs (edge_index tensor, PyG EdgeIndex, torch sparse
+adj_t, `(x_src, x_dst)` pairs where PyG takes them) and the same function; the
+aggregation runs through fastgnn's SpMM with the graph built once and cached
+(`fastgnn.torch.to_graph`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .functional import _norm_dtype, gcn_norm, spmm
+from .graph_cache import resolve
+
+__all__ = ["GCNConv", "SAGEConv", "GINConv", "Linear"]
+
+
+# ------------------------------------------------------------------- helpers
+class Linear(torch.nn.Linear):
+    """torch.nn.Linear with PyG's initialisers: weight "glorot" or None
+    (kaiming-uniform, a=sqrt(5): the torch default), bias uniform(1/sqrt(in))
+    or "zeros". Parameters are `weight` [out, in] and `bias` [out], as PyG's."""
+
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True,
+                 weight_initializer: str | None = None, bias_initializer: str | None = None):
+        super().__init__(in_channels, out_channels, bias)
+        self.weight_initializer = weight_initializer
+        self.bias_initializer = bias_initializer
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if getattr(self, "weight_initializer", None) == "glorot":
+            torch.nn.init.xavier_uniform_(self.weight)
+        else:
+            torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            if getattr(self, "bias_initializer", None) == "zeros":
+                torch.nn.init.zeros_(self.bias)
+            else:
+                bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+                torch.nn.init.uniform_(self.bias, -bound, bound)
+
+
+class _LazyLinear(torch.nn.LazyLinear):
+    """Linear whose in_channels (-1 in PyG) is taken from the first input."""
+    cls_to_become = Linear
+
+    def __init__(self, out_channels: int, bias: bool = True,
+                 weight_initializer: str | None = None, bias_initializer: str | None = None):
+        super().__init__(out_channels, bias)
+        self.weight_initializer = weight_initializer
+        self.bias_initializer = bias_initializer
+
+    def reset_parameters(self):
+        if not self.has_uninitialized_params() and self.in_features != 0:
+            Linear.reset_parameters(self)
+
+
+def _linear(in_channels, out_channels, bias=True, weight_initializer=None):
+    if in_channels is None or in_channels <= 0:
+        return _LazyLinear(out_channels, bias, weight_initializer)
+    return Linear(in_channels, out_channels, bias, weight_initializer)
+
+
+_AGGRS = {"add": "sum", "sum": "sum", "mean": "mean"}
+
+
+def _aggr(aggr, layer, supported=("sum", "mean")):
+    reduce = _AGGRS.get(aggr) if isinstance(aggr, str) else None
+    if reduce not in supported:
+        raise NotImplementedError(
+            f"{layer}: aggr={aggr!r} is not supported by fastgnn.torch yet "
+            f"(supported: {', '.join(supported)}; max/min/std come with the segment ops)")
+    return reduce
+
+
+def _check_kwargs(layer, kwargs):
+    flow = kwargs.pop("flow", "source_to_target")
+    if flow != "source_to_target":
+        raise NotImplementedError(f"{layer}: only flow='source_to_target' is supported, "
+                                  f"got {flow!r}")
+    node_dim = kwargs.pop("node_dim", -2)
+    if node_dim not in (-2, 0):
+        raise NotImplementedError(f"{layer}: only node_dim=-2 is supported, got {node_dim}")
+    kwargs.pop("decomposed_layers", None)     # a PyG memory knob; nothing to decompose here
+    if kwargs:
+        raise TypeError(f"{layer} got unexpected keyword arguments {sorted(kwargs)}")
+
+
+def _pair(x):
+    """x or (x_src, x_dst) -> (x_src, x_dst)."""
+    if isinstance(x, Tensor):
+        return x, x
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        return x[0], x[1]
+    raise TypeError(f"x must be a tensor or a pair (x_src, x_dst), got {type(x).__name__}")
+
+
+def _graph_sizes(x_src, x_dst, size, edge_index):
+    """(num_src, num_dst) as PyG infers them: explicit `size` first, else the
+    rows of x_src and x_dst; without x_dst, a sparse adj_t's own size or, for
+    an edge_index, as many targets as sources."""
+    num_src = num_dst = None
+    if size is not None:
+        num_src, num_dst = size
+    if num_src is None:
+        num_src = int(x_src.shape[0])
+    if num_dst is None and x_dst is not None:
+        num_dst = int(x_dst.shape[0])
+    if num_dst is None and not _is_sparse(edge_index):
+        num_dst = num_src
+    return num_src, num_dst
+
+
+def _reset(module):
+    """reset_parameters() of `module`, or of each child that has one."""
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+        return
+    for child in module.children():
+        _reset(child)
+
+
+# ------------------------------------------------------------------- GCNConv
+class GCNConv(torch.nn.Module):
+    r"""Graph convolution (Kipf & Welling), PyG 2.8's `GCNConv`:
+
+        X' = D^-1/2 (A + I) D^-1/2 X Theta + b,   deg(i) = sum_{j} (A + I)_{ij}
+
+    in_channels, out_channels: feature sizes (in_channels=-1: lazy).
+    improved:       self-loop weight 2 instead of 1.
+    cached:         keep the normalised graph of the first call for all later calls
+                    (transductive use only, as in PyG).
+    add_self_loops: default `normalize`; True without normalize is an error.
+    normalize:      symmetric normalisation (else plain weighted sum).
+    bias:           learnable additive bias.
+    forward(x [N, in], edge_index [2, E] | EdgeIndex | adj_t [N, N], edge_weight [E] = None)
+        -> [N, out]. With a sparse adj_t its values are the weights and
+        edge_weight is ignored, as in PyG.
+
+    Parameters `lin.weight` [out, in] and `bias` [out]. The linear map is applied
+    before aggregation, as in PyG. Normalisation weights of an unweighted graph
+    are computed once and cached on the fastgnn Graph; weights that require
+    grad are normalised by differentiable torch ops.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, improved: bool = False,
+                 cached: bool = False, add_self_loops: bool | None = None,
+                 normalize: bool = True, bias: bool = True, **kwargs):
+        super().__init__()
+        self.aggr = kwargs.pop("aggr", "add")
+        self._reduce = _aggr(self.aggr, type(self).__name__)
+        _check_kwargs(type(self).__name__, kwargs)
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise ValueError(f"'{type(self).__name__}' does not support adding self-loops to "
+                             "the graph when no on-the-fly normalization is applied")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.improved = improved
+        self.cached = cached
+        self.add_self_loops = add_self_loops
+        self.normalize = normalize
+        self._cached_edge_index = None
+        self._cached_adj_t = None
+        self.lin = _linear(in_channels, out_channels, bias=False, weight_initializer="glorot")
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        self.lin.reset_parameters()
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+        self._cached_edge_index = None
+        self._cached_adj_t = None
+
+    def forward(self, x: Tensor, edge_index, edge_weight: Tensor | None = None) -> Tensor:
+        if isinstance(x, (tuple, list)):
+            raise ValueError(f"'{type(self).__name__}' received a tuple of node features as "
+                             "input while this layer does not support bipartite message "
+                             "passing. Please try other layers such as 'SAGEConv' instead")
+        n = int(x.shape[-2])
+        if self.normalize:
+            if self._cached_edge_index is not None:
+                graph, weight = self._cached_edge_index
+            else:
+                graph, weight = gcn_norm(edge_index, edge_weight, n, improved=self.improved,
+                                         add_self_loops=self.add_self_loops,
+                                         dtype=_norm_dtype(x.dtype))
+                if self.cached:
+                    self._cached_edge_index = (graph, weight)
+        else:
+            graph, adj_w = resolve(edge_index, n)
+            weight = edge_weight if adj_w is None and not _is_sparse(edge_index) else adj_w
+        x = self.lin(x)
+        out = spmm(graph, x, weight, reduce=self._reduce)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.in_channels}, {self.out_channels})"
+
+
+def _is_sparse(adj):
+    return isinstance(adj, Tensor) and adj.layout != torch.strided
+
+
+# ------------------------------------------------------------------ SAGEConv
+class SAGEConv(torch.nn.Module):
+    r"""GraphSAGE (Hamilton et al.), PyG 2.8's `SAGEConv`:
+
+        x'_i = W_1 x_i + W_2 . aggr_{j in N(i)} x_j        (aggr: "mean" or "sum")
+
+    with, if project, x_j <- relu(W_3 x_j + b) first, and if normalize,
+    x'_i <- x'_i / ||x'_i||_2 last.
+
+    in_channels:  int, or (source, target) sizes for bipartite graphs (-1: lazy).
+    aggr:         "mean" (default), "sum"/"add"; other aggregations raise
+                  NotImplementedError for now.
+    normalize, root_weight, project, bias: as in PyG.
+    forward(x [N, in] | (x_src [Ns, in_s], x_dst [Nt, in_t] or None),
+            edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], size=None) -> [Nt, out]
+
+    Parameters `lin_l` (aggregated neighbours, with bias), `lin_r` (root, no
+    bias; only with root_weight) and `lin` (only with project), as PyG names them.
+    The aggregation runs on the narrower side of lin_l (before it when
+    out_channels < in_channels), which gives the same function and moves fewer bytes.
+    """
+
+    def __init__(self, in_channels, out_channels: int, aggr="mean", normalize: bool = False,
+                 root_weight: bool = True, project: bool = False, bias: bool = True,
+                 **kwargs):
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.normalize = normalize
+        self.root_weight = root_weight
+        self.project = project
+        self.aggr = aggr
+        self._reduce = _aggr(aggr, type(self).__name__)
+        _check_kwargs(type(self).__name__, kwargs)
+        if isinstance(in_channels, int):
+            in_channels = (in_channels, in_channels)
+        if project:
+            if in_channels[0] <= 0:
+                raise ValueError(f"'{type(self).__name__}' does not support lazy "
+                                 "initialization with `project=True`")
+            self.lin = Linear(in_channels[0], in_channels[0], bias=True)
+        self.lin_l = _linear(in_channels[0], out_channels, bias=bias)
+        if root_weight:
+            self.lin_r = _linear(in_channels[1], out_channels, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.project:
+            self.lin.reset_parameters()
+        self.lin_l.reset_parameters()
+        if self.root_weight:
+            self.lin_r.reset_parameters()
+
+    def forward(self, x, edge_index, size=None) -> Tensor:
+        x_src, x_dst = _pair(x)
+        if self.project:
+            x_src = self.lin(x_src).relu()
+        graph, weight = resolve(edge_index, _graph_sizes(x_src, x_dst, size, edge_index))
+        lin_l = self.lin_l
+        if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
+            lin_l(x_src[:0])                           # materialise from the input width
+        if lin_l.out_features < lin_l.in_features:     # aggregate the narrower features
+            out = spmm(graph, F.linear(x_src, lin_l.weight), weight, reduce=self._reduce)
+            if lin_l.bias is not None:
+                out = out + lin_l.bias
+        else:
+            out = lin_l(spmm(graph, x_src, weight, reduce=self._reduce))
+        if self.root_weight and x_dst is not None:
+            out = out + self.lin_r(x_dst)
+        if self.normalize:
+            out = F.normalize(out, p=2.0, dim=-1)
+        return out
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, aggr={self.aggr})"
+
+
+# ------------------------------------------------------------------- GINConv
+class GINConv(torch.nn.Module):
+    r"""Graph isomorphism operator (Xu et al.), PyG 2.8's `GINConv`:
+
+        x'_i = h_Theta((1 + eps) x_i + sum_{j in N(i)} x_j)
+
+    nn:        the module h_Theta (e.g. an MLP), stored as `nn`.
+    eps:       initial epsilon; train_eps makes it a parameter, else it is a
+               buffer (both appear in the state_dict as `eps`, as in PyG).
+    forward(x [N, F] | (x_src [Ns, F], x_dst [Nt, F] or None),
+            edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], size=None) -> nn output [Nt, *]
+    """
+
+    def __init__(self, nn, eps: float = 0.0, train_eps: bool = False, **kwargs):
+        super().__init__()
+        self.aggr = kwargs.pop("aggr", "add")
+        self._reduce = _aggr(self.aggr, type(self).__name__)
+        _check_kwargs(type(self).__name__, kwargs)
+        self.nn = nn
+        self.initial_eps = eps
+        if train_eps:
+            self.eps = torch.nn.Parameter(torch.empty(1))
+        else:
+            self.register_buffer("eps", torch.empty(1))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        _reset(self.nn)
+        with torch.no_grad():
+            self.eps.fill_(self.initial_eps)
+
+    def forward(self, x, edge_index, size=None) -> Tensor:
+        x_src, x_dst = _pair(x)
+        graph, weight = resolve(edge_index, _graph_sizes(x_src, x_dst, size, edge_index))
+        out = spmm(graph, x_src, weight, reduce=self._reduce)
+        if x_dst is not None:
+            out = out + (1 + self.eps) * x_dst
+        return self.nn(out)
+
+    def __repr__(self):
+        return f"{type(self).__name__}(nn={self.nn})"

@@ -1,0 +1,354 @@
+"""Drop-in layers: load a PyG 2.8 layer's state_dict into ours (strict=True),
+then compare outputs and EVERY gradient (inputs, edge weights, parameters)
+under a random cotangent, for every option combination and input form."""
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch_geometric.nn as pyg
+
+import fastgnn
+import fastgnn.torch as ft
+from fastgnn.testing import assert_close, awkward_edge_index
+
+warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not (fastgnn.gpu_available() and torch.cuda.is_available()),
+                               reason="needs a CUDA device visible to CuPy and torch")
+
+N = 61
+
+
+def _adj_t(ei, num_src, num_dst, values=None):
+    """PyG's adj_t (rows = targets) as a torch sparse CSR tensor; duplicates summed."""
+    ei = torch.as_tensor(ei)
+    values = torch.ones(ei.shape[1], dtype=torch.float64) if values is None else values
+    return torch.sparse_coo_tensor(ei.flip(0), values, (num_dst, num_src)).coalesce().to_sparse_csr()
+
+
+def _leaf(t, device="cpu", dtype=None, grad=True):
+    t = t.detach().to(device=device, dtype=dtype or t.dtype).clone()
+    return t.requires_grad_(grad)
+
+
+def _adj_to(adj, device, dtype):
+    if isinstance(adj, torch.Tensor) and adj.layout == torch.sparse_csr:
+        vdt = torch.float64 if dtype == torch.float64 else torch.float32
+        return torch.sparse_csr_tensor(adj.crow_indices().to(device), adj.col_indices().to(device),
+                                       adj.values().to(device, vdt), adj.shape)
+    return adj.to(device)
+
+
+def run_and_compare(ref_layer, our_layer, x, adj, edge_weight=None, *, device="cpu",
+                    dtype=torch.float64, vtype="float64", extra=None, seed=0,
+                    overwritten_loops=None):
+    """Run ref (PyG, CPU, float64) and ours (device, dtype) on the same inputs;
+    compare output, grads of x (and x_dst), edge_weight and every parameter."""
+    extra = extra or {}
+    ref_layer = ref_layer.double()
+    our_layer.load_state_dict(ref_layer.state_dict(), strict=True)
+    our_layer = our_layer.to(device=device, dtype=dtype)
+    # the reference sees the parameters and inputs the device run sees (rounded to dtype)
+    ref_layer.load_state_dict({k: v.to(dtype).double() for k, v in our_layer.state_dict().items()})
+    xs = x if isinstance(x, tuple) else (x,)
+    xs = tuple(None if t is None else t.to(dtype).double() for t in xs)
+    ref_x = tuple(None if t is None else _leaf(t) for t in xs)
+    our_x = tuple(None if t is None else _leaf(t, device, dtype) for t in xs)
+    ref_w = our_w = None
+    if edge_weight is not None:
+        ref_w = _leaf(edge_weight.float().double())
+        our_w = _leaf(ref_w, device, torch.float32 if dtype != torch.float64 else dtype)
+    args_ref = [ref_x if isinstance(x, tuple) else ref_x[0], adj]
+    args_our = [our_x if isinstance(x, tuple) else our_x[0], _adj_to(adj, device, dtype)]
+    if edge_weight is not None:
+        args_ref.append(ref_w)
+        args_our.append(our_w)
+    out_ref = ref_layer(*args_ref, **extra)
+    out = our_layer(*args_our, **extra)
+    assert out.shape == out_ref.shape and out.dtype == dtype and out.device.type == device
+    assert_close(out.detach().cpu().double().numpy(), out_ref.detach().numpy(), vtype, "output")
+    gen = torch.Generator().manual_seed(seed)
+    cot = torch.randn(out_ref.shape, generator=gen, dtype=torch.float64)
+    (out_ref * cot).sum().backward()
+    (out * cot.to(device, dtype)).sum().backward()
+    for i, (a, b) in enumerate(zip(ref_x, our_x)):
+        if a is not None:
+            _close_grad(b.grad, a.grad, vtype, f"grad x[{i}]")
+    if edge_weight is not None:
+        ref_gw = ref_w.grad
+        if overwritten_loops is not None and ref_gw is not None:
+            # PyG's index_put also hands the gradient to a node's earlier,
+            # overwritten self-loops; they do not affect the output, so the
+            # true gradient (ours) is 0 there
+            ref_gw = ref_gw.masked_fill(overwritten_loops, 0)
+        _close_grad(our_w.grad, ref_gw, vtype, "grad edge_weight")
+    ref_params = dict(ref_layer.named_parameters())
+    our_params = dict(our_layer.named_parameters())
+    assert sorted(ref_params) == sorted(our_params)
+    for name, p in ref_params.items():
+        _close_grad(our_params[name].grad, p.grad, vtype, f"grad {name}")
+    return out, out_ref
+
+
+def _overwritten_loops(ei):
+    """[E] bool: self-loops followed by a later self-loop on the same node."""
+    src, dst = ei.numpy()
+    mask = np.zeros(src.shape[0], dtype=bool)
+    last = {}
+    for e in np.nonzero(src == dst)[0]:
+        if src[e] in last:
+            mask[last[src[e]]] = True
+        last[src[e]] = e
+    return torch.from_numpy(mask)
+
+
+def _close_grad(ours, ref, vtype, what):
+    if ref is None:
+        assert ours is None or not ours.any(), f"{what}: PyG has none, ours is nonzero"
+        return
+    assert ours is not None, f"{what}: missing"
+    assert_close(ours.detach().cpu().double().numpy(), ref.numpy(), vtype, what)
+
+
+def _inputs(seed, n=N, f=6, num_src=None, f_dst=None):
+    rng = np.random.default_rng(seed)
+    ei = awkward_edge_index(n, 5 * n, seed=seed, num_src=num_src)
+    ns = n if num_src is None else num_src
+    x = torch.from_numpy(rng.standard_normal((ns, f)))
+    x_dst = torch.from_numpy(rng.standard_normal((n, f_dst or f)))
+    w = torch.from_numpy(rng.random(ei.shape[1]) + 0.1)
+    return torch.from_numpy(ei), x, x_dst, w
+
+
+# ------------------------------------------------------------------ GCNConv
+GCN_GRID = [dict(improved=i, cached=c, add_self_loops=a, normalize=nz, bias=b)
+            for i, c, (a, nz), b in itertools.product(
+                [False, True], [False, True], [(True, True), (False, True), (False, False)],
+                [False, True])]
+
+
+@pytest.mark.parametrize("opts", GCN_GRID, ids=lambda o: "-".join(f"{k}={int(v)}" for k, v in o.items()))
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("graph_input", ["edge_index", "adj_t"])
+def test_gcn_matches_pyg(opts, weighted, graph_input):
+    ei, x, _, w = _inputs(1)
+    torch.manual_seed(0)
+    ref = pyg.GCNConv(6, 5, **opts)
+    ours = ft.GCNConv(6, 5, **opts)
+    if graph_input == "edge_index":
+        adj, ew = ei, (w if weighted else None)
+    else:   # adj_t: its values are the weights; PyG ignores edge_weight then
+        adj, ew = _adj_t(ei, N, N, w if weighted else None), None
+    overwritten = _overwritten_loops(ei) if opts["add_self_loops"] else None
+    out, _ = run_and_compare(ref, ours, x, adj, ew, overwritten_loops=overwritten)
+    if opts["cached"] and opts["normalize"]:      # later calls reuse the first graph, whatever they are given
+        other = torch.empty(2, 0, dtype=torch.long)
+        with torch.no_grad():
+            again = ours(x, other)
+            again_ref = ref(x, other)
+        assert torch.allclose(again, out.detach()) and torch.allclose(again_ref, again)
+
+
+def test_gcn_self_loops_without_normalize_is_an_error():
+    with pytest.raises(ValueError):
+        ft.GCNConv(3, 4, add_self_loops=True, normalize=False)
+    with pytest.raises(ValueError, match="bipartite"):
+        ft.GCNConv(3, 4)((torch.randn(5, 3), torch.randn(5, 3)), torch.zeros(2, 0, dtype=torch.long))
+
+
+def test_gcn_float32_and_unweighted_cache():
+    ei, x, _, _ = _inputs(2)
+    ref, ours = pyg.GCNConv(6, 5), ft.GCNConv(6, 5)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = x.float()
+    a = ours(x, ei)
+    g = ft.to_graph(ei, N)
+    assert ("gcn_norm", True, False) in g.cache       # normalisation cached on the graph
+    b = ours(x, ei)
+    assert torch.equal(a, b)
+    assert_close(a.detach().double().numpy(), ref(x, ei).detach().double().numpy(), "float32")
+
+
+# ----------------------------------------------------------------- SAGEConv
+SAGE_FORMS = ["square", "bipartite", "dst_none", "adj_t", "adj_t_bipartite"]
+# every option combination once, cycling through input forms and output widths
+# (3: aggregate after lin_l's narrowing, 11: before) to keep the run short
+SAGE_GRID = [(dict(aggr=a, normalize=nz, root_weight=r, project=p, bias=b),
+              SAGE_FORMS[i % 5], (3, 11)[(i // 5) % 2])
+             for i, (a, nz, r, p, b) in enumerate(itertools.product(
+                 ["mean", "sum"], [False, True], [False, True], [False, True], [False, True]))]
+
+
+@pytest.mark.parametrize("opts,form,out_channels", SAGE_GRID,
+                         ids=["-".join([f"{k}={v}" for k, v in o.items()] + [f, str(c)])
+                              for o, f, c in SAGE_GRID])
+def test_sage_matches_pyg(opts, form, out_channels):
+    ns, nd, fs, fd = 37, N, 6, 4
+    if form in ("square", "adj_t"):
+        ei, x, _, _ = _inputs(3)
+        in_ch, xin = fs, x
+        sizes = (N, N)
+    else:
+        ei, x, x_dst, _ = _inputs(4, num_src=ns, f_dst=fd)
+        in_ch, xin = (fs, fd), (x, x_dst)
+        sizes = (ns, nd)
+        if form == "dst_none":
+            in_ch, xin = (fs, fd), (x, None)
+            ei = ei[:, ei[1] < ns]
+    adj = _adj_t(ei, *sizes) if form.startswith("adj_t") else ei
+    torch.manual_seed(0)
+    run_and_compare(pyg.SAGEConv(in_ch, out_channels, **opts),
+                    ft.SAGEConv(in_ch, out_channels, **opts), xin, adj)
+
+
+def test_sage_weighted_adj_t_and_unsupported_aggr():
+    ei, x, _, w = _inputs(5)
+    torch.manual_seed(0)
+    run_and_compare(pyg.SAGEConv(6, 4), ft.SAGEConv(6, 4), x, _adj_t(ei, N, N, w))
+    with pytest.raises(NotImplementedError, match="max"):
+        ft.SAGEConv(6, 4, aggr="max")
+
+
+def test_sage_lazy_in_channels():
+    ei, x, _, _ = _inputs(6)
+    ref, ours = pyg.SAGEConv(-1, 4), ft.SAGEConv(-1, 4)
+    ref(x.float(), ei)
+    ours(x.float(), ei)
+    run_and_compare(ref, ours, x, ei)
+
+
+# ------------------------------------------------------------------ GINConv
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+@pytest.mark.parametrize("train_eps", [False, True])
+@pytest.mark.parametrize("form", ["square", "bipartite", "dst_none", "adj_t"])
+def test_gin_matches_pyg(eps, train_eps, form):
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.ReLU(), torch.nn.Linear(9, 5))
+    ns = 29
+    if form in ("square", "adj_t"):
+        ei, x, _, _ = _inputs(7)
+        xin, sizes = x, (N, N)
+    else:
+        ei, x, x_dst, _ = _inputs(8, num_src=ns)
+        xin, sizes = (x, x_dst), (ns, N)
+        if form == "dst_none":
+            xin = (x, None)
+            ei = ei[:, ei[1] < ns]
+    adj = _adj_t(ei, *sizes) if form == "adj_t" else ei
+    torch.manual_seed(0)
+    ref = pyg.GINConv(mlp(), eps=eps, train_eps=train_eps)
+    ours = ft.GINConv(mlp(), eps=eps, train_eps=train_eps)
+    run_and_compare(ref, ours, xin, adj)
+    assert "eps" in ours.state_dict()
+
+
+# --------------------------------------------------------------------- GPU
+def _gpu_layers():
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.ReLU(),
+                                   torch.nn.Linear(40, 16))
+    return [
+        ("gcn", lambda: pyg.GCNConv(24, 16), lambda: ft.GCNConv(24, 16), True),
+        ("gcn_improved_cached", lambda: pyg.GCNConv(24, 16, improved=True, cached=True),
+         lambda: ft.GCNConv(24, 16, improved=True, cached=True), True),
+        ("gcn_no_norm", lambda: pyg.GCNConv(24, 16, normalize=False),
+         lambda: ft.GCNConv(24, 16, normalize=False), True),
+        ("sage_mean", lambda: pyg.SAGEConv(24, 16, project=True, normalize=True),
+         lambda: ft.SAGEConv(24, 16, project=True, normalize=True), False),
+        ("sage_sum", lambda: pyg.SAGEConv(24, 40, aggr="sum"),
+         lambda: ft.SAGEConv(24, 40, aggr="sum"), False),
+        ("gin", lambda: pyg.GINConv(mlp(), train_eps=True),
+         lambda: ft.GINConv(mlp(), train_eps=True), False),
+    ]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("case", _gpu_layers(), ids=lambda c: c[0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("graph_input", ["edge_index", "adj_t"])
+def test_gpu_layers_match_pyg_float64(case, dtype, graph_input):
+    _, make_ref, make_ours, takes_weight = case
+    n = 1501
+    rng = np.random.default_rng(0)
+    ei = torch.from_numpy(awkward_edge_index(n, 12 * n, seed=0))
+    x = torch.from_numpy(rng.standard_normal((n, 24)))
+    w = torch.from_numpy(rng.random(ei.shape[1]) + 0.1)
+    torch.manual_seed(0)
+    ref, ours = make_ref(), make_ours()
+    vtype = "float32" if dtype == torch.float32 else "bfloat16"
+    if graph_input == "adj_t":
+        adj, ew = _adj_t(ei, n, n, w.float().double() if takes_weight else None), None
+    else:
+        adj, ew = ei, (w if takes_weight else None)
+    # fp32 layers: the GEMMs and sums differ in order from the CPU float64 run
+    tol_vtype = "tf32" if dtype == torch.float32 else vtype
+    run_and_compare(ref, ours, x, adj, ew, device="cuda", dtype=dtype, vtype=tol_vtype,
+                    overwritten_loops=_overwritten_loops(ei))
+
+
+@gpu
+@needs_gpu
+def test_gpu_layer_memory_is_counted_by_torch():
+    n = 20001
+    ei = torch.from_numpy(awkward_edge_index(n, 10 * n, seed=1)).cuda()
+    x = torch.randn(n, 128, device="cuda", requires_grad=True)
+    conv = ft.GCNConv(128, 128).cuda()
+    conv(x, ei).sum().backward()                    # warm caches
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = conv(x, ei)
+    peak = torch.cuda.max_memory_allocated() - base
+    # lin output + spmm output at least, all from torch's allocator
+    assert peak >= 2 * out.numel() * out.element_size()
+
+
+@pytest.mark.parametrize("improved", [False, True])
+@pytest.mark.parametrize("add_self_loops", [False, True])
+def test_gcn_constant_edge_weight_matches_pyg(improved, add_self_loops):
+    """Weights without grad take the fastgnn core path (not torch ops)."""
+    ei, x, _, w = _inputs(9)
+    ref = pyg.GCNConv(6, 5, improved=improved, add_self_loops=add_self_loops).double()
+    ours = ft.GCNConv(6, 5, improved=improved, add_self_loops=add_self_loops).double()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    for xx, ww in ((x, w), (x.float(), w.float())):
+        ref.to(xx.dtype), ours.to(xx.dtype)
+        vt = "float64" if xx.dtype == torch.float64 else "float32"
+        assert_close(ours(xx, ei, ww).detach().double().numpy(),
+                     ref(xx, ei, ww).detach().double().numpy(), vt)
+    from torch_geometric import EdgeIndex
+    eix = EdgeIndex(ei, sparse_size=(N, N))
+    ref.double(), ours.double()
+    assert_close(ours(x, eix, w).detach().numpy(), ref(x, ei, w).detach().numpy(), "float64")
+
+
+def test_gcn_edge_weight_gradient_is_the_true_one():
+    """gradcheck through the differentiable normalisation, on a graph with a
+    node holding two self-loops (only the last one counts)."""
+    ei = torch.tensor([[0, 1, 2, 2, 3, 1, 1, 4],
+                       [1, 2, 0, 2, 3, 1, 1, 0]])
+    x = torch.randn(5, 3, dtype=torch.float64)
+    conv = ft.GCNConv(3, 2).double()
+    w = (torch.rand(ei.shape[1], dtype=torch.float64) + 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda w: conv(x, ei, w), (w,))
+    improved = ft.GCNConv(3, 2, improved=True).double()
+    assert torch.autograd.gradcheck(lambda w: improved(x, ei, w), (w,))
+
+
+@pytest.mark.parametrize("add_self_loops", [False, True])
+@pytest.mark.parametrize("improved", [False, True])
+def test_functional_gcn_norm_matches_reference(add_self_loops, improved):
+    from fastgnn.backends import reference as ref
+    ei, _, _, w = _inputs(10)
+    g2, w2 = ft.gcn_norm(ei, w, N, improved=improved, add_self_loops=add_self_loops,
+                         dtype=torch.float64)
+    ei_ref, w_ref = ref.gcn_norm(ei.numpy(), N, w.numpy(), add_self_loops, improved)
+    assert np.array_equal(g2.edge_index(), ei_ref)
+    assert_close(w2.numpy(), w_ref, "float64")
+    wg = w.clone().requires_grad_()
+    _, w3 = ft.gcn_norm(ei, wg, N, improved=improved, add_self_loops=add_self_loops)
+    assert_close(w3.detach().numpy(), w_ref, "float64")
