@@ -17,7 +17,7 @@ The float32 reference is pyg[edge_index] with the dtype-rounded parameters.
 """
 from __future__ import annotations
 
-from .cases_spmm import clear_fastgnn_cache
+from .cases_spmm import clear_fastgnn_cache, fastgnn_paths
 from .core import Case, Impl, Prepared, register
 from .graphs import csr_adj_t
 
@@ -75,10 +75,15 @@ def _load(module, state, dtype, device, torch):
     return None
 
 
-def _prepared(ctx, module, call, note=None, cleanup=None):
+def _prepared(ctx, module, call, note=None, cleanup=None, extra_info=None):
     x = ctx.leaf()
     params = [p for p in module.parameters() if p.requires_grad]
-    info = (lambda: {"note": note}) if note else None
+
+    def info():
+        d = dict(extra_info()) if extra_info else {}
+        if note:
+            d["note"] = note
+        return d
     return Prepared(lambda: call(module, x), [x] + params, info, cleanup=cleanup)
 
 
@@ -91,8 +96,15 @@ def layer_impls(name, settings):
             import fastgnn.torch as fgt
             m = _fastgnn_layer(name, ctx.width)
             note = _load(m, _master_state(ctx, name), ctx.dtype, ctx.device, torch)
+            n = ctx.graph.num_nodes
+
+            def paths():
+                if not ctx.cuda:
+                    return {"path": "cpu (numba)"}
+                # the layer's graph comes from to_graph's cache (a hit while it lives)
+                return fastgnn_paths(fgt.to_graph(ei, n))
             return _prepared(ctx, m, lambda m, x: m(x, ei), note,
-                             cleanup=lambda: clear_fastgnn_cache(fgt))
+                             cleanup=lambda: clear_fastgnn_cache(fgt), extra_info=paths)
 
         def build_pyg(ctx):
             m = _pyg_layer(name, ctx.width)

@@ -32,28 +32,39 @@ def fastgnn_torch():
 
 
 def fastgnn_paths(graph) -> dict:
-    """{'path': ..., 'path_bwd': ...} from the CUDA plans recorded on a fastgnn
-    Graph (and its transpose), if any; keys starting with "spmm_plan"."""
-    def plans(g):
-        out = []
+    """{'path': ..., 'path_bwd': ...}: the CUDA paths chosen so far, read from
+    the plans recorded in `graph.cache` (keys starting with "spmm_plan", values
+    with a `.path`) of the graph, of graphs derived from it and cached on it
+    (self-loop / GCN graphs) and of their transposes (the backward passes)."""
+    found = {"path": set(), "path_bwd": set()}
+    seen = set()
+
+    def graphs_in(val, depth=0):
+        if hasattr(val, "cache") and hasattr(val, "indptr"):
+            yield val
+        elif isinstance(val, (tuple, list)) and depth < 2:
+            for v in val:
+                yield from graphs_in(v, depth + 1)
+
+    def walk(g, transposed):
+        if id(g) in seen:
+            return
+        seen.add(id(g))
         for key, val in list(getattr(g, "cache", {}).items()):
             k0 = key[0] if isinstance(key, tuple) and key else key
             if isinstance(k0, str) and k0.startswith("spmm_plan"):
                 p = getattr(val, "path", None)
                 if p is not None:
                     opt = getattr(val, "option", None)
-                    out.append(f"{p}:{opt}" if opt is not None else str(p))
-        return sorted(set(out))
-    info = {}
-    fwd = plans(graph)
-    if fwd:
-        info["path"] = ",".join(fwd)
-    t = getattr(graph, "cache", {}).get("transpose")
-    if t is not None:
-        bwd = plans(t)
-        if bwd:
-            info["path_bwd"] = ",".join(bwd)
-    return info
+                    found["path_bwd" if transposed else "path"].add(
+                        f"{p}:{opt}" if opt is not None else str(p))
+            elif key == "transpose":
+                walk(val, not transposed)
+            else:
+                for sub in graphs_in(val):
+                    walk(sub, transposed)
+    walk(graph, False)
+    return {k: ",".join(sorted(v)) for k, v in found.items() if v}
 
 
 def clear_fastgnn_cache(fgt):
@@ -84,6 +95,14 @@ def reference_spmm(torch, ctx, reduce, x, chunk=1 << 22):
         deg = torch.bincount(ei[1], minlength=n).clamp(min=1).to(x.dtype)
         out = out / deg[:, None]
     return out
+
+
+def _takes_deterministic():
+    """Whether fastgnn.torch.spmm exposes the core's `deterministic` switch."""
+    try:
+        return "deterministic" in inspect.signature(fastgnn_torch().spmm).parameters
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def turbo_gnn_reason():
@@ -125,11 +144,17 @@ def spmm_impls(reduce):
         bf16 = ctx.dtype == torch.bfloat16
         out = []
 
-        for path in (("auto", "cusparse", "custom") if ctx.cuda else ("auto",)):
-            def build(ctx, path=path):
+        variants = [("auto", None)]
+        if ctx.cuda:
+            variants += [("cusparse", None), ("custom", None)]
+            if _takes_deterministic():
+                variants.append(("auto", False))
+        for path, det in variants:
+            def build(ctx, path=path, det=det):
                 fgt = fastgnn_torch()
                 g = fgt.to_graph(ctx.graph.edge_index, ctx.graph.num_nodes)
                 x = ctx.leaf()
+                kw = {} if det is None else {"deterministic": det}
 
                 def info():
                     d = fastgnn_paths(g) if path == "auto" else {}
@@ -138,10 +163,12 @@ def spmm_impls(reduce):
                     elif "path" not in d:
                         d["path"] = "auto" if ctx.cuda else "cpu (numba)"
                     return d
-                return Prepared(lambda: fgt.spmm(g, x, reduce=reduce, path=path), [x], info,
+                return Prepared(lambda: fgt.spmm(g, x, reduce=reduce, path=path, **kw), [x], info,
                                 cleanup=lambda: clear_fastgnn_cache(fgt))
-            out.append(Impl(f"fastgnn[{path}]",
-                            f"fastgnn.torch.spmm(graph, x, reduce={reduce!r}, path={path!r}); "
+            tag = path if det is None else f"{path},nondeterministic"
+            extra = "" if det is None else ", deterministic=False"
+            out.append(Impl(f"fastgnn[{tag}]",
+                            f"fastgnn.torch.spmm(graph, x, reduce={reduce!r}, path={path!r}{extra}); "
                             "graph = fastgnn.torch.to_graph(edge_index) built once (CSR by "
                             "target, int32 indices, cached transpose and plans)",
                             build, fastgnn=True))

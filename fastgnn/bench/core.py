@@ -119,8 +119,10 @@ def describe(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def free_memory(torch):
-    gc.collect()
+def free_memory(torch, full=False):
+    """Return freed memory to the device. A full gc pass (slow with torch and
+    PyG loaded: ~0.4 s) only after failures, whose tracebacks hold cycles."""
+    gc.collect(2 if full else 0)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -185,7 +187,7 @@ def rel_err(torch, out, ref_cpu) -> float:
 def run_reference(torch, ctx: Ctx, case: Case):
     """(out, grad_x) of the case's float32 reference, on the host; either may be
     None when it fails (the failure text is returned third)."""
-    prep = None
+    prep, failed = None, False
     try:
         prep = case.reference(ctx)
         out = prep.forward()
@@ -197,12 +199,13 @@ def run_reference(torch, ctx: Ctx, case: Case):
         out = out.detach().float().cpu()
         return out, grad, None
     except Exception as exc:  # noqa: BLE001 - recorded
+        failed = True
         return None, None, describe(exc)
     finally:
         if prep is not None and prep.cleanup is not None:
             prep.cleanup()
         del prep
-        free_memory(torch)
+        free_memory(torch, full=failed)
 
 
 def measure(torch, ctx: Ctx, impl: Impl, ref_out, ref_grad, *, repeats: int, warmup: int):
@@ -221,7 +224,7 @@ def measure(torch, ctx: Ctx, impl: Impl, ref_out, ref_grad, *, repeats: int, war
     except Exception as exc:  # noqa: BLE001
         fail("fwd", exc)
         fail("fwd_bwd", exc)
-        free_memory(torch)
+        free_memory(torch, full=True)
         return rec
 
     try:
@@ -237,7 +240,7 @@ def measure(torch, ctx: Ctx, impl: Impl, ref_out, ref_grad, *, repeats: int, war
             rec["status"]["fwd"] = "ok"
         except Exception as exc:  # noqa: BLE001
             fail("fwd", exc)
-            free_memory(torch)
+            free_memory(torch, full=True)
 
         # -------- forward + backward
         def fwd_bwd():
@@ -258,7 +261,7 @@ def measure(torch, ctx: Ctx, impl: Impl, ref_out, ref_grad, *, repeats: int, war
                 rec["status"]["fwd_bwd"] = "ok"
             except Exception as exc:  # noqa: BLE001
                 fail("fwd_bwd", exc)
-                free_memory(torch)
+                free_memory(torch, full=True)
 
         # -------- peak memory over one steady-state call
         if cuda:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,4 +149,7 @@ def csr_adj_t(torch, g: BenchGraph, dtype, index_dtype=None):
     """torch.sparse_csr_tensor of A^T-as-PyG-calls-it (rows = targets), values 1."""
     crow, col = csr_by_target(torch, g, index_dtype)
     vals = torch.ones(col.shape[0], dtype=dtype, device=col.device)
-    return torch.sparse_csr_tensor(crow, col, vals, size=(g.num_nodes, g.num_nodes))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Ss]parse.*")   # "beta state" notices
+        return torch.sparse_csr_tensor(crow, col, vals, size=(g.num_nodes, g.num_nodes),
+                                       check_invariants=False)

@@ -65,9 +65,10 @@ def markdown(records, meta):
            f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}  ",
            f"Timing: {meta['timing']}  ",
            "Speedup columns (x): fastest baseline's time / this row's time, per graph, case, "
-           "dtype and width (>1 = faster than every baseline). Floor: bytes an op must move "
-           f"(x read once, out written once, CSR read once; twice for fwd+bwd) at "
-           f"{meta['bandwidth_gbs']} GB/s; frac = floor / measured.", ""]
+           "dtype and width (>1 = faster than every baseline). Floor (ops): bytes the op must "
+           "move (x read once, out written once, CSR read once; twice for fwd+bwd) "
+           + (f"at {meta['bandwidth_gbs']:g} GB/s; frac = floor / measured."
+              if meta.get("bandwidth_gbs") else "(not converted to time on the CPU)."), ""]
     if records:
         out += [table(records), ""]
     else:
