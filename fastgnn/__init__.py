@@ -6,8 +6,12 @@ in `fastgnn.torch` (and later `fastgnn.jax`, `fastgnn.dgl`).
 """
 from ._array import gpu_available
 from .graph import Graph
+from .ops.segment import (segment_csr, segment_csr_bwd, segment_csr_fwd, segment_reduce,
+                          segment_reduce_bwd, segment_reduce_fwd)
 from .ops.spmm import gcn_norm, spmm, spmm_bwd, spmm_fwd
 
 __version__ = "0.1.0"
 
-__all__ = ["Graph", "spmm", "spmm_fwd", "spmm_bwd", "gcn_norm", "gpu_available", "__version__"]
+__all__ = ["Graph", "spmm", "spmm_fwd", "spmm_bwd", "gcn_norm",
+           "segment_reduce", "segment_reduce_fwd", "segment_reduce_bwd",
+           "segment_csr", "segment_csr_fwd", "segment_csr_bwd", "gpu_available", "__version__"]

@@ -54,3 +54,79 @@ def gcn_norm(edge_index, num_nodes, edge_weight=None, add_self_loops=True, impro
     with np.errstate(divide="ignore"):
         dis = np.where(deg == 0, 0.0, deg ** -0.5)
     return np.stack([src, dst]), dis[src] * w * dis[dst]
+
+
+# ------------------------------------------------------------ reductions
+_STD_EPS = 1e-5
+
+
+def _reduce_names(reduce):
+    return (reduce,) if isinstance(reduce, str) else tuple(reduce)
+
+
+def _rows_in_caller_order(dst, num_dst):
+    """For each target i, the caller edge ids e with dst[e] == i, in caller order."""
+    return [np.flatnonzero(dst == i) for i in range(num_dst)]
+
+
+def _row_stats(v):
+    """Per-feature reductions of one row's gathered values v [deg, F] (deg >= 1)."""
+    mean = v.mean(axis=0)
+    var = (v * v).mean(axis=0) - mean * mean
+    with np.errstate(invalid="ignore"):
+        std = np.sqrt(np.maximum(var, _STD_EPS))
+        std = np.where(std <= np.sqrt(_STD_EPS), 0.0, std)
+    return {"sum": v.sum(axis=0), "mean": mean, "max": v.max(axis=0), "min": v.min(axis=0),
+            "var": var, "std": std}
+
+
+def segment_reduce(edge_index, x, reduce, num_dst):
+    """out[i] = reduce_{e=(j->i)} x[j] per feature, blocks in `reduce` order;
+    empty rows 0; var = mean(x^2) - mean(x)^2; std = sqrt(max(var, 1e-5)),
+    0 where <= sqrt(1e-5) (PyG); max/min propagate NaN."""
+    src, dst = np.asarray(edge_index)
+    x = _f64(x)
+    names = _reduce_names(reduce)
+    f = x.shape[1]
+    out = np.zeros((num_dst, len(names) * f))
+    for i, ids in enumerate(_rows_in_caller_order(dst, num_dst)):
+        if ids.size:
+            stats = _row_stats(x[src[ids]])
+            for r, name in enumerate(names):
+                out[i, r * f:(r + 1) * f] = stats[name]
+    return out
+
+
+def segment_reduce_vjp(edge_index, x, reduce, num_dst, grad_out):
+    """grad_x of `segment_reduce` for cotangent grad_out [num_dst, R*F]; max/min
+    send the gradient to the first edge (caller order) holding the extreme
+    value (a NaN counts as the extreme)."""
+    src, dst = np.asarray(edge_index)
+    x, g = _f64(x), _f64(grad_out)
+    names = _reduce_names(reduce)
+    f = x.shape[1]
+    grad_x = np.zeros_like(x)
+    cols = np.arange(f)
+    for i, ids in enumerate(_rows_in_caller_order(dst, num_dst)):
+        if not ids.size:
+            continue
+        v = x[src[ids]]
+        deg = ids.size
+        stats = _row_stats(v)
+        for r, name in enumerate(names):
+            gi = g[i, r * f:(r + 1) * f]
+            if name == "sum":
+                np.add.at(grad_x, src[ids], np.broadcast_to(gi, v.shape))
+            elif name == "mean":
+                np.add.at(grad_x, src[ids], np.broadcast_to(gi / deg, v.shape))
+            elif name in ("max", "min"):
+                first = np.argmax(v, axis=0) if name == "max" else np.argmin(v, axis=0)
+                np.add.at(grad_x, (src[ids][first], cols), gi)
+            else:
+                if name == "std":
+                    s = stats["std"]
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        gi = np.where(s != 0, gi * 0.5 / s, 0.0)
+                # d var / d v_e = 2 (v_e - mean) / deg
+                np.add.at(grad_x, src[ids], 2.0 * gi * (v - stats["mean"]) / deg)
+    return grad_x

@@ -1,2 +1,4 @@
 """Operators, one module per kernel family; each op is a forward/backward pair."""
 from .spmm import gcn_norm, spmm, spmm_bwd, spmm_fwd  # noqa: F401
+from .segment import (segment_csr, segment_csr_bwd, segment_csr_fwd,  # noqa: F401
+                      segment_reduce, segment_reduce_bwd, segment_reduce_fwd)

@@ -1,2 +1,3 @@
 """Numba CPU backend (parallel over target rows)."""
 from .spmm import sddmm, spmm  # noqa: F401
+from .segment import segment_bwd, segment_fwd  # noqa: F401

@@ -1,0 +1,249 @@
+"""Reduction family: neighbour sum, mean, max, min, var and std, alone or
+several at once (PyG's MultiAggregation with mode="cat").
+
+Math (messages flow source j -> target i, edges e = (j -> i), d_i = deg_in(i)):
+
+    sum:  out[i] = sum_e x[j]                 mean: out[i] = sum_e x[j] / d_i
+    max:  out[i] = max_e x[j]                 min:  out[i] = min_e x[j]
+    var:  out[i] = mean_e x[j]^2 - (mean_e x[j])^2          (PyG VarAggregation, no clamp)
+    std:  out[i] = sqrt(max(var_i, 1e-5)), then 0 where that is <= sqrt(1e-5)
+                                                             (PyG StdAggregation)
+
+per feature; rows without in-edges give 0 for every reduction. Max/min ties
+go to the first CSR position (the caller's first edge in the row); a NaN
+input makes the max/min NaN (as torch.amax). Several reductions produce
+[num_dst, R*F] with block r = reduction r.
+
+The vector-Jacobian product is one pass over the cached transpose, without
+atomics (so bitwise repeatable):
+
+    grad_x[j] = sum_{e=(j->i)} coef_a[i] + coef_b[i] * x[j]
+                + [argmax[i] == e] g_max[i] + [argmin[i] == e] g_min[i]
+
+with, from the cotangent block g of each reduction (m_i = mean, s_i = std):
+
+    sum:  coef_a += g                mean: coef_a += g / d_i
+    var:  coef_a += -2 g m_i / d_i,  coef_b += 2 g / d_i
+    std:  as var with g_var = g * 0.5 / s_i where s_i != 0, else 0 (the
+          gradient of PyG's clamp + masked_fill)
+
+The residuals hold only what that needs: the argmax/argmin positions, the
+mean and std blocks for var/std, and x for var/std.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._array import as_backend_array, xp_of
+from ..backends import backend_for
+from ..graph import Graph, as_graph
+from .spmm import _inv_in_degree, validate_features
+
+REDUCES = ("sum", "mean", "max", "min", "var", "std")
+
+
+@dataclass
+class SegmentResiduals:
+    """What `segment_reduce_bwd` needs, and nothing else."""
+    codes: tuple             # the requested reductions, in output block order
+    vtype: str
+    width: int               # F
+    num_src: int
+    x: object                # [num_src, F] features, only with var/std
+    mean: object             # [num_dst, F] coef dtype, only with var/std
+    std: object              # [num_dst, F] coef dtype, only with std
+    argmax: object           # [num_dst, F] CSR positions (index dtype), only with max
+    argmin: object           # [num_dst, F] CSR positions (index dtype), only with min
+    has_grad: bool           # False when the forward ran with needs_x_grad=False
+
+
+def parse_reduce(reduce):
+    """reduce (a str or a list/tuple of str) -> (tuple of names, single: bool)."""
+    if isinstance(reduce, str):
+        names, single = (reduce,), True
+    elif isinstance(reduce, (list, tuple)):
+        names, single = tuple(reduce), False
+        if not names:
+            raise ValueError(f"reduce must name at least one of {REDUCES}, got an empty list")
+    else:
+        raise TypeError(f"reduce must be a str or a list/tuple of str from {REDUCES}, "
+                        f"got {type(reduce).__name__}")
+    for r in names:
+        if not isinstance(r, str) or r not in REDUCES:
+            raise ValueError(f"reduce must be one of {REDUCES} (or a list of them), got {r!r}")
+    dup = sorted({r for r in names if names.count(r) > 1})
+    if dup:
+        raise ValueError(f"reduce lists {dup} more than once: {list(names)}")
+    return names, single
+
+
+def _coef_dtype(vtype):
+    return np.float64 if vtype == "float64" else np.float32
+
+
+def _as_float(xp, a, vtype, dtype):
+    """Values of `a` (value type vtype; bf16 as 16-bit bit patterns) as `dtype`."""
+    if vtype == "bfloat16":
+        bits = a.view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).astype(dtype, copy=False)
+    return a.astype(dtype, copy=False)
+
+
+def segment_reduce_fwd(graph, x, reduce="sum", *, vtype=None, needs_x_grad=True):
+    """Forward of `segment_reduce`; returns (out, SegmentResiduals)."""
+    return _fwd(as_graph(graph), x, reduce, vtype, needs_x_grad, "x")
+
+
+def _fwd(graph, x, reduce, vtype, needs_x_grad, name):
+    codes, _ = parse_reduce(reduce)
+    x, vt = validate_features(graph, x, vtype, name=name)
+    xp = graph.xp
+    f = x.shape[1]
+    nr = len(codes)
+    needs_var = "var" in codes or "std" in codes
+    # var/std backward needs the mean: compute it in the same pass as an extra block
+    extra_mean = needs_x_grad and needs_var and "mean" not in codes
+    run_codes = codes + ("mean",) if extra_mean else codes
+    out, argmax, argmin = backend_for(x).segment_fwd(graph, x, run_codes, vt)
+    blocks = {c: out[:, r * f:(r + 1) * f] for r, c in enumerate(run_codes)}
+    if extra_mean:
+        out = xp.ascontiguousarray(out[:, :nr * f])
+    cdt = _coef_dtype(vt)
+    mean = std = keep_x = None
+    if needs_x_grad and needs_var:
+        # copies (never views of the returned array, which the caller may overwrite)
+        mean = _as_float(xp, blocks["mean"], vt, cdt).copy()
+        keep_x = x
+        if "std" in codes:
+            std = _as_float(xp, blocks["std"], vt, cdt).copy()
+    res = SegmentResiduals(codes, vt, f, graph.num_src, keep_x, mean, std,
+                           argmax if needs_x_grad else None, argmin if needs_x_grad else None,
+                           bool(needs_x_grad))
+    return out, res
+
+
+def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out):
+    """Backward of `segment_reduce`: grad_x [num_src, F] in x's value type.
+
+    grad_out: [num_dst, R*F] (or [num_dst, F] for a single reduction)."""
+    graph = as_graph(graph)
+    if not res.has_grad:
+        raise ValueError("segment_reduce_fwd was called with needs_x_grad=False")
+    if res.num_src != graph.num_src:
+        raise ValueError(f"graph has {graph.num_src} source nodes but the residuals come from "
+                         f"a graph with {res.num_src}")
+    g, _ = validate_features(graph, grad_out, res.vtype, name="grad_out", rows=graph.num_dst)
+    f, nr = res.width, len(res.codes)
+    if g.shape[1] != nr * f:
+        raise ValueError(f"grad_out must have shape [num_dst, {nr * f}] = [{graph.num_dst}, "
+                         f"{nr} reductions x {f}], got {tuple(g.shape)}")
+    xp = graph.xp
+    cdt = _coef_dtype(res.vtype)
+    inv = _inv_in_degree(graph, cdt)[:, None]
+    coef_a = coef_b = gmax = gmin = None
+
+    def add(acc, term):
+        return term if acc is None else acc + term
+
+    for r, code in enumerate(res.codes):
+        gr = _as_float(xp, g[:, r * f:(r + 1) * f], res.vtype, cdt)
+        if code == "sum":
+            coef_a = add(coef_a, gr)
+        elif code == "mean":
+            coef_a = add(coef_a, gr * inv)
+        elif code == "max":
+            gmax = xp.ascontiguousarray(gr)
+        elif code == "min":
+            gmin = xp.ascontiguousarray(gr)
+        else:
+            if code == "std":
+                s = res.std
+                nz = s != 0                       # NaN std keeps its NaN gradient, as PyG
+                gr = xp.where(nz, gr * cdt(0.5) / xp.where(nz, s, cdt(1)), cdt(0))
+            gi = gr * inv
+            coef_a = add(coef_a, cdt(-2) * gi * res.mean)
+            coef_b = add(coef_b, cdt(2) * gi)
+    if coef_a is not None:
+        coef_a = xp.ascontiguousarray(coef_a, dtype=cdt)
+    if coef_b is not None:
+        coef_b = xp.ascontiguousarray(coef_b, dtype=cdt)
+    return backend_for(g).segment_bwd(graph, res.x, coef_a, coef_b, res.argmax, gmax,
+                                      res.argmin, gmin, res.vtype)
+
+
+def segment_reduce(graph, x, reduce="sum", *, vtype=None):
+    """Neighbour reductions: out[i] = reduce_{e=(j->i)} x[j] (see module docstring).
+
+    graph:  fastgnn.Graph with num_src source and num_dst target nodes.
+    x:      [num_src, F] float features (NumPy -> CPU, CuPy -> GPU; bf16 as
+            16-bit integers with vtype="bfloat16").
+    reduce: one of "sum", "mean", "max", "min", "var", "std", or a list/tuple
+            of distinct ones (computed in one pass over the neighbours).
+    Returns [num_dst, F] for a single str, else [num_dst, R*F] with block r
+    holding reduce[r] (PyG MultiAggregation mode="cat" order); x's dtype.
+    Empty rows give 0.
+    """
+    out, _ = segment_reduce_fwd(graph, x, reduce, vtype=vtype, needs_x_grad=False)
+    return out
+
+
+# ------------------------------------------------------------ segment_csr
+@dataclass
+class SegmentCsrResiduals:
+    graph: Graph             # the Graph built from indptr (its transpose is cached on it)
+    inner: SegmentResiduals
+
+
+def _csr_graph(indptr, values):
+    """Graph.from_csr(indptr, arange(E)): edge e carries values[e], so the
+    graph ops reduce per-edge values over CSR segments."""
+    if values is None:
+        raise TypeError("values must be an array of shape [E, F], got None")
+    values = as_backend_array(values, "values")
+    indptr = as_backend_array(indptr, "indptr")
+    if indptr.ndim != 1 or indptr.shape[0] < 1:
+        raise ValueError(f"indptr must have shape [num_segments + 1], got {tuple(indptr.shape)}")
+    if values.ndim != 2:
+        raise ValueError(f"values must have shape [E, F], got {tuple(values.shape)}")
+    if indptr.dtype.kind not in "iu":
+        raise TypeError(f"indptr must hold integers, got dtype {indptr.dtype}")
+    e = int(values.shape[0])
+    if int(indptr[-1]) != e:
+        raise ValueError(f"values has {e} rows but indptr ends at {int(indptr[-1])}")
+    xp = xp_of(indptr)
+    return Graph.from_csr(indptr, xp.arange(e, dtype=np.int64), num_src=e), values
+
+
+def segment_csr_fwd(indptr, values, reduce="sum", *, vtype=None, needs_x_grad=True):
+    """Forward of `segment_csr`; returns (out, SegmentCsrResiduals)."""
+    graph, values = _csr_graph(indptr, values)
+    out, res = _fwd(graph, values, reduce, vtype, needs_x_grad, "values")
+    return out, SegmentCsrResiduals(graph, res)
+
+
+def segment_csr_bwd(indptr, res: SegmentCsrResiduals, grad_out):
+    """Backward of `segment_csr`: grad_values [E, F] (indptr must be the forward's)."""
+    indptr = as_backend_array(indptr, "indptr")
+    if indptr.shape != res.graph.indptr.shape:
+        raise ValueError(f"indptr has shape {tuple(indptr.shape)} but segment_csr_fwd was "
+                         f"called with shape {tuple(res.graph.indptr.shape)}")
+    return segment_reduce_bwd(res.graph, res.inner, grad_out)
+
+
+def segment_csr(indptr, values, reduce="sum", *, vtype=None):
+    """Reductions of per-edge values over CSR segments (torch_scatter's segment_csr):
+
+        out[i] = reduce_{indptr[i] <= e < indptr[i+1]} values[e]
+
+    indptr: [num_segments + 1] non-decreasing offsets from 0 to E.
+    values: [E, F] float values (NumPy -> CPU, CuPy -> GPU).
+    reduce: as in `segment_reduce` (a str or a list of distinct reductions).
+    Implemented as `segment_reduce(Graph.from_csr(indptr, arange(E)), values,
+    reduce)`, so every semantic (empty segments give 0, first-position ties,
+    NaN propagation, var/std as PyG) is the same.
+    Returns [num_segments, F] (or [num_segments, R*F]) in values' dtype.
+    """
+    out, _ = segment_csr_fwd(indptr, values, reduce, vtype=vtype, needs_x_grad=False)
+    return out

@@ -1,0 +1,295 @@
+"""Reduction family (sum, mean, max, min, var, std and multi-reductions)
+against the float64 reference and PyG's aggregations: outputs, VJPs, empty
+rows, ties, NaN, segment_csr and validation, on CPU and (when CuPy sees one) GPU."""
+import numpy as np
+import pytest
+
+from fastgnn import (Graph, segment_csr, segment_csr_bwd, segment_csr_fwd, segment_reduce,
+                     segment_reduce_bwd, segment_reduce_fwd)
+from fastgnn.backends import reference as ref
+from fastgnn.testing import (assert_close, awkward_edge_index, devices, from_bf16_bits,
+                             to_bf16_bits, to_device, to_numpy)
+
+WIDTHS = [1, 7, 32, 129]
+SINGLE = ["sum", "mean", "max", "min", "var", "std"]
+MULTI = [["mean", "max", "min", "std"], ["sum", "var"]]
+ALL_REDUCES = SINGLE + MULTI
+
+
+def _id(reduce):
+    return reduce if isinstance(reduce, str) else "+".join(reduce)
+
+
+def _nr(reduce):
+    return 1 if isinstance(reduce, str) else len(reduce)
+
+
+def _seed():
+    return np.random.randint(1 << 30)
+
+
+def _case(device, width, num_src=None, hub=None, index_dtype=None, n=300, reduce="sum"):
+    rng = np.random.default_rng(_seed())
+    ei = awkward_edge_index(n, 2000, hub_degree=hub, seed=rng.integers(1 << 30), num_src=num_src)
+    ns = n if num_src is None else num_src
+    kw = {"num_nodes": n} if num_src is None else {"num_src": ns, "num_dst": n}
+    g = Graph.from_edge_index(to_device(ei, device), index_dtype=index_dtype, **kw)
+    x = rng.standard_normal((ns, width))
+    go = rng.standard_normal((n, _nr(reduce) * width))
+    return ei, g, x, go
+
+
+def _check(device, ei, g, x, go, reduce, dtype):
+    n = g.num_dst
+    x, go = x.astype(dtype), go.astype(dtype)
+    out, res = segment_reduce_fwd(g, to_device(x, device), reduce)
+    assert out.dtype == x.dtype and out.shape == (n, _nr(reduce) * x.shape[1])
+    assert_close(to_numpy(out), ref.segment_reduce(ei, x, reduce, n), dtype, f"{reduce} out")
+    gx = segment_reduce_bwd(g, res, to_device(go, device))
+    assert gx.dtype == x.dtype and gx.shape == x.shape
+    assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
+                 f"{reduce} grad_x")
+    return to_numpy(out)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", ALL_REDUCES, ids=_id)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_segment_matches_reference(device, reduce, width, dtype):
+    ei, g, x, go = _case(device, width, reduce=reduce)
+    out = _check(device, ei, g, x, go, reduce, dtype)
+    assert np.all(out[-30:] == 0)                 # empty rows (last tenth) are exactly 0
+    # the single-str form gives the same values as the forward pair
+    np.testing.assert_array_equal(to_numpy(segment_reduce(g, to_device(x.astype(dtype), device),
+                                                          reduce)), out)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_hub_row(device, dtype, bipartite):
+    """A target with 12000 in-edges, every reduction in one pass."""
+    reduce = list(SINGLE)
+    ei, g, x, go = _case(device, 32, hub=12000, reduce=reduce,
+                         num_src=500 if bipartite else None)
+    _check(device, ei, g, x, go, reduce, dtype)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", MULTI + [["max"], ["min", "var"]], ids=_id)
+def test_bipartite_and_int64(device, reduce):
+    ei, g, x, go = _case(device, 16, num_src=77, index_dtype=np.int64, reduce=reduce)
+    assert g.index_dtype == np.int64
+    _check(device, ei, g, x, go, reduce, "float64")
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", [["max", "min"], ["min", "sum", "max"]], ids=_id)
+def test_ties_go_to_first_edge(device, reduce):
+    """Integer-valued features: many exact ties between distinct sources; the
+    gradient goes to the first edge of the row in caller order."""
+    ei, g, x, go = _case(device, 9, reduce=reduce)
+    x = np.random.default_rng(_seed()).integers(-2, 3, x.shape).astype(np.float64)
+    _check(device, ei, g, x, go, reduce, "float64")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_nan_propagates_through_max_min(device):
+    ei, g, x, go = _case(device, 5, reduce=["max", "min"])
+    rng = np.random.default_rng(_seed())
+    x[rng.integers(0, 300, 40), rng.integers(0, 5, 40)] = np.nan
+    out, res = segment_reduce_fwd(g, to_device(x, device), ["max", "min"])
+    out = to_numpy(out)
+    r = ref.segment_reduce(ei, x, ["max", "min"], 300)
+    assert np.isnan(r).any()
+    np.testing.assert_array_equal(out, r)         # NaN in the same places, same values elsewhere
+    gx = to_numpy(segment_reduce_bwd(g, res, to_device(go, device)))
+    np.testing.assert_allclose(gx, ref.segment_reduce_vjp(ei, x, ["max", "min"], 300, go),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_graph_without_edges(device):
+    ei = np.zeros((2, 0), dtype=np.int64)
+    g = Graph.from_edge_index(to_device(ei, device), num_nodes=6)
+    x = np.random.default_rng(_seed()).standard_normal((6, 3))
+    out, res = segment_reduce_fwd(g, to_device(x, device), list(SINGLE))
+    assert out.shape == (6, 18) and np.all(to_numpy(out) == 0)
+    gx = segment_reduce_bwd(g, res, to_device(np.ones((6, 18)), device))
+    assert np.all(to_numpy(gx) == 0)
+
+
+def test_reference_vjp_by_finite_differences():
+    """The oracle itself: its VJP agrees with central differences in float64.
+    Continuous random inputs keep max/min away from ties between distinct
+    sources and var away from the std clamp boundary (duplicate-only rows have
+    var exactly 0 on both sides of the step)."""
+    rng = np.random.default_rng(_seed())
+    ei = awkward_edge_index(20, 80, seed=rng.integers(1 << 30))
+    x = rng.standard_normal((20, 3))
+    h = 1e-6
+    for reduce in ALL_REDUCES:
+        go = rng.standard_normal((20, _nr(reduce) * 3))
+        gx = ref.segment_reduce_vjp(ei, x, reduce, 20, go)
+        f = lambda x_: np.sum(ref.segment_reduce(ei, x_, reduce, 20) * go)  # noqa: E731
+        fd = np.zeros_like(x)
+        for i in range(20):
+            for k in range(3):
+                dx = np.zeros_like(x)
+                dx[i, k] = h
+                fd[i, k] = (f(x + dx) - f(x - dx)) / (2 * h)
+        np.testing.assert_allclose(gx, fd, atol=1e-6, rtol=1e-6, err_msg=_id(reduce))
+
+
+@pytest.mark.parametrize("reduce", ALL_REDUCES, ids=_id)
+def test_matches_pyg_aggregations(reduce):
+    """PyG 2.8's aggregations (index=dst, dim_size) in float64, outputs and
+    gradients by torch autograd with a random cotangent."""
+    torch = pytest.importorskip("torch")
+    aggr = pytest.importorskip("torch_geometric.nn.aggr")
+    classes = {"sum": aggr.SumAggregation, "mean": aggr.MeanAggregation,
+               "max": aggr.MaxAggregation, "min": aggr.MinAggregation,
+               "var": aggr.VarAggregation, "std": aggr.StdAggregation}
+    module = classes[reduce]() if isinstance(reduce, str) else aggr.MultiAggregation(list(reduce))
+    ei, g, x, go = _case("cpu", 6, reduce=reduce)
+    xt = torch.tensor(x, requires_grad=True)
+    src, dst = torch.from_numpy(ei[0]), torch.from_numpy(ei[1])
+    out_t = module(xt[src], dst, dim_size=300)
+    (out_t * torch.from_numpy(go)).sum().backward()
+    out, res = segment_reduce_fwd(g, x, reduce)
+    gx = segment_reduce_bwd(g, res, go)
+    assert_close(out, out_t.detach().numpy(), "float64", f"{_id(reduce)} vs PyG")
+    assert_close(gx, xt.grad.numpy(), "float64", f"{_id(reduce)} grad vs PyG")
+
+
+def test_std_gradient_at_clamp_matches_pyg():
+    """Rows whose variance is below 1e-5 (std output 0) pass no gradient, as
+    PyG's clamp + masked_fill."""
+    torch = pytest.importorskip("torch")
+    aggr = pytest.importorskip("torch_geometric.nn.aggr")
+    ei = np.array([[0, 1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 2, 2, 2]])
+    x = np.array([[1.0, 2.0], [1.001, 2.0], [3.0, -1.0], [3.0, 1.0], [0.0, 5.0], [0.5, 5.0],
+                  [0.0002, 5.0]])
+    go = np.random.default_rng(_seed()).standard_normal((3, 2))
+    xt = torch.tensor(x, requires_grad=True)
+    out_t = aggr.StdAggregation()(xt[torch.from_numpy(ei[0])], torch.from_numpy(ei[1]),
+                                  dim_size=3)
+    (out_t * torch.from_numpy(go)).sum().backward()
+    g = Graph.from_edge_index(ei, num_src=7, num_dst=3)
+    out, res = segment_reduce_fwd(g, x, "std")
+    assert out[0, 0] == 0 and out[0, 1] == 0 and out[1, 0] == 0
+    np.testing.assert_allclose(out, out_t.detach().numpy(), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(segment_reduce_bwd(g, res, go), xt.grad.numpy(),
+                               rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", ["sum", "max", "std"] + MULTI, ids=_id)
+def test_segment_csr_matches_reference(device, reduce):
+    rng = np.random.default_rng(_seed())
+    counts = rng.integers(0, 6, 60)
+    counts[::7] = 0                               # empty segments
+    counts[3] = 700                               # a long one
+    counts[-1] = 0
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    e = int(indptr[-1])
+    values = rng.standard_normal((e, 11))
+    ei = np.stack([np.arange(e), np.repeat(np.arange(60), counts)])
+    out, res = segment_csr_fwd(to_device(indptr, device), to_device(values, device), reduce)
+    assert_close(to_numpy(out), ref.segment_reduce(ei, values, reduce, 60), "float64")
+    assert np.all(to_numpy(out)[counts == 0] == 0)
+    go = rng.standard_normal((60, _nr(reduce) * 11))
+    gv = segment_csr_bwd(to_device(indptr, device), res, to_device(go, device))
+    assert_close(to_numpy(gv), ref.segment_reduce_vjp(ei, values, reduce, 60, go), "float64")
+    np.testing.assert_array_equal(
+        to_numpy(segment_csr(to_device(indptr, device), to_device(values, device), reduce)),
+        to_numpy(out))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_inputs_not_mutated_and_repeatable(device):
+    reduce = list(SINGLE)
+    ei, g, x, go = _case(device, 9, reduce=reduce)
+    xd, god = to_device(x, device), to_device(go, device)
+    copies = [to_numpy(a).copy() for a in (xd, god)]
+    runs = []
+    for _ in range(2):
+        out, res = segment_reduce_fwd(g, xd, reduce)
+        runs.append((to_numpy(out).copy(), to_numpy(segment_reduce_bwd(g, res, god))))
+        out[...] = 7                              # overwriting an output leaves residuals intact
+        np.testing.assert_array_equal(to_numpy(segment_reduce_bwd(g, res, god)), runs[-1][1])
+    for a, c in zip((xd, god), copies):
+        np.testing.assert_array_equal(to_numpy(a), c)
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)       # bitwise repeatable
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bad_inputs_raise_clear_errors(device):
+    ei, g, x, go = _case(device, 4)
+    xd = to_device(x, device)
+    _, res = segment_reduce_fwd(g, xd, ["max", "var"])
+    _, res_nograd = segment_reduce_fwd(g, xd, "max", needs_x_grad=False)
+    indptr = to_device(np.array([0, 2, 2, 5]), device)
+    vals = to_device(np.ones((5, 3)), device)
+    cases = [
+        (lambda: segment_reduce(g, xd, "median"), ValueError, "reduce must be one of"),
+        (lambda: segment_reduce(g, xd, ["max", "Max"]), ValueError, "reduce must be one of"),
+        (lambda: segment_reduce(g, xd, ["max", "sum", "max"]), ValueError, "more than once"),
+        (lambda: segment_reduce(g, xd, []), ValueError, "at least one"),
+        (lambda: segment_reduce(g, xd, 3), TypeError, "reduce must be a str"),
+        (lambda: segment_reduce(g, to_device(x[:-1], device)), ValueError, "x has 299 rows"),
+        (lambda: segment_reduce(g, to_device(x[:, 0], device)), ValueError, "x must have shape"),
+        (lambda: segment_reduce(g, to_device(x.astype(np.int32), device), "max"), TypeError,
+         "x must be"),
+        (lambda: segment_reduce(g, "not an array"), TypeError, "x must be"),
+        (lambda: segment_reduce(np.zeros((2, 3)), xd), TypeError, "graph must be"),
+        (lambda: segment_reduce_bwd(g, res, to_device(go, device)), ValueError,
+         "grad_out must have shape"),
+        (lambda: segment_reduce_bwd(g, res_nograd, to_device(go, device)), ValueError,
+         "needs_x_grad=False"),
+        (lambda: segment_csr(indptr, to_device(np.ones((4, 3)), device)), ValueError,
+         "values has 4 rows but indptr ends at 5"),
+        (lambda: segment_csr(indptr, to_device(np.ones(5), device)), ValueError,
+         "values must have shape"),
+        (lambda: segment_csr(to_device(np.array([0.0, 2, 5]), device), vals), TypeError,
+         "indptr must hold integers"),
+        (lambda: segment_csr(to_device(np.array([0, 3, 2, 5]), device), vals), ValueError,
+         "indptr must be non-decreasing"),
+        (lambda: segment_csr(indptr, to_device(np.ones((5, 3), dtype=np.int64), device)),
+         TypeError, "values must be"),
+        (lambda: segment_csr(indptr, vals, "avg"), ValueError, "reduce must be one of"),
+    ]
+    if device == "cpu":
+        cases.append((lambda: segment_reduce(g, x.astype(np.float16)), TypeError,
+                      "CPU backend supports"))
+    else:
+        cases.append((lambda: segment_reduce(g, x), ValueError, "x lives on CPU"))
+    for fn, err, words in cases:
+        with pytest.raises(err) as info:
+            fn()
+        assert words in str(info.value), str(info.value)
+
+
+# ---------------------------------------------------------------- GPU only
+@pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
+@pytest.mark.parametrize("vtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("reduce", MULTI, ids=_id)
+@pytest.mark.parametrize("width", [8, 37, 128])
+def test_gpu_half_types(device, vtype, reduce, width):
+    ei, g, x, go = _case(device, width, hub=3000, reduce=reduce)
+    if vtype == "bfloat16":
+        xb, gob = to_bf16_bits(x), to_bf16_bits(go)
+        xr, gor = from_bf16_bits(xb).astype(np.float64), from_bf16_bits(gob).astype(np.float64)
+        kw = {"vtype": "bfloat16"}
+        back = lambda a: from_bf16_bits(to_numpy(a)).astype(np.float64)  # noqa: E731
+    else:
+        xb, gob = x.astype(np.float16), go.astype(np.float16)
+        xr, gor = xb.astype(np.float64), gob.astype(np.float64)
+        kw = {}
+        back = lambda a: to_numpy(a).astype(np.float64)  # noqa: E731
+    out, res = segment_reduce_fwd(g, to_device(xb, device), reduce, **kw)
+    assert_close(back(out), ref.segment_reduce(ei, xr, reduce, 300), vtype, "out")
+    gx = segment_reduce_bwd(g, res, to_device(gob, device))
+    assert_close(back(gx), ref.segment_reduce_vjp(ei, xr, reduce, 300, gor), vtype, "grad_x")
