@@ -112,14 +112,17 @@ def test_spmm_on_fastgnn_graph_and_noncontiguous_inputs():
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 def test_spmm_gradcheck(reduce):
     rng = np.random.default_rng(7)
-    n = 23
-    ei = awkward_edge_index(n, 80, seed=7)
+    n = 17
+    ei = awkward_edge_index(n, 40, seed=7)
     eit = torch.from_numpy(ei)
     x = torch.from_numpy(rng.standard_normal((n, 3))).requires_grad_()
     w = torch.from_numpy(rng.random(ei.shape[1])).requires_grad_()
     assert torch.autograd.gradcheck(lambda x, w: ft.spmm(eit, x, w, reduce), (x, w))
-    assert torch.autograd.gradcheck(lambda x: ft.spmm(eit, x, None, reduce), (x,))
-    assert torch.autograd.gradcheck(lambda w: ft.spmm(eit, x.detach(), w, reduce), (w,))
+    # one input at a time (other backward flags); fast mode: random projections
+    assert torch.autograd.gradcheck(lambda x: ft.spmm(eit, x, None, reduce), (x,),
+                                    fast_mode=True)
+    assert torch.autograd.gradcheck(lambda w: ft.spmm(eit, x.detach(), w, reduce), (w,),
+                                    fast_mode=True)
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
