@@ -1,6 +1,11 @@
 // SpMM family kernels: weighted neighbour sum over a CSR-by-destination graph
-// (forward; the backward pass runs the same kernel on the cached transpose)
-// and the SDDMM that gives the gradient of the edge weights.
+//
+//     out[i] = r_i * sum_{e=(j->i)} w_e * c_j * x[j]
+//
+// with optional edge weights w, target-side row scale r and source-side
+// column scale c (mean: r = 1/deg; GCN: r = c = deg^-1/2, no per-edge
+// weights). The backward pass runs the same kernel on the cached transpose
+// with r and c swapped. Plus the SDDMM giving the gradient of edge weights.
 //
 // Work unit: a *task* = up to `chunk` consecutive CSR edges of one row. Rows
 // of degree <= chunk are one task; hub rows are split into several, whose
@@ -40,6 +45,8 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
                          const I* __restrict__ indptr,      // [num_rows + 1]
                          const I* __restrict__ indices,     // [E] source of each edge
                          const typename value_traits<T>::acc_t* __restrict__ weights,  // [E] or null
+                         const typename value_traits<T>::acc_t* __restrict__ row_scale,  // [num_rows] or null
+                         const typename value_traits<T>::acc_t* __restrict__ col_scale,  // [num_cols] or null
                          const T* __restrict__ x,           // [num_cols, F]
                          T* __restrict__ out,               // [num_rows, F]
                          typename value_traits<T>::acc_t* __restrict__ partial,  // [slots, F]
@@ -66,6 +73,10 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
                 j[u] = (i64)indices[e + u];
                 w[u] = HAS_W ? weights[e + u] : A(1);
             }
+            if (col_scale != nullptr) {
+#pragma unroll
+                for (int u = 0; u < 4; ++u) w[u] *= col_scale[j[u]];
+            }
 #pragma unroll
             for (int u = 0; u < 4; ++u) p[u] = load_pack<T, VEC>(x + j[u] * F + f0);
 #pragma unroll
@@ -76,15 +87,17 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
         }
         for (; e < e1; ++e) {
             const i64 j = (i64)indices[e];
-            const A w = HAS_W ? weights[e] : A(1);
+            A w = HAS_W ? weights[e] : A(1);
+            if (col_scale != nullptr) w *= col_scale[j];
             const pack_t<T, VEC> p = load_pack<T, VEC>(x + j * F + f0);
 #pragma unroll
             for (int v = 0; v < VEC; ++v) acc[v] += w * value_traits<T>::to_acc(p.v[v]);
         }
         if (slot < 0) {
+            const A r = row_scale != nullptr ? row_scale[row] : A(1);
             pack_t<T, VEC> o;
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) o.v[v] = value_traits<T>::from_acc(acc[v]);
+            for (int v = 0; v < VEC; ++v) o.v[v] = value_traits<T>::from_acc(r * acc[v]);
             store_pack<T, VEC>(out + row * F + f0, o);
         } else {
 #pragma unroll
@@ -93,18 +106,20 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
     }
 }
 
-// out[split_row[s]] = sum_{k in slot_ptr[s]..slot_ptr[s+1]} partial[k], in slot order.
+// out[split_row[s]] = r * sum_{k in slot_ptr[s]..slot_ptr[s+1]} partial[k], in slot order.
 // Mapping: a lane group per split row; traffic: slots x F x sizeof(acc_t) read.
 template <typename T, typename I, int VEC>
 __global__ void spmm_combine(const I* __restrict__ split_row,  // [num_split]
                              const I* __restrict__ slot_ptr,   // [num_split + 1]
                              const typename value_traits<T>::acc_t* __restrict__ partial,
+                             const typename value_traits<T>::acc_t* __restrict__ row_scale,  // or null
                              T* __restrict__ out, i64 num_split, int F, int group) {
     typedef typename value_traits<T>::acc_t A;
     const i64 s = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
     if (s >= num_split) return;
     const int lane = threadIdx.x & (group - 1);
     const i64 row = (i64)split_row[s];
+    const A r = row_scale != nullptr ? row_scale[row] : A(1);
     const i64 k0 = (i64)slot_ptr[s], k1 = (i64)slot_ptr[s + 1];
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
         pack_t<T, VEC> o;
@@ -112,7 +127,7 @@ __global__ void spmm_combine(const I* __restrict__ split_row,  // [num_split]
         for (int v = 0; v < VEC; ++v) {
             A acc = A(0);
             for (i64 k = k0; k < k1; ++k) acc += partial[k * F + f0 + v];
-            o.v[v] = value_traits<T>::from_acc(acc);
+            o.v[v] = value_traits<T>::from_acc(r * acc);
         }
         store_pack<T, VEC>(out + row * F + f0, o);
     }

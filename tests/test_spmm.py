@@ -234,3 +234,27 @@ def test_gpu_runs_on_current_stream():
     r = ref.spmm(ei, x, None, "sum", 300)
     assert_close(to_numpy(out), r, "float32")
     assert_close(to_numpy(out2), r, "float32")
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("hub", [5, 3000])
+def test_row_and_column_scales(device, reduce, weighted, hub):
+    """out[i] = s_i r_i sum_e w_e c_j x[j]; gradients of x and w (scales are constants)."""
+    ei, g, x, w, go = _case(device, 20, weighted, num_src=90, hub=hub)
+    rng = np.random.default_rng(_seed())
+    r, c = rng.uniform(0.5, 2, 300), rng.uniform(0.5, 2, 90)
+    out, res = spmm_fwd(g, to_device(x, device), to_device(w, device), reduce,
+                        row_scale=to_device(r, device), col_scale=to_device(c, device))
+    expect = ref.spmm(ei, x * c[:, None], w, reduce, 300) * r[:, None]
+    assert_close(to_numpy(out), expect, "float64")
+    gx, gw = spmm_bwd(g, res, to_device(go, device))
+    rgx, rgw = ref.spmm_vjp(ei, x * c[:, None], w, reduce, go * r[:, None])
+    assert_close(to_numpy(gx), rgx * c[:, None], "float64", "grad_x")
+    if weighted:
+        assert_close(to_numpy(gw), rgw, "float64", "grad_edge_weight")
+    with pytest.raises(ValueError, match="row_scale must have shape"):
+        spmm(g, to_device(x, device), row_scale=to_device(r[:-1], device))
+    with pytest.raises(ValueError, match="col_scale must have shape"):
+        spmm(g, to_device(x, device), col_scale=to_device(r, device))

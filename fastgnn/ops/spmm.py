@@ -15,8 +15,8 @@ with s_i = 1 (sum) or 1/deg_in(i) (mean). Both backward products read the
 cached transpose or the CSR pattern: no floating-point atomics, so results
 are bitwise repeatable.
 
-Internally "mean" is a weighted sum with effective weights w_e * s_i, cached
-on the graph when there is no caller weight.
+Internally "mean" is a row scale 1/deg_in applied in the kernel's epilogue
+(and a column scale in the backward pass), so no per-edge weights are built.
 """
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ PATHS = ("auto", "cusparse", "custom")
 class SpmmResiduals:
     """What `spmm_bwd` needs, and nothing else."""
     x: object                 # [num_src, F] features, kept only if grad of edge_weight is needed
-    weight_csr: object        # [E] effective weights in CSR order, or None (all ones)
-    reduce: str
+    weight_csr: object        # [E] caller weights in CSR order (compute dtype), or None
+    row_scale: object         # [num_dst] combined target-side scale (mean and caller's), or None
+    col_scale: object         # [num_src] source-side scale, or None
     vtype: str
     path: str
     weight_dtype: object      # dtype of the caller's edge_weight (None if not given)
-    num_src: int
     deterministic: bool
 
 
@@ -58,26 +58,17 @@ def _inv_in_degree(graph: Graph, dtype):
     return graph.cached(("inv_in_degree", np.dtype(dtype).name), build)
 
 
-def effective_weights(graph: Graph, weight_csr, reduce: str, dtype):
-    """[E] CSR-order weights including the mean scaling, or None for plain sum."""
-    if reduce == "sum":
-        return None if weight_csr is None else weight_csr.astype(dtype, copy=False)
-    inv = _inv_in_degree(graph, dtype)
-    if weight_csr is None:
-        return graph.cached(("mean_weights", np.dtype(dtype).name),
-                            lambda: inv[graph.csr_rows])
-    return weight_csr.astype(dtype, copy=False) * inv[graph.csr_rows]
-
-
-def _transpose_weights(graph: Graph, weight_csr, reduce: str, dtype):
-    """Effective weights in the transpose's order (cached when not caller-given)."""
-    if weight_csr is None:
+def _validate_scale(graph, scale, size, name, dtype):
+    if scale is None:
         return None
-    t = graph.transpose()
-    if reduce == "mean" and weight_csr is graph.cache.get(("mean_weights", np.dtype(dtype).name)):
-        return graph.cached(("mean_weights_t", np.dtype(dtype).name),
-                            lambda: weight_csr[t.edge_ids])
-    return weight_csr[t.edge_ids]
+    s = as_backend_array(scale, name)
+    if s.ndim != 1 or s.shape[0] != size:
+        raise ValueError(f"{name} must have shape [{size}], got {tuple(s.shape)}")
+    if s.dtype.kind != "f":
+        raise TypeError(f"{name} must be floating point, got {s.dtype}")
+    if not same_device(s, graph.indices):
+        raise ValueError(f"{name} lives on a different device than the graph ({graph.device})")
+    return s.astype(dtype, copy=False)
 
 
 def validate_features(graph: Graph, x, vtype, name="x", rows=None):
@@ -115,8 +106,8 @@ def validate_edge_weight(graph: Graph, edge_weight, name="edge_weight"):
     return w
 
 
-def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto",
-             deterministic=True, needs_weight_grad=True):
+def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, row_scale=None, col_scale=None,
+             vtype=None, path="auto", deterministic=True, needs_weight_grad=True):
     """Forward of `spmm`; returns (out [num_dst, F], SpmmResiduals)."""
     graph = as_graph(graph)
     if reduce not in REDUCES:
@@ -126,52 +117,72 @@ def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto
     x, vt = validate_features(graph, x, vtype)
     w = validate_edge_weight(graph, edge_weight)
     wdt = _weight_dtype_for(vt)
-    w_eff = effective_weights(graph, None if w is None else graph.to_csr_order(w), reduce, wdt)
-    out = backend_for(x).spmm(graph, x, w_eff, vt, path, deterministic)
+    r = _validate_scale(graph, row_scale, graph.num_dst, "row_scale", wdt)
+    c = _validate_scale(graph, col_scale, graph.num_src, "col_scale", wdt)
+    if reduce == "mean":
+        inv = _inv_in_degree(graph, wdt)
+        r = inv if r is None else r * inv
+    w_csr = None if w is None else graph.to_csr_order(w).astype(wdt, copy=False)
+    out = backend_for(x).spmm(graph, x, w_csr, vt, path, deterministic, r, c)
     keep_x = x if (w is not None and needs_weight_grad) else None
-    res = SpmmResiduals(keep_x, w_eff, reduce, vt, path, None if w is None else w.dtype,
-                        graph.num_src, bool(deterministic))
+    res = SpmmResiduals(keep_x, w_csr, r, c, vt, path, None if w is None else w.dtype,
+                        bool(deterministic))
     return out, res
 
 
 def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weight_grad=True):
-    """Backward of `spmm`: returns (grad_x [num_src, F] or None, grad_edge_weight [E] or None)."""
+    """Backward of `spmm`: returns (grad_x [num_src, F] or None, grad_edge_weight [E] or None).
+
+    grad_x = c * (A_w^T (r * grad_out)) runs the forward kernel on the cached
+    transpose with the two scales swapped; grad_w[e] = r_i c_j <grad_out[i], x[j]>.
+    """
     graph = as_graph(graph)
     g, _ = validate_features(graph, grad_out, res.vtype, name="grad_out", rows=graph.num_dst)
     be = backend_for(g)
-    wdt = _weight_dtype_for(res.vtype)
     grad_x = grad_w = None
     if needs_x_grad:
-        w_t = _transpose_weights(graph, res.weight_csr, res.reduce, wdt)
-        grad_x = be.spmm(graph.transpose(), g, w_t, res.vtype, res.path, res.deterministic)
+        t = graph.transpose()
+        w_t = None if res.weight_csr is None else res.weight_csr[t.edge_ids]
+        grad_x = be.spmm(t, g, w_t, res.vtype, res.path, res.deterministic,
+                         res.col_scale, res.row_scale)
     if needs_weight_grad and res.weight_dtype is not None:
         if res.x is None:
             raise ValueError("spmm_fwd was called with needs_weight_grad=False")
         dots = be.sddmm(graph, g, res.x, res.vtype)  # [E] CSR order, fp32/fp64
-        if res.reduce == "mean":
-            dots = dots * _inv_in_degree(graph, dots.dtype)[graph.csr_rows]
+        if res.row_scale is not None:
+            dots = dots * res.row_scale[graph.csr_rows]
+        if res.col_scale is not None:
+            dots = dots * res.col_scale[graph.indices]
         grad_w = graph.to_caller_order(dots).astype(res.weight_dtype, copy=False)
     return grad_x, grad_w
 
 
-def spmm(graph, x, edge_weight=None, reduce="sum", *, vtype=None, path="auto",
-         deterministic=True):
-    """Neighbour aggregation by sparse-dense product: `out = A_w @ x`.
+def spmm(graph, x, edge_weight=None, reduce="sum", *, row_scale=None, col_scale=None,
+         vtype=None, path="auto", deterministic=True):
+    """Neighbour aggregation by sparse-dense product:
+
+        out[i] = s_i * r_i * sum_{e=(j->i)} w_e * c_j * x[j]
 
     graph:       fastgnn.Graph with num_src source and num_dst target nodes.
     x:           [num_src, F] float features (NumPy -> CPU, CuPy -> GPU; bf16
                  as 16-bit integers with vtype="bfloat16").
-    edge_weight: [E] optional weights in the caller's edge order.
-    reduce:      "sum" or "mean" (mean divides by the in-degree; empty rows give 0).
+    edge_weight: [E] optional weights w in the caller's edge order (default 1).
+    reduce:      "sum" (s = 1) or "mean" (s_i = 1/deg_in(i); empty rows give 0).
+    row_scale:   [num_dst] optional target-side factor r (default 1).
+    col_scale:   [num_src] optional source-side factor c (default 1). With
+                 r = c = deg^-1/2 this is GCN's normalisation, fused into the
+                 kernel with no per-edge weights. Scales take no gradient.
     path:        GPU only: "auto" (time cuSPARSE and the custom kernel once per
                  graph, width and dtype, keep the faster), "cusparse" or "custom".
+                 Scales are fused by the custom kernel only.
     deterministic: GPU only: True (default) keeps results bitwise repeatable
                  (no float atomics anywhere); False lets "auto" also consider
                  cuSPARSE algorithms that are not.
     Returns [num_dst, F] in x's dtype (fp32 accumulation for 16-bit types).
     """
-    out, _ = spmm_fwd(graph, x, edge_weight, reduce, vtype=vtype, path=path,
-                      deterministic=deterministic, needs_weight_grad=False)
+    out, _ = spmm_fwd(graph, x, edge_weight, reduce, row_scale=row_scale, col_scale=col_scale,
+                      vtype=vtype, path=path, deterministic=deterministic,
+                      needs_weight_grad=False)
     return out
 
 

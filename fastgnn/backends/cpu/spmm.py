@@ -1,7 +1,8 @@
 """Numba kernels of the SpMM family.
 
 spmm:  one parallel task per target row; each walks its CSR segment and
-       accumulates w_e * x[src_e] into the output row (the caller's dtype).
+       accumulates w_e * c[src_e] * x[src_e] into the output row (the
+       caller's dtype), then applies the row scale r[row].
 sddmm: one parallel task per target row; for each in-edge, the dot product
        of grad_out[row] with x[src] (accumulated in float64).
 """
@@ -10,7 +11,8 @@ import numpy as np
 
 
 @numba.njit(parallel=True, cache=True)
-def _spmm_rows(indptr, indices, weights, has_weight, x, out):
+def _spmm_rows(indptr, indices, weights, has_weight, row_scale, has_row, col_scale, has_col,
+               x, out):
     n, f = out.shape
     for i in numba.prange(n):
         for k in range(f):
@@ -18,8 +20,13 @@ def _spmm_rows(indptr, indices, weights, has_weight, x, out):
         for e in range(indptr[i], indptr[i + 1]):
             j = indices[e]
             w = weights[e] if has_weight else 1.0
+            if has_col:
+                w *= col_scale[j]
             for k in range(f):
                 out[i, k] += w * x[j, k]
+        if has_row:
+            for k in range(f):
+                out[i, k] *= row_scale[i]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -34,13 +41,19 @@ def _sddmm_rows(indptr, indices, a, b, out):
             out[e] = acc
 
 
-def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True):
-    """[num_dst, F] = A_w @ x on the CPU (path and deterministic are GPU
-    options; the CPU kernel is always deterministic)."""
+def _or_empty(a, dtype):
+    return (a.astype(dtype, copy=False), True) if a is not None else (np.empty(0, dtype), False)
+
+
+def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale=None,
+         col_scale=None):
+    """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] on the CPU (path and
+    deterministic are GPU options; the CPU kernel is always deterministic)."""
     out = np.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
-    has_w = weight_csr is not None
-    w = weight_csr.astype(x.dtype, copy=False) if has_w else np.empty(0, dtype=x.dtype)
-    _spmm_rows(graph.indptr, graph.indices, w, has_w, x, out)
+    w, has_w = _or_empty(weight_csr, x.dtype)
+    r, has_r = _or_empty(row_scale, x.dtype)
+    c, has_c = _or_empty(col_scale, x.dtype)
+    _spmm_rows(graph.indptr, graph.indices, w, has_w, r, has_r, c, has_c, x, out)
     return out
 
 

@@ -105,7 +105,7 @@ def segment_bwd(graph, x, coef_a, coef_b, argmax, gmax, argmin, gmin, vtype,
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
         combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, grad, np.int64(num_split),
+                (plan.split_row, plan.slot_ptr, partial, np.uint64(0), grad, np.int64(num_split),
                  np.int32(F), np.int32(group)))
     return grad
 

@@ -97,7 +97,15 @@ def _grid(num_units, group):
     return (max(1, -(-num_units * group // BLOCK)),)
 
 
-def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None):
+NULL = np.uint64(0)   # a null device pointer as a kernel argument
+
+
+def _scale_arg(a, acc):
+    return NULL if a is None else a.astype(acc, copy=False)
+
+
+def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_scale=None,
+                col_scale=None):
     F = x.shape[1]
     itype = _ITYPE[np.dtype(graph.index_dtype)]
     out = cp.empty((graph.num_dst, F), dtype=x.dtype) if out is None else out
@@ -113,13 +121,15 @@ def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None):
     num_tasks = int(plan.task_row.shape[0])
     fwd(_grid(num_tasks, group), (BLOCK,),
         (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-         weight_csr.astype(acc, copy=False) if has_w else _null(acc), x, out, partial,
+         weight_csr.astype(acc, copy=False) if has_w else _null(acc),
+         _scale_arg(row_scale, acc), _scale_arg(col_scale, acc), x, out, partial,
          np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
         combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, out, np.int64(num_split),
+                (plan.split_row, plan.slot_ptr, partial, _scale_arg(row_scale, acc), out,
+                 np.int64(num_split),
                  np.int32(F), np.int32(group)))
     return out
 
@@ -288,10 +298,15 @@ def chosen_paths(graph):
     return {k[1:]: v for k, v in graph.cache.items() if isinstance(k, tuple) and k[0] == "spmm_plan"}
 
 
-def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True):
-    """[num_dst, F] = A_w @ x on the GPU (see module docstring for paths).
-    deterministic=False lets "auto" also try cuSPARSE algorithms whose
-    results may differ in the last bits from run to run."""
+def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale=None,
+         col_scale=None):
+    """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] on the GPU (see module
+    docstring for paths). deterministic=False lets "auto" also try cuSPARSE
+    algorithms whose results may differ in the last bits from run to run.
+    Row/column scales are fused by the custom kernel, which then serves
+    every path (cuSPARSE would need a scaled copy of x or the weights)."""
+    if row_scale is not None or col_scale is not None:
+        return spmm_custom(graph, x, weight_csr, vtype, row_scale=row_scale, col_scale=col_scale)
     if path == "custom" or (path == "cusparse" and not cusparse_supports(graph, vtype)):
         return spmm_custom(graph, x, weight_csr, vtype)
     if path == "cusparse":

@@ -1,0 +1,43 @@
+"""Developer tool: where a drop-in layer's forward+backward time goes on the
+GPU (torch.profiler), to compare against the op-level benchmark."""
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import fastgnn.torch as ft
+
+
+def main(layer="GCNConv", scale=20, F=128):
+    import cupy as cp
+    from fastgnn.testing import rmat_edge_index
+    ei, n = rmat_edge_index(scale, xp=cp)
+    ei = torch.from_dlpack(ei)
+    x = torch.randn(n, F, device="cuda", requires_grad=True)
+    mod = (ft.GCNConv(F, F, cached=True) if layer == "GCNConv" else ft.SAGEConv(F, F)).cuda()
+    g = torch.randn(n, F, device="cuda")
+
+    def step():
+        out = mod(x, ei)
+        out.backward(g)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    for _ in range(10):
+        step()
+    ev[1].record()
+    torch.cuda.synchronize()
+    print(f"{layer}: {ev[0].elapsed_time(ev[1]) / 10:.3f} ms per fwd+bwd (mean of 10)")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:2])
