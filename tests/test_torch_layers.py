@@ -1,6 +1,7 @@
 """Drop-in layers: load a PyG 2.8 layer's state_dict into ours (strict=True),
 then compare outputs and EVERY gradient (inputs, edge weights, parameters)
 under a random cotangent, for every option combination and input form."""
+import gc
 import itertools
 import warnings
 
@@ -41,7 +42,7 @@ def _adj_to(adj, device, dtype):
     return adj.to(device)
 
 
-def _fwd_bwd(layer, x, adj, edge_weight, device, dtype, cot, extra):
+def _fwd_bwd(layer, x, adj, edge_weight, device, dtype, cot, extra, check_dtype=True):
     """Output and every gradient of `layer` under cotangent `cot`, as a dict
     of CPU float64 tensors (None for a gradient that does not exist)."""
     xs = tuple(None if t is None else _leaf(t, device, dtype) for t in x)
@@ -52,7 +53,8 @@ def _fwd_bwd(layer, x, adj, edge_weight, device, dtype, cot, extra):
     if w is not None:
         args.append(w)
     out = layer(*args, **extra)
-    assert out.dtype == dtype and out.device.type == device
+    assert out.device.type == device
+    assert out.dtype == dtype or not check_dtype, f"output dtype {out.dtype}, expected {dtype}"
     (out * cot(out.shape).to(device, dtype)).sum().backward()
 
     def host(t):
@@ -98,7 +100,9 @@ def run_and_compare(ref_layer, our_layer, x, adj, edge_weight=None, *, device="c
     base = None
     if same_dtype_baseline:
         try:
-            base = _fwd_bwd(base_layer, xs, adj, edge_weight, device, dtype, cot, extra)
+            # (PyG may promote bf16 to float32 when the edge weights are float32)
+            base = _fwd_bwd(base_layer, xs, adj, edge_weight, device, dtype, cot, extra,
+                            check_dtype=False)
         except (RuntimeError, NotImplementedError):   # PyG op without this dtype there
             base = None
     if overwritten_loops is not None and ref.get("grad edge_weight") is not None:
@@ -270,8 +274,9 @@ def test_gin_matches_pyg(eps, train_eps, form):
 
 # --------------------------------------------------------------------- GPU
 def _gpu_layers():
-    def mlp():
-        return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.ReLU(),
+    def mlp():  # smooth: in bf16 a ReLU kink flips for a few units and the eps
+        #            gradient (one sum over all nodes) then measures only that noise
+        return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Tanh(),
                                    torch.nn.Linear(40, 16))
     return [
         ("gcn", lambda: pyg.GCNConv(24, 16), lambda: ft.GCNConv(24, 16), True),
@@ -323,6 +328,7 @@ def test_gpu_layer_memory_is_counted_by_torch():
     x = torch.randn(n, 128, device="cuda", requires_grad=True)
     conv = ft.GCNConv(128, 128).cuda()
     conv(x, ei).sum().backward()                    # warm caches
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
