@@ -8,7 +8,7 @@ from ._array import gpu_available
 from .graph import Graph
 from .ops.segment import (segment_csr, segment_csr_bwd, segment_csr_fwd, segment_reduce,
                           segment_reduce_bwd, segment_reduce_fwd)
-from .ops.spmm import gcn_norm, spmm, spmm_bwd, spmm_fwd
+from .ops.spmm import gcn_norm, gcn_norm_scales, spmm, spmm_bwd, spmm_fwd
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,8 @@ def _rows(x):
     return int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() == 2 else None
 
 
-def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None, path="auto"):
+def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None, path="auto",
+         *, row_scale=None, col_scale=None):
     r"""Neighbour aggregation `out = A_w @ x`, differentiable in x and edge_weight.
 
     Messages flow source j -> target i along each edge e = (j -> i):
@@ -43,6 +44,9 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
     num_nodes:   None (square graph with x.size(0) nodes), an int (square), or
                  (num_src, num_dst) for a bipartite graph.
     path:        GPU kernel choice: "auto", "cusparse" or "custom".
+    row_scale, col_scale: optional [num_dst] / [num_src] factors r, c fused into
+                 the kernel: out[i] = r_i * (...) with x[j] scaled by c_j
+                 (constants: they take no gradient).
     Returns [num_dst, F] in x's dtype.
     """
     if not isinstance(x, torch.Tensor):
@@ -55,7 +59,9 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
             raise ValueError("edge_weight must be None when the graph is a sparse adj_t: "
                              "its values are the edge weights")
         edge_weight = adj_w
-    return apply(SPMM, graph, x, edge_weight, reduce=reduce, path=path)
+    scales = {k: (v.detach() if isinstance(v, torch.Tensor) else v)
+              for k, v in (("row_scale", row_scale), ("col_scale", col_scale)) if v is not None}
+    return apply(SPMM, graph, x, edge_weight, reduce=reduce, path=path, **scales)
 
 
 # ---------------------------------------------------------------- GCN norm

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import fastgnn
+
 from .functional import _norm_dtype, gcn_norm, spmm
-from .graph_cache import resolve
+from .graph_cache import resolve, to_graph
 
 __all__ = ["GCNConv", "SAGEConv", "GINConv", "Linear"]
 
@@ -189,20 +193,30 @@ class GCNConv(torch.nn.Module):
                              "input while this layer does not support bipartite message "
                              "passing. Please try other layers such as 'SAGEConv' instead")
         n = int(x.shape[-2])
+        scale = None
         if self.normalize:
-            if self._cached_edge_index is not None:
-                graph, weight = self._cached_edge_index
-            else:
-                graph, weight = gcn_norm(edge_index, edge_weight, n, improved=self.improved,
-                                         add_self_loops=self.add_self_loops,
-                                         dtype=_norm_dtype(x.dtype))
+            norm = self._cached_edge_index
+            if norm is None:
+                if edge_weight is None and not _is_sparse(edge_index):
+                    # all weights are 1 (PyG ignores `improved` here): deg^-1/2 is
+                    # fused into the kernel as row and column scales
+                    graph, scale = fastgnn.gcn_norm_scales(
+                        to_graph(edge_index, n), add_self_loops=self.add_self_loops,
+                        dtype=np.float64 if x.dtype == torch.float64 else np.float32)
+                    norm = (graph, None, scale)
+                else:
+                    graph, weight = gcn_norm(edge_index, edge_weight, n, improved=self.improved,
+                                             add_self_loops=self.add_self_loops,
+                                             dtype=_norm_dtype(x.dtype))
+                    norm = (graph, weight, None)
                 if self.cached:
-                    self._cached_edge_index = (graph, weight)
+                    self._cached_edge_index = norm
+            graph, weight, scale = norm
         else:
             graph, adj_w = resolve(edge_index, n)
             weight = edge_weight if adj_w is None and not _is_sparse(edge_index) else adj_w
         x = self.lin(x)
-        out = spmm(graph, x, weight, reduce=self._reduce)
+        out = spmm(graph, x, weight, reduce=self._reduce, row_scale=scale, col_scale=scale)
         if self.bias is not None:
             out = out + self.bias
         return out

@@ -188,7 +188,9 @@ def spmm(graph, x, edge_weight=None, reduce="sum", *, row_scale=None, col_scale=
 
 # --------------------------------------------------------------- GCN norm
 def gcn_norm(graph, edge_weight=None, *, add_self_loops=True, improved=False):
-    """GCN normalisation as PyG's `gcn_norm` computes it (flow source -> target).
+    """GCN normalisation (flow source -> target), PyG's `gcn_norm` for weighted
+    graphs. (PyG 2.8 ignores `improved` when there are no edge weights; this
+    function does not: its loops then weigh 2. fastgnn.torch.GCNConv follows PyG.)
 
     With add_self_loops, existing self-loops are replaced by one loop per node
     whose weight is the old loop's weight if there was one, else the fill value
@@ -208,6 +210,29 @@ def gcn_norm(graph, edge_weight=None, *, add_self_loops=True, improved=False):
         key = ("gcn_norm", add_self_loops, improved)
         return graph.cached(key, lambda: _gcn_norm(graph, None, add_self_loops, improved))
     return _gcn_norm(graph, w, add_self_loops, improved)
+
+
+def gcn_norm_scales(graph, *, add_self_loops=True, dtype=np.float32):
+    """GCN normalisation of an unweighted graph as two node vectors instead of
+    per-edge weights: returns (graph', d) with d = deg'^-1/2 (0 where deg' = 0)
+    over graph' (graph with self-loops as `gcn_norm` adds them, or graph), so
+
+        spmm(graph', x, row_scale=d, col_scale=d) == spmm(*gcn_norm(graph), x)
+
+    with every weight 1 (no `improved` fill). Cached on the graph; the kernel
+    applies the scales on the fly, so no edge-sized array is read or built.
+    """
+    graph = as_graph(graph)
+    if graph.num_src != graph.num_dst:
+        raise ValueError("gcn_norm_scales needs a square graph (num_src == num_dst)")
+
+    def build():
+        g2 = self_loop_structure(graph)[0] if add_self_loops else graph
+        deg = g2.in_degree.astype(np.float64)
+        xp = g2.xp
+        d = xp.where(deg > 0, 1 / xp.sqrt(xp.maximum(deg, 1)), 0).astype(dtype)
+        return g2, d
+    return graph.cached(("gcn_norm_scales", add_self_loops, np.dtype(dtype).name), build)
 
 
 def self_loop_structure(graph: Graph):
