@@ -20,9 +20,9 @@ def rel_err(out, ref) -> float:
     return float(num / den) if den > 0 else float(num)
 
 
-def assert_close(out, ref, vtype="float32", what="output"):
+def assert_close(out, ref, vtype="float32", what="output", tol=None):
     err = rel_err(out, ref)
-    tol = TOLERANCES[vtype]
+    tol = TOLERANCES[vtype] if tol is None else tol
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({vtype})"
 
 

@@ -47,8 +47,12 @@ def _check(device, ei, g, x, go, reduce, dtype):
     assert_close(to_numpy(out), ref.segment_reduce(ei, x, reduce, n), dtype, f"{reduce} out")
     gx = segment_reduce_bwd(g, res, to_device(go, device))
     assert gx.dtype == x.dtype and gx.shape == x.shape
+    # var/std follow PyG's E[x^2] - E[x]^2, which cancels: in float32 their
+    # gradients (scaled by 1/std) carry a few times fp32's usual error
+    names = [reduce] if isinstance(reduce, str) else list(reduce)
+    loose = dtype == "float32" and any(r in ("var", "std") for r in names)
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
-                 f"{reduce} grad_x")
+                 f"{reduce} grad_x", tol=1e-4 if loose else None)
     return to_numpy(out)
 
 

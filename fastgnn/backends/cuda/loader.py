@@ -79,17 +79,23 @@ def instantiations():
 
 
 _modules: dict = {}
+_functions: dict = {}
 
 
 def get_function(family: str, vtype: str, itype: str, name: str):
     """The compiled kernel `name` (a name expression of KERNELS[family]) on
     the current device, compiling its (family, vtype, itype) module once."""
     import cupy
-    dev = cupy.cuda.Device().id
-    key = (family, vtype, itype, dev)
+    dev = cupy.cuda.runtime.getDevice()
+    fkey = (family, vtype, itype, dev, name)
+    fn = _functions.get(fkey)       # launch path: one dict lookup per call
+    if fn is not None:
+        return fn
+    key = fkey[:4]
     mod = _modules.get(key)
     if mod is None:
         names = KERNELS[family](vtype, itype)
         mod = cupy.RawModule(code=source(family), options=options(), name_expressions=names)
         _modules[key] = mod
-    return mod.get_function(name)
+    fn = _functions[fkey] = mod.get_function(name)
+    return fn
