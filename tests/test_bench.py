@@ -160,3 +160,44 @@ def test_bench_failures_are_recorded(tmp_path):
     assert recs["bad"]["status"]["fwd"] == "error" and "broken" in recs["bad"]["errors"]["fwd"]
     assert recs["fwd-only"]["status"] == {"fwd": "ok", "fwd_bwd": "unsupported"}
     assert recs["fwd-only"]["fwd_ms"] is not None and recs["fwd-only"]["rel_err"] > 0.1
+
+
+def test_bench_segment_family_cpu(tmp_path):
+    """The reduction family: op + layer cases, floors, and the report's summary lines."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torch_geometric")
+    from fastgnn.bench.__main__ import main
+
+    out = tmp_path / "s.json"
+    rc = main(["--quick", "--device", "cpu", "--family", "segment", "--graphs", "rmat7",
+               "--width", "8", "--repeats", "1", "--warmup", "0", "--no-progress",
+               "--out", str(out)])
+    assert rc == 0
+    recs = json.loads(out.read_text())
+    assert {r["case"] for r in recs} == {"segment_max", "segment_multi", "SAGEConv_max"}
+    assert all(r["family"] == "segment" for r in recs)
+    by = {(r["case"], r["impl"]): r for r in recs}
+    for key in [("segment_max", "pyg-scatter[edge_index]"), ("segment_max", "pyg-aggr[ptr]"),
+                ("segment_multi", "pyg-scatter[edge_index]"), ("segment_multi", "pyg-aggr[ptr]"),
+                ("SAGEConv_max", "pyg[edge_index]"), ("SAGEConv_max", "pyg[csr adj_t]"),
+                ("SAGEConv_max", "pyg[EdgeIndex csc,segment]")]:
+        r = by[key]
+        assert r["status"] == {"fwd": "ok", "fwd_bwd": "ok"}, r
+        assert r["rel_err"] < 1e-5 and r["rel_err_grad"] < 1e-5, r
+    # fastgnn rows agree, or say why they cannot run (adapter not there yet)
+    for r in recs:
+        if r["fastgnn"]:
+            if r["status"]["fwd"] == "ok":
+                assert r["rel_err"] < 1e-5, r
+            else:
+                assert r["status"]["fwd"] == "unsupported", r
+    # floor: x read once + R output blocks + CSR; multi writes 3 more blocks than max
+    mx, mu = by[("segment_max", "fastgnn")], by[("segment_multi", "fastgnn")]
+    n = mx["graph_stats"]["num_nodes"]
+    assert mu["bytes_fwd"] - mx["bytes_fwd"] == 3 * n * 8 * 4
+    assert mx["bytes_fwd_bwd"] == 2 * mx["bytes_fwd"]
+    md = out.with_suffix(".md").read_text()
+    if mx["fwd_ms"] and mu["fwd_ms"]:
+        assert "multi/max fwd" in md and "| rmat7 | fp32 | 8 |" in md
+    if by[("SAGEConv_max", "fastgnn[edge_index]")]["fwd_bwd_ms"]:
+        assert "SAGEConv(aggr='max') forward+backward" in md

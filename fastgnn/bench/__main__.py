@@ -4,6 +4,7 @@ Examples
     python -m fastgnn.bench --quick                       # CPU smoke run, < 1 minute
     python -m fastgnn.bench --graphs rmat20 clustered     # H200: SpMM ops + layers
     python -m fastgnn.bench --ops spmm_sum --layers none --dtypes fp32 --width 64 128
+    python -m fastgnn.bench --family segment --graphs rmat20  # reductions + SAGEConv(max)
     python -m fastgnn.bench --list                        # the registered cases
 
 Writes a JSON list of records (one per graph x case x dtype x width x
@@ -34,7 +35,7 @@ H200_BANDWIDTH_GBS = 4190.0     # measured copy bandwidth, read + write (GPU.md)
 
 
 def _load_cases():
-    from . import cases_layers, cases_spmm  # noqa: F401  (register on import)
+    from . import cases_layers, cases_segment, cases_spmm  # noqa: F401  (register on import)
 
 
 def build_parser():
@@ -48,6 +49,9 @@ def build_parser():
     p.add_argument("--dtypes", nargs="+", help="fp32 bf16 fp16 (default fp32 bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--ops", nargs="+", help="op cases, 'all' or 'none' (default: the default ops)")
     p.add_argument("--layers", nargs="+", help="layer cases, 'all' or 'none' (default: all)")
+    p.add_argument("--family", default="all", choices=["spmm", "segment", "all"],
+                   help="case family for the default / 'all' op and layer sets (default all); "
+                        "cases named in --ops / --layers run whatever their family")
     p.add_argument("--impls", nargs="+", help="only implementations whose name contains one of these")
     p.add_argument("--repeats", type=int, help="timed calls per measurement, median reported "
                    "(default 20; --quick 3)")
@@ -68,14 +72,16 @@ def build_parser():
     return p
 
 
-def _select(names, kind, default_all=False):
-    pool = [c for c in CASES.values() if c.kind == kind]
+def _select(names, kind, default_all=False, family="all"):
+    every = [c for c in CASES.values() if c.kind == kind]
+    pool = [c for c in every if family == "all" or c.family == family]
     if names is None:
         return [c for c in pool if c.default or default_all]
     if names == ["none"]:
         return []
     if names == ["all"]:
         return pool
+    pool = every
     by = {c.name.lower(): c for c in pool}
     out = []
     for n in names:
@@ -139,7 +145,8 @@ def main(argv=None):
     _load_cases()
     if args.list:
         for c in CASES.values():
-            print(f"{c.kind:5} {c.name:10} {'(default)' if c.default else '         '} {c.description}")
+            print(f"{c.kind:5} {c.family:7} {c.name:13} {'(default)' if c.default else '         '} "
+                  f"{c.description}")
         return 0
 
     import torch
@@ -201,14 +208,16 @@ def _run(args, argv, torch, device, cuda, quick):
             continue
         if full not in dtype_names:
             dtype_names.append(full)
-    cases = _select(args.ops, "op") + _select(args.layers, "layer", default_all=True)
+    cases = (_select(args.ops, "op", family=args.family)
+             + _select(args.layers, "layer", default_all=True, family=args.family))
     bandwidth = args.bandwidth if args.bandwidth is not None else (H200_BANDWIDTH_GBS if cuda else None)
 
     command = "python -m fastgnn.bench " + shlex.join(argv)
     gpu = _device_label(torch, device)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    prefix = "quick" if quick else ("bench" if args.family == "all" else args.family)
     out_path = args.out or os.path.join("benchmarks", "results",
-                                        f"{'quick' if quick else 'spmm'}-{_slug(gpu)}-{stamp}.json")
+                                        f"{prefix}-{_slug(gpu)}-{stamp}.json")
     meta = {"gpu": gpu, "command": command, "versions": _versions(torch, cuda),
             "bandwidth_gbs": bandwidth, "skipped": skipped,
             "timing": (f"median of {repeats} calls after {warmup} warm-up calls, "

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+# family-specific summaries: functions records -> markdown lines, appended by
+# the case modules on import and written after the results table
+SUMMARIES: list = []
+
 
 def _fmt_ms(rec, key, phase):
     v = rec.get(key)
@@ -71,6 +75,11 @@ def markdown(records, meta):
               if meta.get("bandwidth_gbs") else "(not converted to time on the CPU)."), ""]
     if records:
         out += [table(records), ""]
+        for summary in SUMMARIES:
+            try:
+                out += summary(records)
+            except Exception as exc:  # noqa: BLE001 - a summary never loses the results
+                out += [f"(summary {getattr(summary, '__name__', summary)} failed: {exc!r})", ""]
     else:
         out += ["(no measurements)", ""]
     graphs = OrderedDict((r["graph"], r) for r in records)
