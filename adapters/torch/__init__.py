@@ -1,8 +1,13 @@
 """PyTorch adapter (installed as fastgnn.torch).
 
-    spmm, gcn_norm          differentiable ops on torch tensors (functional.py)
+    spmm, gcn_norm, segment_reduce, segment_csr
+                            differentiable ops on torch tensors (functional.py)
     GCNConv, SAGEConv, GINConv
                             drop-in PyG 2.8 layers (nn.py)
+    SumAggregation, MeanAggregation, MaxAggregation, MinAggregation,
+    VarAggregation, StdAggregation, MultiAggregation
+                            PyG-compatible Aggregation modules (aggr.py; they
+                            import PyG, so they load on first access)
     to_graph                fastgnn.Graph from edge_index / EdgeIndex / sparse adj_t,
                             cached (graph_cache.py)
     apply, Op, FastgnnFunction
@@ -13,9 +18,22 @@ CUDA tensors run on PyTorch's current stream with memory from PyTorch's
 caching allocator; nothing touches the GPU at import time.
 """
 from ._autograd import FastgnnFunction, Op, apply, device_scope
-from .functional import gcn_norm, spmm
+from .functional import gcn_norm, segment_csr, segment_reduce, spmm
 from .graph_cache import clear_graph_cache, to_graph
 from .nn import GCNConv, GINConv, SAGEConv
 
-__all__ = ["spmm", "gcn_norm", "to_graph", "clear_graph_cache", "GCNConv", "SAGEConv",
-           "GINConv", "apply", "Op", "FastgnnFunction", "device_scope"]
+_AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
+                 "VarAggregation", "StdAggregation", "MultiAggregation")
+
+__all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "to_graph",
+           "clear_graph_cache", "GCNConv", "SAGEConv", "GINConv", *_AGGREGATIONS, "apply", "Op",
+           "FastgnnFunction", "device_scope"]
+
+
+def __getattr__(name):
+    # aggr.py subclasses PyG's Aggregation; importing PyG costs seconds, so
+    # `import fastgnn.torch` leaves it until an aggregation is first asked for
+    if name in _AGGREGATIONS:
+        from . import aggr
+        return getattr(aggr, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

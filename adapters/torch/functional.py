@@ -1,16 +1,21 @@
 """Functional PyTorch API: differentiable fastgnn ops on torch tensors."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 import fastgnn
+from fastgnn.ops.segment import (segment_csr_bwd, segment_csr_fwd, segment_reduce_bwd,
+                                 segment_reduce_fwd)
 from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
 from ._autograd import Op, apply, device_scope, to_array, to_tensor
 from .graph_cache import resolve
 
-__all__ = ["spmm", "gcn_norm", "SPMM"]
+__all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "SPMM", "SEGMENT_REDUCE",
+           "SEGMENT_CSR"]
 
 SPMM = Op("spmm", spmm_fwd, spmm_bwd, inputs=("x", "edge_weight"), features=("x",),
           fwd_flags={"needs_weight_grad": "edge_weight"},
@@ -62,6 +67,108 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
     scales = {k: (v.detach() if isinstance(v, torch.Tensor) else v)
               for k, v in (("row_scale", row_scale), ("col_scale", col_scale)) if v is not None}
     return apply(SPMM, graph, x, edge_weight, reduce=reduce, path=path, **scales)
+
+
+# ------------------------------------------------------------ reductions
+def _segment_reduce_bwd(graph, res, grad_out):
+    return (segment_reduce_bwd(graph, res, grad_out),)
+
+
+def _segment_csr_fwd(_graph, ptr, src, **kw):
+    return segment_csr_fwd(ptr, src, **kw)
+
+
+def _segment_csr_bwd(_graph, res, grad_out):
+    # the CSR Graph built in the forward holds the offsets; ptr takes no gradient
+    return None, segment_csr_bwd(res.graph.indptr, res, grad_out)
+
+
+SEGMENT_REDUCE = Op("segment_reduce", segment_reduce_fwd, _segment_reduce_bwd, inputs=("x",),
+                    features=("x",), fwd_flags={"needs_x_grad": "x"})
+SEGMENT_CSR = Op("segment_csr", _segment_csr_fwd, _segment_csr_bwd, inputs=("ptr", "src"),
+                 features=("src",), fwd_flags={"needs_x_grad": "src"})
+
+
+def _reduce_arg(reduce):
+    """PyG spells sum "add": accept it (alone or in a list); the core validates the rest."""
+    if isinstance(reduce, str):
+        return "sum" if reduce == "add" else reduce
+    if isinstance(reduce, (list, tuple)):
+        return ["sum" if r == "add" else r for r in reduce]
+    return reduce
+
+
+def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None):
+    r"""Neighbour reductions, differentiable in x (gather fused: no per-edge tensor).
+
+    Messages flow source j -> target i along each edge e = (j -> i), d_i = deg_in(i):
+
+        sum:  out[i] = sum_e x[j]                 mean: out[i] = (1/d_i) sum_e x[j]
+        max:  out[i] = max_e x[j]                 min:  out[i] = min_e x[j]
+        var:  out[i] = mean_e x[j]^2 - (mean_e x[j])^2           (PyG VarAggregation)
+        std:  out[i] = sqrt(max(var_i, 1e-5)), set to 0 where <= sqrt(1e-5)
+                                                                  (PyG StdAggregation)
+
+    per feature; a target without in-edges gets 0 from every reduction. Max/min
+    send the gradient to one winner per (row, feature): the first of tied
+    edges in caller order (PyG splits it evenly among ties; the two differ
+    only when distinct sources tie exactly).
+
+    edge_index_or_graph: [2, E] integer tensor (row 0 sources, row 1 targets),
+                 PyG EdgeIndex, unweighted torch sparse adj_t [num_dst, num_src]
+                 or fastgnn.Graph (cached as in `spmm`).
+    x:           [num_src, F] float tensor (float32/float64 on CPU; also
+                 float16/bfloat16 on CUDA), on the graph's device.
+    reduce:      "sum" (or "add"), "mean", "max", "min", "var", "std", or a
+                 list of distinct ones, computed in one pass over the neighbours.
+    num_nodes:   None (square graph with x.size(0) nodes), an int (square), or
+                 (num_src, num_dst) for a bipartite graph.
+    Returns [num_dst, F] for a single str, else [num_dst, R*F] with block r
+    = reduce[r] (PyG MultiAggregation mode="cat" order), in x's dtype.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if num_nodes is None:
+        num_nodes = _rows(x)
+    graph, adj_w = resolve(edge_index_or_graph, num_nodes)
+    if adj_w is not None:
+        raise ValueError("segment_reduce takes no edge weights, but the sparse adj_t has values "
+                         "other than 1; pass an edge_index, a fastgnn.Graph or an adj_t of ones")
+    return apply(SEGMENT_REDUCE, graph, x, reduce=_reduce_arg(reduce))
+
+
+def segment_csr(ptr, src, reduce="sum"):
+    r"""Reductions of per-row values over CSR segments (torch_scatter's `segment_csr`),
+    differentiable in src:
+
+        out[i] = reduce_{ptr[i] <= e < ptr[i+1]} src[e]
+
+    with the reductions of `segment_reduce` (sum/add, mean, max, min, var, std,
+    or a list of them); empty segments give 0.
+
+    ptr:    [S + 1] integer tensor, non-decreasing from 0 to E, on src's device.
+    src:    [E] or [E, *] float tensor (trailing dimensions are reduced independently).
+    reduce: a str, or a list of distinct reductions (then src must be [E, F]).
+    Returns [S, *] for a str (the trailing shape of src), [S, R*F] for a list
+    (block r = reduce[r]), in src's dtype.
+    """
+    for name, t in (("ptr", ptr), ("src", src)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if src.dim() < 1:
+        raise ValueError(f"src must have shape [E] or [E, *], got {tuple(src.shape)}")
+    reduce = _reduce_arg(reduce)
+    if not isinstance(reduce, str) and src.dim() != 2:
+        raise ValueError(f"src must have shape [E, F] for a list of reductions, "
+                         f"got {tuple(src.shape)}")
+    if ptr.dtype.is_floating_point or ptr.dtype.is_complex or ptr.dtype == torch.bool:
+        raise TypeError(f"ptr must hold integers, got dtype {ptr.dtype}")
+    if ptr.device != src.device:
+        raise ValueError(f"ptr is on {ptr.device} but src on {src.device}")
+    rest = tuple(src.shape[1:])
+    flat = src.reshape(src.shape[0], math.prod(rest)) if src.dim() != 2 else src
+    out = apply(SEGMENT_CSR, None, ptr, flat, reduce=reduce)
+    return out.reshape(out.shape[0], *rest) if src.dim() != 2 else out
 
 
 # ---------------------------------------------------------------- GCN norm

@@ -3,7 +3,8 @@
 Same constructor arguments, parameter names (a PyG `state_dict` loads with
 `strict=True`), forward inputs (edge_index tensor, PyG EdgeIndex, torch sparse
 adj_t, `(x_src, x_dst)` pairs where PyG takes them) and the same function; the
-aggregation runs through fastgnn's SpMM with the graph built once and cached
+aggregation runs through fastgnn's SpMM (sum, mean) or segment reductions
+(SAGEConv's max, min, var, std, multi), with the graph built once and cached
 (`fastgnn.torch.to_graph`).
 """
 from __future__ import annotations
@@ -233,22 +234,30 @@ def _is_sparse(adj):
 class SAGEConv(torch.nn.Module):
     r"""GraphSAGE (Hamilton et al.), PyG 2.8's `SAGEConv`:
 
-        x'_i = W_1 x_i + W_2 . aggr_{j in N(i)} x_j        (aggr: "mean" or "sum")
+        x'_i = W_1 x_i + W_2 . aggr_{j in N(i)} x_j
 
     with, if project, x_j <- relu(W_3 x_j + b) first, and if normalize,
     x'_i <- x'_i / ||x'_i||_2 last.
 
     in_channels:  int, or (source, target) sizes for bipartite graphs (-1: lazy).
-    aggr:         "mean" (default), "sum"/"add"; other aggregations raise
-                  NotImplementedError for now.
+    aggr:         "mean" (default), "sum"/"add", "max", "min", "var", "std", a
+                  list of those (concatenated: W_2 then takes R*in features, as
+                  PyG's MultiAggregation in "cat" mode), or an Aggregation of
+                  those kinds (`fastgnn.torch.aggr`, or PyG's basic ones).
+                  Mean and sum strings run through SpMM (fused scales); the
+                  others through `segment_reduce` (gather fused).
+    aggr_kwargs:  as in PyG (only semi_grad=False here).
     normalize, root_weight, project, bias: as in PyG.
     forward(x [N, in] | (x_src [Ns, in_s], x_dst [Nt, in_t] or None),
             edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], size=None) -> [Nt, out]
 
     Parameters `lin_l` (aggregated neighbours, with bias), `lin_r` (root, no
     bias; only with root_weight) and `lin` (only with project), as PyG names them.
-    The aggregation runs on the narrower side of lin_l (before it when
+    A sum/mean aggregation runs on the narrower side of lin_l (before it when
     out_channels < in_channels), which gives the same function and moves fewer bytes.
+    As in PyG, only the "sum"/"mean"/"max"/"min" strings use a sparse adj_t's
+    values as weights; weighted max/min raise NotImplementedError, and the
+    other aggregations ignore the values.
     """
 
     def __init__(self, in_channels, out_channels: int, aggr="mean", normalize: bool = False,
@@ -260,9 +269,30 @@ class SAGEConv(torch.nn.Module):
         self.normalize = normalize
         self.root_weight = root_weight
         self.project = project
-        self.aggr = aggr
-        self._reduce = _aggr(aggr, type(self).__name__)
+        aggr_kwargs = kwargs.pop("aggr_kwargs", None) or {}
         _check_kwargs(type(self).__name__, kwargs)
+        # PyG's string form of aggr (kept for repr and code that reads it)
+        if isinstance(aggr, str):
+            self.aggr = aggr
+        elif isinstance(aggr, (list, tuple)):
+            self.aggr = [str(a) for a in aggr]
+        else:
+            self.aggr = str(aggr)
+        # sum/mean strings: SpMM (with a sparse adj_t's values as weights, as PyG)
+        self._reduce = _AGGRS.get(aggr) if isinstance(aggr, str) and not aggr_kwargs else None
+        if self._reduce is not None:
+            self.aggr_module = None
+            self._weighted = True
+        else:
+            if aggr is None:
+                raise NotImplementedError(f"{type(self).__name__}: aggr=None is not supported")
+            from .aggr import resolve_aggregation       # imports PyG: only when needed
+            self.aggr_module = resolve_aggregation(aggr, **aggr_kwargs)
+            codes = self.aggr_module._codes
+            # PyG fuses (and so weighs by adj_t values) only for str aggr in FUSE_AGGRS
+            self._weighted = isinstance(aggr, str) and aggr in ("max", "min")
+            if not isinstance(aggr, str) and len(codes) == 1 and codes[0] in ("sum", "mean"):
+                self._reduce = codes[0]                   # SpMM, unweighted (as PyG)
         if isinstance(in_channels, int):
             in_channels = (in_channels, in_channels)
         if project:
@@ -270,7 +300,10 @@ class SAGEConv(torch.nn.Module):
                 raise ValueError(f"'{type(self).__name__}' does not support lazy "
                                  "initialization with `project=True`")
             self.lin = Linear(in_channels[0], in_channels[0], bias=True)
-        self.lin_l = _linear(in_channels[0], out_channels, bias=bias)
+        aggr_out = in_channels[0]
+        if self.aggr_module is not None and hasattr(self.aggr_module, "get_out_channels"):
+            aggr_out = self.aggr_module.get_out_channels(in_channels[0])
+        self.lin_l = _linear(aggr_out, out_channels, bias=bias)
         if root_weight:
             self.lin_r = _linear(in_channels[1], out_channels, bias=False)
         self.reset_parameters()
@@ -287,15 +320,25 @@ class SAGEConv(torch.nn.Module):
         if self.project:
             x_src = self.lin(x_src).relu()
         graph, weight = resolve(edge_index, _graph_sizes(x_src, x_dst, size, edge_index))
+        if not self._weighted:
+            weight = None                              # PyG ignores adj_t values here
         lin_l = self.lin_l
-        if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
-            lin_l(x_src[:0])                           # materialise from the input width
-        if lin_l.out_features < lin_l.in_features:     # aggregate the narrower features
-            out = spmm(graph, F.linear(x_src, lin_l.weight), weight, reduce=self._reduce)
-            if lin_l.bias is not None:
-                out = out + lin_l.bias
+        if self._reduce is None:                       # max/min/var/std/several
+            if weight is not None:
+                raise NotImplementedError(
+                    f"{type(self).__name__}(aggr={self.aggr!r}) with a weighted sparse adj_t "
+                    "(PyG computes max/min of value * x there) is not supported by "
+                    "fastgnn.torch; pass an adj_t of ones or an edge_index")
+            out = lin_l(self.aggr_module.neighbour(graph, x_src))
         else:
-            out = lin_l(spmm(graph, x_src, weight, reduce=self._reduce))
+            if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
+                lin_l(x_src[:0])                       # materialise from the input width
+            if lin_l.out_features < lin_l.in_features:  # aggregate the narrower features
+                out = spmm(graph, F.linear(x_src, lin_l.weight), weight, reduce=self._reduce)
+                if lin_l.bias is not None:
+                    out = out + lin_l.bias
+            else:
+                out = lin_l(spmm(graph, x_src, weight, reduce=self._reduce))
         if self.root_weight and x_dst is not None:
             out = out + self.lin_r(x_dst)
         if self.normalize:

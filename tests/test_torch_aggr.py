@@ -1,0 +1,466 @@
+"""fastgnn.torch reductions: segment_reduce / segment_csr, the Aggregation
+modules and SAGEConv(aggr=...), against PyG 2.8's own modules on the same
+inputs: outputs and every gradient under a random cotangent, in float64 on CPU
+(float32 on the GPU when one is visible).
+
+Max/min: PyG splits the gradient among exact ties, ours sends it to one winner.
+Random floats tie only through duplicate edges, which share their source, so
+gradients w.r.t. node features agree; per-edge inputs never hold ties here."""
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch_geometric.nn as pyg
+from torch_geometric.nn import aggr as pyg_aggr
+
+import fastgnn
+import fastgnn.torch as ft
+from fastgnn.backends import reference as ref
+from fastgnn.testing import TOLERANCES, awkward_edge_index, rel_err
+
+warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+pytestmark = pytest.mark.filterwarnings("ignore:.*[Ss]parse")
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not (fastgnn.gpu_available() and torch.cuda.is_available()),
+                               reason="needs a CUDA device visible to CuPy and torch")
+
+SINGLE = ["sum", "mean", "max", "min", "var", "std"]
+CLASS = {"sum": "SumAggregation", "mean": "MeanAggregation", "max": "MaxAggregation",
+         "min": "MinAggregation", "var": "VarAggregation", "std": "StdAggregation"}
+MULTI = ["mean", "max", "min", "std"]
+
+
+def _id(a):
+    return a if isinstance(a, str) else "+".join(a)
+
+
+def _cot(shape, seed=0, dtype=torch.float64, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(device, dtype)
+
+
+def _grads(fn, inputs, params=(), seed=0):
+    """fn(*leaves) and the gradients of every leaf and parameter under a random
+    cotangent, as CPU float64 tensors."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    for _, p in params:
+        p.grad = None
+    out = fn(*leaves)
+    (out * _cot(out.shape, seed, out.dtype, out.device)).sum().backward()
+    res = {"output": out.detach().cpu().double()}
+    res.update({f"grad input {i}": None if t.grad is None else t.grad.cpu().double()
+                for i, t in enumerate(leaves)})
+    res.update({f"grad {n}": None if p.grad is None else p.grad.cpu().double()
+                for n, p in params})
+    return res
+
+
+def _compare(ours, theirs, vtype="float64", base=None):
+    """Relative errors within the dtype's tolerance, or within twice the error of
+    PyG's own run in the same dtype (`base`) where that is larger."""
+    assert sorted(ours) == sorted(theirs)
+    for what, r in theirs.items():
+        o = ours[what]
+        if r is None:
+            assert o is None or not o.any(), f"{what}: PyG has none, ours is nonzero"
+            continue
+        assert o is not None, f"{what}: missing"
+        assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)} != {tuple(r.shape)}"
+        err = rel_err(o.numpy(), r.numpy())
+        tol = TOLERANCES[vtype]
+        if base is not None and base.get(what) is not None:
+            tol = max(tol, 2 * rel_err(base[what].numpy(), r.numpy()))
+        assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} ({vtype})"
+
+
+def _groups(seed, num_rows=400, dim_size=53, width=5, sort=False):
+    """x [num_rows, width] and the group index of each row: a hub group, empty
+    groups (the last few and some in between), unsorted unless `sort`."""
+    rng = np.random.default_rng(seed)
+    live = np.array([g for g in range(dim_size - 4) if g % 7 != 3])
+    index = np.where(rng.random(num_rows) < 0.3, 0, rng.choice(live, num_rows))
+    if sort:
+        index = np.sort(index)
+    x = torch.from_numpy(rng.standard_normal((num_rows, width)))
+    return x, torch.from_numpy(index)
+
+
+def _ptr(sorted_index, dim_size):
+    counts = torch.bincount(sorted_index, minlength=dim_size)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
+def _pyg_module(aggr):
+    if isinstance(aggr, str):
+        return getattr(pyg_aggr, CLASS[aggr])()
+    return pyg_aggr.MultiAggregation(list(aggr))
+
+
+def _our_module(aggr):
+    if isinstance(aggr, str):
+        return getattr(ft, CLASS[aggr])()
+    return ft.MultiAggregation(list(aggr))
+
+
+# ------------------------------------------------------- Aggregation modules
+@pytest.mark.parametrize("aggr", SINGLE + [MULTI], ids=_id)
+@pytest.mark.parametrize("form", ["index", "ptr", "index_3d"])
+def test_aggregation_matches_pyg(aggr, form):
+    dim_size = 53
+    ours, theirs = _our_module(aggr), _pyg_module(aggr)
+    if form == "ptr":
+        x, index = _groups(1, sort=True, dim_size=dim_size)
+        ptr = _ptr(index, dim_size)
+        kw = dict(ptr=ptr, dim_size=dim_size)
+        inputs = (x,)
+    elif form == "index":
+        x, index = _groups(2, dim_size=dim_size)
+        kw = dict(index=index, dim_size=dim_size)
+        inputs = (x,)
+    else:                                    # [B, E, F], reduced along dim=1
+        x, index = _groups(3, dim_size=dim_size)
+        x3 = torch.stack([x, x.flip(1) * 2 + 1], 0)
+        kw = dict(index=index, dim_size=dim_size, dim=1)
+        inputs = (x3,)
+    got = _grads(lambda x: ours(x, **kw), inputs)
+    ref_ = _grads(lambda x: theirs(x, **kw), inputs)
+    _compare(got, ref_)
+    out = got["output"]
+    rows = out[-4:] if form != "index_3d" else out[:, -4:]
+    assert not rows.any()                    # empty groups give 0
+
+
+def test_aggregation_without_dim_size_and_single_group():
+    x, index = _groups(4)
+    for name in SINGLE:
+        ours, theirs = _our_module(name), _pyg_module(name)
+        torch.testing.assert_close(ours(x, index), theirs(x, index))
+        torch.testing.assert_close(ours(x), theirs(x))           # one group of all rows
+    m, pm = ft.MultiAggregation(MULTI), pyg_aggr.MultiAggregation(MULTI)
+    torch.testing.assert_close(m(x, index), pm(x, index))
+
+
+def test_multi_aggregation_repeats_and_mixed_specs():
+    """A repeated reduction and mixed specs (names, PyG class names, our and PyG
+    instances); compared with PyG's single modules concatenated (PyG's fused
+    MultiAggregation mishandles repeats)."""
+    x, index = _groups(5)
+    spec = ["mean", "MaxAggregation", ft.StdAggregation(), pyg_aggr.MinAggregation(), "mean",
+            "add"]
+    names = ["mean", "max", "std", "min", "mean", "sum"]
+    m = ft.MultiAggregation(spec)
+    assert m.get_out_channels(5) == 30
+    got = _grads(lambda x: m(x, index, dim_size=60), (x,))
+    ref_ = _grads(lambda x: torch.cat([_pyg_module(n)(x, index, dim_size=60) for n in names],
+                                      -1), (x,))
+    _compare(got, ref_)
+
+
+def test_aggregations_are_pyg_aggregations_with_loadable_state():
+    for aggr in SINGLE + [MULTI]:
+        ours, theirs = _our_module(aggr), _pyg_module(aggr)
+        assert isinstance(ours, pyg_aggr.Aggregation)
+        assert repr(ours) == repr(theirs)
+        ours.load_state_dict(theirs.state_dict(), strict=True)
+        theirs.load_state_dict(ours.state_dict(), strict=True)
+        ours.reset_parameters()
+
+
+def test_neighbour_fast_path_matches_pyg_messages():
+    """agg.neighbour(graph, x_src) = PyG's aggregation of x_src[src] by dst."""
+    n, ns = 71, 40
+    ei = torch.from_numpy(awkward_edge_index(n, 400, seed=6, num_src=ns))
+    x = torch.from_numpy(np.random.default_rng(6).standard_normal((ns, 7)))
+    for aggr in SINGLE + [MULTI, ["std", "sum", "max"]]:
+        ours, theirs = _our_module(aggr), _pyg_module(aggr)
+        got = _grads(lambda x: ours.neighbour(ei, x, (ns, n)), (x,))
+        ref_ = _grads(lambda x: theirs(x[ei[0]], ei[1], dim_size=n), (x,))
+        _compare(got, ref_)
+
+
+def test_aggregation_bad_inputs():
+    x, index = _groups(7)
+    agg = ft.MaxAggregation()
+    with pytest.raises(ValueError, match="entries"):
+        agg(x, index[:-1])
+    with pytest.raises(ValueError, match="negative"):
+        agg(x, index - 1)
+    with pytest.raises(ValueError, match="dim_size"):
+        agg(x, index, dim_size=3)
+    with pytest.raises(TypeError, match="integers"):
+        agg(x, index.double())
+    with pytest.raises(ValueError, match="dim_size"):
+        agg(x, ptr=torch.tensor([0, 100, 400]), dim_size=5)
+    with pytest.raises(ValueError, match="400 rows"):
+        agg(x, ptr=torch.tensor([0, 100, 300]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        agg(x, ptr=torch.tensor([0, 300, 100, 400]))
+    with pytest.raises(ValueError):
+        agg(x, index, dim=2)
+    with pytest.raises(TypeError):
+        agg(x.long(), index)
+    with pytest.raises(NotImplementedError, match="mode='cat'"):
+        ft.MultiAggregation(["mean", "max"], mode="sum")
+    with pytest.raises(NotImplementedError, match="mode='cat'"):
+        ft.MultiAggregation(["mean", "max"], mode="proj",
+                            mode_kwargs=dict(in_channels=4, out_channels=4))
+    with pytest.raises(NotImplementedError, match="lstm"):
+        ft.MultiAggregation(["mean", "lstm"])
+    with pytest.raises(NotImplementedError, match="semi_grad"):
+        ft.StdAggregation(semi_grad=True)
+    with pytest.raises(ValueError, match="empty"):
+        ft.MultiAggregation([])
+
+
+def test_empty_inputs():
+    x = torch.zeros(0, 3, dtype=torch.float64, requires_grad=True)
+    out = ft.MultiAggregation(MULTI)(x, torch.zeros(0, dtype=torch.long), dim_size=4)
+    assert out.shape == (4, 12) and not out.any()
+    out.sum().backward()
+    assert x.grad.shape == (0, 3)
+    out = ft.StdAggregation()(x, ptr=torch.zeros(1, dtype=torch.long))
+    assert out.shape == (0, 3)
+
+
+# ----------------------------------------------------------------- functional
+@pytest.mark.parametrize("reduce", SINGLE + [MULTI], ids=_id)
+def test_functional_segment_reduce_matches_reference(reduce):
+    n = 90
+    ei = awkward_edge_index(n, 700, seed=8)
+    rng = np.random.default_rng(8)
+    x = torch.from_numpy(rng.standard_normal((n, 6)))
+    out = _grads(lambda x: ft.segment_reduce(torch.from_numpy(ei), x, reduce), (x,))
+    go = _cot(out["output"].shape).numpy()
+    np.testing.assert_allclose(out["output"].numpy(), ref.segment_reduce(ei, x.numpy(), reduce, n),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["grad input 0"].numpy(),
+                               ref.segment_reduce_vjp(ei, x.numpy(), reduce, n, go),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_functional_gradcheck_and_aliases():
+    ei = torch.tensor([[0, 1, 2, 2, 3, 1], [1, 2, 0, 2, 2, 0]])
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    for reduce in (["sum", "mean", "var"], "std", "max"):
+        assert torch.autograd.gradcheck(lambda x: ft.segment_reduce(ei, x, reduce), (x,))
+    g = fastgnn.Graph.from_edge_index(ei.numpy(), num_nodes=5)
+    torch.testing.assert_close(ft.segment_reduce(g, x, "add"), ft.segment_reduce(ei, x, "sum"))
+    torch.testing.assert_close(ft.segment_reduce(ei, x, ["add", "min"])[:, :3],
+                               ft.segment_reduce(ei, x, "sum"))
+    ptr = torch.tensor([0, 2, 2, 5])
+    v = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: ft.segment_csr(ptr, v, "std"), (v,))
+    assert ft.segment_csr(ptr, v, "max").shape == (3, 2, 3)
+    v1 = v[:, 0, 0].detach()
+    torch.testing.assert_close(ft.segment_csr(ptr, v1, "mean"),
+                               torch.stack([v1[:2].mean(), v1.new_zeros(()), v1[2:].mean()]))
+    both = ft.segment_csr(ptr, v[:, 0], ["max", "add"])
+    torch.testing.assert_close(both[:, 3:], ft.segment_csr(ptr, v[:, 0], "sum"))
+
+
+def test_functional_bad_inputs():
+    ei = torch.tensor([[0, 1], [1, 0]])
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="reduce"):
+        ft.segment_reduce(ei, x, "median")
+    with pytest.raises(ValueError, match="more than once"):
+        ft.segment_reduce(ei, x, ["max", "max"])
+    with pytest.raises(TypeError, match="x must be"):
+        ft.segment_reduce(ei, x.numpy())
+    with pytest.raises(ValueError, match="rows"):
+        ft.segment_reduce(ei, x, num_nodes=(3, 2))
+    w = torch.sparse_coo_tensor(ei.flip(0), torch.tensor([2.0, 1.0]), (2, 2)).to_sparse_csr()
+    with pytest.raises(ValueError, match="edge weights"):
+        ft.segment_reduce(w, x, "max")
+    with pytest.raises(TypeError, match="integers"):
+        ft.segment_csr(torch.tensor([0.0, 2.0]), x, "max")
+    with pytest.raises(ValueError, match="indptr ends"):
+        ft.segment_csr(torch.tensor([0, 1]), x, "max")
+    with pytest.raises(ValueError, match="list of reductions"):
+        ft.segment_csr(torch.tensor([0, 2]), x[:, 0], ["max", "min"])
+
+
+# -------------------------------------------------------------------- SAGEConv
+SAGE_AGGRS = ["max", "min", "std", "var", ["mean", "max"]]
+SAGE_CASES = [(a, form, opts) for i, a in enumerate(SAGE_AGGRS)
+              for form, opts in (
+                  ("square", dict(out=11)),
+                  ("bipartite", dict(out=3, project=i % 2 == 0, normalize=True)),
+                  ("dst_none", dict(out=4, root_weight=False, bias=False)),
+                  ("adj_t", dict(out=5, project=i % 2 == 1)))]
+
+
+def _sage_inputs(form, seed):
+    n, ns, fs, fd = 61, 37, 6, 4
+    rng = np.random.default_rng(seed)
+    if form in ("square", "adj_t"):
+        ei = torch.from_numpy(awkward_edge_index(n, 5 * n, seed=seed))
+        x = torch.from_numpy(rng.standard_normal((n, fs)))
+        in_ch, xin, sizes = fs, (x,), (n, n)
+    else:
+        ei = torch.from_numpy(awkward_edge_index(n, 5 * n, seed=seed, num_src=ns))
+        x = torch.from_numpy(rng.standard_normal((ns, fs)))
+        x_dst = torch.from_numpy(rng.standard_normal((n, fd)))
+        in_ch, xin, sizes = (fs, fd), (x, x_dst), (ns, n)
+        if form == "dst_none":
+            ei = ei[:, ei[1] < ns]
+    adj = ei
+    if form == "adj_t":
+        # an adj_t of ones (duplicates dropped): PyG weighs max/min by its values
+        ei = torch.unique(ei, dim=1)
+        adj = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64),
+                                      (sizes[1], sizes[0])).coalesce().to_sparse_csr()
+    return in_ch, xin, adj
+
+
+def _run_layer(layer, xin, adj):
+    params = list(layer.named_parameters())
+
+    def fn(*xs):
+        if len(xs) == 1:
+            return layer(xs[0], adj)
+        return layer((xs[0], None if xs[1].numel() == 0 else xs[1]), adj)
+    return _grads(fn, xin, params)
+
+
+def _sage_compare(ref_layer, our_layer, xin, adj):
+    ref_layer = ref_layer.double()
+    our_layer.load_state_dict(ref_layer.state_dict(), strict=True)
+    our_layer = our_layer.double()
+    _compare(_run_layer(our_layer, xin, adj), _run_layer(ref_layer, xin, adj))
+    ref_layer.load_state_dict(our_layer.state_dict(), strict=True)
+
+
+@pytest.mark.parametrize("aggr,form,opts", SAGE_CASES,
+                         ids=[f"{_id(a)}-{f}" for a, f, _ in SAGE_CASES])
+def test_sage_aggr_matches_pyg(aggr, form, opts):
+    opts = dict(opts)
+    out = opts.pop("out")
+    in_ch, xin, adj = _sage_inputs(form, seed=11)
+    if form == "dst_none":
+        xin = (xin[0], torch.zeros(0, 4, dtype=torch.float64))   # stands for None
+    torch.manual_seed(0)
+    ref_layer = pyg.SAGEConv(in_ch, out, aggr=aggr, **opts)
+    ours = ft.SAGEConv(in_ch, out, aggr=aggr, **opts)
+    assert ours.lin_l.in_features == ref_layer.lin_l.in_channels
+    assert repr(ours) == repr(ref_layer)
+    _sage_compare(ref_layer, ours, xin, adj)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ft.MaxAggregation(), lambda: pyg_aggr.StdAggregation(),
+    lambda: ft.MultiAggregation(["min", "var", "sum"]),
+    lambda: pyg_aggr.MultiAggregation(["max", "mean"]), lambda: ft.MeanAggregation(),
+    lambda: "MinAggregation"], ids=["ours_max", "pyg_std", "ours_multi", "pyg_multi",
+                                    "ours_mean", "class_name"])
+def test_sage_aggregation_instances(make):
+    in_ch, (x,), ei = _sage_inputs("square", seed=12)
+    torch.manual_seed(0)
+    ref_layer = pyg.SAGEConv(in_ch, 5, aggr=make())
+    ours = ft.SAGEConv(in_ch, 5, aggr=make())
+    assert ours.lin_l.in_features == ref_layer.lin_l.in_channels
+    _sage_compare(ref_layer, ours, (x,), ei)
+
+
+def test_sage_weighted_adj_t_follows_pyg():
+    """PyG uses a sparse adj_t's values only for str sum/mean/max/min (its fused
+    path): std and Aggregation instances ignore them; weighted max is refused."""
+    n = 61
+    ei = torch.from_numpy(awkward_edge_index(n, 5 * n, seed=13))     # duplicates: values 2
+    x = torch.from_numpy(np.random.default_rng(13).standard_normal((n, 6)))
+    w = torch.rand(ei.shape[1], dtype=torch.float64) + 0.5
+    adj = torch.sparse_coo_tensor(ei.flip(0), w, (n, n)).coalesce().to_sparse_csr()
+    for aggr in ("std", ["max", "sum"], pyg_aggr.SumAggregation(), "mean"):
+        torch.manual_seed(0)
+        _sage_compare(pyg.SAGEConv(6, 4, aggr=copy.deepcopy(aggr)),
+                      ft.SAGEConv(6, 4, aggr=copy.deepcopy(aggr)), (x,), adj)
+    with pytest.raises(NotImplementedError, match="weighted"):
+        ft.SAGEConv(6, 4, aggr="max")(x, adj)
+
+
+def test_sage_lazy_multi_and_unsupported():
+    in_ch, (x,), ei = _sage_inputs("square", seed=14)
+    ref_layer = pyg.SAGEConv(-1, 4, aggr=["mean", "max", "std"])
+    ours = ft.SAGEConv(-1, 4, aggr=["mean", "max", "std"])
+    ref_layer(x.float(), ei)
+    ours(x.float(), ei)
+    assert ours.lin_l.in_features == 18
+    _sage_compare(ref_layer, ours, (x,), ei)
+    for bad in ("lstm", "softmax", ["mean", "median"], pyg_aggr.SoftmaxAggregation(learn=True)):
+        with pytest.raises(NotImplementedError):
+            ft.SAGEConv(6, 4, aggr=bad)
+    with pytest.raises(NotImplementedError, match="mode='cat'"):
+        ft.SAGEConv(6, 4, aggr=pyg_aggr.MultiAggregation(["mean", "max"], mode="sum"))
+
+
+# ------------------------------------------------------------------------ GPU
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("aggr", SINGLE + [MULTI], ids=_id)
+@pytest.mark.parametrize("form", ["index", "ptr", "neighbour"])
+def test_gpu_aggregation_float32_matches_pyg_float64(aggr, form):
+    n = 3001
+    rng = np.random.default_rng(15)
+    ei = torch.from_numpy(awkward_edge_index(n, 12 * n, seed=15))
+    x = torch.from_numpy(rng.standard_normal((n, 40))).float().double()
+    ours, theirs = _our_module(aggr), _pyg_module(aggr)
+    if form == "neighbour":
+        ei_cuda = ei.cuda()
+        got = _grads(lambda x: ours.neighbour(ei_cuda, x), (x.cuda().float(),))
+        ref_ = _grads(lambda x: theirs(x[ei[0]], ei[1], dim_size=n), (x,))
+    else:
+        # per-edge messages: duplicate edges would make tied rows, whose max/min
+        # gradient PyG splits; keep one copy of each edge
+        ei = torch.unique(ei, dim=1)
+        msgs, index = x[ei[0]], ei[1]
+        if form == "ptr":
+            order = torch.sort(index, stable=True).indices
+            msgs, index = msgs[order], index[order]
+            kw_cpu = dict(ptr=_ptr(index, n), dim_size=n)
+        else:
+            msgs, index = msgs.flip(0), index.flip(0)         # unsorted
+            kw_cpu = dict(index=index, dim_size=n)
+        kw_gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw_cpu.items()}
+        got = _grads(lambda m: ours(m, **kw_gpu), (msgs.cuda().float(),))
+        ref_ = _grads(lambda m: theirs(m, **kw_cpu), (msgs,))
+    assert got["output"].shape == ref_["output"].shape
+    _compare(got, ref_, "tf32")
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("aggr", ["max", "std", ["mean", "max", "min", "std"]], ids=_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_sage_aggr_matches_pyg_float64(aggr, dtype):
+    n = 1501
+    rng = np.random.default_rng(16)
+    ei = torch.from_numpy(awkward_edge_index(n, 12 * n, seed=16))
+    x = torch.from_numpy(rng.standard_normal((n, 24))).to(dtype).double()
+    torch.manual_seed(0)
+    ref_layer = pyg.SAGEConv(24, 16, aggr=aggr).double()
+    ours = ft.SAGEConv(24, 16, aggr=aggr)
+    ours.load_state_dict(ref_layer.state_dict(), strict=True)
+    ours = ours.to("cuda", dtype)
+    # the reference sees the parameters the device run sees (rounded to dtype)
+    ref_layer.load_state_dict({k: v.to(dtype).double() for k, v in ours.state_dict().items()})
+    base_layer = copy.deepcopy(ref_layer).to("cuda", dtype)
+    ei_cuda = ei.cuda()
+    got = _grads(lambda x: ours(x, ei_cuda), (x.cuda().to(dtype),),
+                 list(ours.named_parameters()))
+    ref_ = _grads(lambda x: ref_layer(x, ei), (x,), list(ref_layer.named_parameters()))
+    try:                                   # PyG itself in the same dtype on the device
+        base = _grads(lambda x: base_layer(x, ei_cuda), (x.cuda().to(dtype),),
+                      list(base_layer.named_parameters()))
+    except (RuntimeError, NotImplementedError):
+        base = None
+    assert got["output"].shape == ref_["output"].shape
+    if dtype == torch.bfloat16:
+        # bf16 rounding ties distinct sources; max/min then send x's gradient to
+        # one of the equal values where PyG splits it (parameter gradients agree)
+        for d in (got, ref_, base):
+            if d is not None:
+                d.pop("grad input 0")
+    _compare(got, ref_, "tf32" if dtype == torch.float32 else "bfloat16", base)
