@@ -6,8 +6,9 @@
 // segment_combine: deterministic, no atomics). A group of `group` lanes per
 // task; lane l owns features [f0, f0 + VEC), f0 = l*VEC + k*group*VEC.
 // Each neighbour row slice is read ONCE and feeds every requested statistic
-// (sum, sum of squares, max + arg, min + arg); the epilogue writes every
-// requested reduction into its block of the [num_rows, R*F] output.
+// (sum, sum of squares, max + arg, min + arg), four gathers in flight; the
+// epilogue writes every requested reduction into its block of the
+// [num_rows, R*F] output.
 //
 // Forward traffic per task of n edges: n*sizeof(I) + n*F*sizeof(T) gathered,
 // R*F*sizeof(T) written (+ F*sizeof(I) per arg array); split rows write
@@ -34,6 +35,16 @@ __device__ __forceinline__ bool takes_max(A v, A m, i64 arg) {
 template <typename A>
 __device__ __forceinline__ bool takes_min(A v, A m, i64 arg) {
     return arg < 0 || v < m || (v != v && m == m);
+}
+
+// Fold one neighbour value (CSR position e) into the running statistics.
+template <typename A>
+__device__ __forceinline__ void accumulate(A val, i64 e, int stats, A& s, A& sq, A& mx, A& mn,
+                                           i64& amx, i64& amn) {
+    s += val;
+    if (stats & STAT_SQ) sq += val * val;
+    if ((stats & STAT_MAX) && takes_max(val, mx, amx)) { mx = val; amx = e; }
+    if ((stats & STAT_MIN) && takes_min(val, mn, amn)) { mn = val; amn = e; }
 }
 
 // Final values of every requested reduction for one (row, feature).
@@ -100,17 +111,30 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
             s[v] = sq[v] = mx[v] = mn[v] = A(0);
             amx[v] = amn[v] = -1;
         }
-        for (i64 e = e0; e < e1; ++e) {
+        // four gathers in flight, then the updates in edge order (ties keep
+        // the first CSR position)
+        i64 e = e0;
+        for (; e + 4 <= e1; e += 4) {
+            i64 j[4];
+            pack_t<T, VEC> p[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) j[u] = (i64)indices[e + u];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) p[u] = load_pack<T, VEC>(x + j[u] * F + f0);
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    accumulate(value_traits<T>::to_acc(p[u].v[v]), e + u, stats,
+                               s[v], sq[v], mx[v], mn[v], amx[v], amn[v]);
+        }
+        for (; e < e1; ++e) {
             const i64 j = (i64)indices[e];
             const pack_t<T, VEC> p = load_pack<T, VEC>(x + j * F + f0);
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const A val = value_traits<T>::to_acc(p.v[v]);
-                s[v] += val;
-                if (stats & STAT_SQ) sq[v] += val * val;
-                if ((stats & STAT_MAX) && takes_max(val, mx[v], amx[v])) { mx[v] = val; amx[v] = e; }
-                if ((stats & STAT_MIN) && takes_min(val, mn[v], amn[v])) { mn[v] = val; amn[v] = e; }
-            }
+            for (int v = 0; v < VEC; ++v)
+                accumulate(value_traits<T>::to_acc(p.v[v]), e, stats,
+                           s[v], sq[v], mx[v], mn[v], amx[v], amn[v]);
         }
         if (slot < 0) {
             const i64 deg = row_end - (i64)indptr[row];
