@@ -79,3 +79,16 @@ __device__ __forceinline__ A group_sum(A v, int group) {
         v += __shfl_xor_sync(mask, v, offset, group);
     return v;
 }
+
+// The CSR edge range [e0, e1) of task t (tasks cut rows into <= chunk edges;
+// see spmm.cu) and its row.
+template <typename I>
+__device__ __forceinline__ void task_range(const I* __restrict__ task_row,
+                                           const I* __restrict__ task_begin,
+                                           const I* __restrict__ indptr, i64 t, int chunk,
+                                           i64& row, i64& e0, i64& e1) {
+    row = (i64)task_row[t];
+    e0 = (i64)task_begin[t];
+    const i64 row_end = (i64)indptr[row + 1];
+    e1 = e0 + chunk < row_end ? e0 + chunk : row_end;
+}

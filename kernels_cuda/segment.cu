@@ -97,10 +97,8 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
     const i64 t = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
     if (t >= num_tasks) return;
     const int lane = threadIdx.x & (group - 1);
-    const i64 row = (i64)task_row[t];
-    const i64 e0 = (i64)task_begin[t];
-    const i64 row_end = (i64)indptr[row + 1];
-    const i64 e1 = e0 + chunk < row_end ? e0 + chunk : row_end;
+    i64 row, e0, e1;
+    task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
     const i64 slot = (i64)task_slot[t];
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
@@ -137,7 +135,7 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
                            s[v], sq[v], mx[v], mn[v], amx[v], amn[v]);
         }
         if (slot < 0) {
-            const i64 deg = row_end - (i64)indptr[row];
+            const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
                 write_reductions<T, I>(out, row, f0 + v, F, num_codes, codes, deg,
@@ -224,10 +222,8 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
     const i64 t = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
     if (t >= num_tasks) return;
     const int lane = threadIdx.x & (group - 1);
-    const i64 j = (i64)task_row[t];
-    const i64 e0 = (i64)task_begin[t];
-    const i64 row_end = (i64)t_indptr[j + 1];
-    const i64 e1 = e0 + chunk < row_end ? e0 + chunk : row_end;
+    i64 j, e0, e1;
+    task_range(task_row, task_begin, t_indptr, t, chunk, j, e0, e1);
     const i64 slot = (i64)task_slot[t];
     const bool has_a = terms & 1, has_b = terms & 2, has_max = terms & 4, has_min = terms & 8;
 

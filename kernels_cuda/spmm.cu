@@ -26,17 +26,6 @@
 
 #include "common.cuh"
 
-template <typename I>
-__device__ __forceinline__ void task_range(const I* __restrict__ task_row,
-                                           const I* __restrict__ task_begin,
-                                           const I* __restrict__ indptr, i64 t, int chunk,
-                                           i64& row, i64& e0, i64& e1) {
-    row = (i64)task_row[t];
-    e0 = (i64)task_begin[t];
-    const i64 row_end = (i64)indptr[row + 1];
-    e1 = e0 + chunk < row_end ? e0 + chunk : row_end;
-}
-
 // out[row] (or partial[slot]) = sum_{e in task} w_e * x[indices[e]]
 template <typename T, typename I, int VEC, bool HAS_W>
 __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row of each task

@@ -13,11 +13,10 @@ import cupy as cp
 import numpy as np
 
 from .loader import C_INDEX, C_VALUE, get_function
-from .spmm import BLOCK, DEFAULT_CHUNK, _acc_dtype, _grid, _launch_shape, _null, task_plan
+from .spmm import _ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _grid, _launch_shape, _null, task_plan
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN = 1, 2, 4, 8
-_ITYPE = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
 
 
 def _stats(codes):
@@ -105,7 +104,7 @@ def segment_bwd(graph, x, coef_a, coef_b, argmax, gmax, argmin, gmin, vtype,
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
         combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, np.uint64(0), grad, np.int64(num_split),
+                (plan.split_row, plan.slot_ptr, partial, NULL, grad, np.int64(num_split),
                  np.int32(F), np.int32(group)))
     return grad
 
