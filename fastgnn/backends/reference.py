@@ -130,3 +130,47 @@ def segment_reduce_vjp(edge_index, x, reduce, num_dst, grad_out):
                 # d var / d v_e = 2 (v_e - mean) / deg
                 np.add.at(grad_x, src[ids], 2.0 * gi * (v - stats["mean"]) / deg)
     return grad_x
+
+
+# ------------------------------------------------------------- attention
+def _keep_factor(num_edges, heads, dropout, seed, offset):
+    """[E, H] dropout factor z (0 or 1/(1-p); 1 without dropout), from the
+    counter-based generator's specification (fastgnn.rng)."""
+    if not dropout:
+        return np.ones((num_edges, heads))
+    from .. import rng
+    return rng.keep_mask(seed, offset, num_edges, heads, dropout) / (1.0 - dropout)
+
+
+def _group_softmax(dst, s, num_dst):
+    """[E, H] softmax of s over the edges of each target dst[e] (float64)."""
+    mx = np.full((num_dst,) + s.shape[1:], -np.inf)
+    np.maximum.at(mx, dst, s)
+    ex = np.exp(s - mx[dst])
+    den = np.zeros_like(mx)
+    np.add.at(den, dst, ex)
+    return ex / den[dst]
+
+
+def edge_softmax(edge_index, scores, num_dst, dropout=0.0, seed=0, offset=0):
+    """out[e, h] = z[e, h] exp(s[e, h]) / sum_{e' -> same target} exp(s[e', h])."""
+    dst = np.asarray(edge_index)[1]
+    s = _f64(scores)
+    s2 = s[:, None] if s.ndim == 1 else s
+    p = _group_softmax(dst, s2, num_dst) * _keep_factor(s2.shape[0], s2.shape[1], dropout,
+                                                       seed, offset)
+    return p[:, 0] if s.ndim == 1 else p
+
+
+def edge_softmax_vjp(edge_index, scores, num_dst, grad_out, dropout=0.0, seed=0, offset=0):
+    """grad_scores = p (g z - sum_{same target} p g z)."""
+    dst = np.asarray(edge_index)[1]
+    s, g = _f64(scores), _f64(grad_out)
+    flat = s.ndim == 1
+    s2, g2 = (s[:, None], g[:, None]) if flat else (s, g)
+    p = _group_softmax(dst, s2, num_dst)
+    gz = g2 * _keep_factor(s2.shape[0], s2.shape[1], dropout, seed, offset)
+    tot = np.zeros((num_dst, s2.shape[1]))
+    np.add.at(tot, dst, p * gz)
+    out = p * (gz - tot[dst])
+    return out[:, 0] if flat else out
