@@ -13,6 +13,7 @@ import numpy as np
 # 16-bit buffers (uint16/int16 views) with vtype="bfloat16" said explicitly.
 VALUE_TYPES = ("float32", "float64", "float16", "bfloat16")
 CPU_VALUE_TYPES = ("float32", "float64")
+_VTYPE_OF_DTYPE = {np.dtype(n): n for n in ("float32", "float64", "float16")}
 
 
 def cupy_or_none():
@@ -100,8 +101,8 @@ def vtype_of(a, vtype: str | None, name: str) -> str:
         if vtype != "bfloat16" and a.dtype != np.dtype(vtype):
             raise TypeError(f"{name} has dtype {a.dtype}, vtype says {vtype}")
         return vtype
-    name_ = str(a.dtype)
-    if name_ not in VALUE_TYPES:
+    name_ = _VTYPE_OF_DTYPE.get(a.dtype)
+    if name_ is None:
         raise TypeError(f"{name} must be a floating-point array (float32, float64, float16, "
                         f"or 16-bit data with vtype='bfloat16'), got dtype {a.dtype}")
     return name_
