@@ -189,3 +189,113 @@ def test_cpu_thread_pool_is_bitwise_equal_to_serial(monkeypatch):
         runs.append((out, edge_softmax_bwd(g, res, go)))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------- edge_attention
+# (heads, C, negative_slope): heads 1..8, odd widths, several slopes
+SHAPES = [(1, 1, 0.2), (2, 3, 0.0), (3, 7, -0.5), (8, 16, 0.2), (4, 5, 1.5)]
+
+
+def _inputs(score, graph, heads, channels, edge_term, rng_, dtype=np.float64):
+    """Random inputs of `score` for `graph` (NumPy, caller's shapes)."""
+    ns, nd, E = graph.num_src, graph.num_dst, graph.num_edges
+    H, C = heads, channels
+    n = lambda *shape: rng_.standard_normal(shape).astype(dtype)  # noqa: E731
+    if score == "gat":
+        x = {"a_src": n(ns, H), "a_dst": n(nd, H), "a_edge": n(E, H), "v": n(ns, H, C)}
+    elif score == "gatv2":
+        x = {"xl": n(ns, H, C), "xr": n(nd, H, C), "att": n(H, C), "xe": n(E, H, C)}
+    else:
+        x = {"q": n(nd, H, C), "k": n(ns, H, C), "v": n(ns, H, C), "ee": n(E, H, C)}
+    if not edge_term:
+        x = {k: v for k, v in x.items() if k not in ("a_edge", "xe", "ee")}
+    return x
+
+
+def _check_attention(device, ei, g, score, x, dtype, *, slope=0.2, scale=None, dropout=0.0,
+                     seed=0, offset=0, with_alpha=False, rng_=None):
+    """Forward (and alpha) and every gradient against the reference."""
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    from fastgnn.ops.attention import SCORE_INPUTS
+    rng_ = rng_ or np.random.default_rng(_seed())
+    xd = {k: to_device(v, device) for k, v in x.items()}
+    kw = dict(negative_slope=slope, scale=scale, dropout=dropout, seed=seed, offset=offset)
+    out, res = edge_attention_fwd(g, score, **xd, return_attention_weights=with_alpha, **kw)
+    out, alpha = out if with_alpha else (out, None)
+    r_out, r_alpha = ref.edge_attention(ei, score, g.num_dst, x, **kw)
+    assert out.dtype == np.dtype(dtype) and out.shape == r_out.shape
+    assert_close(to_numpy(out), r_out, dtype, f"{score} out")
+    if with_alpha:
+        assert alpha.shape == (g.num_edges, r_out.shape[1]) and alpha.dtype == np.dtype(dtype)
+        assert_close(to_numpy(alpha), r_alpha, dtype, f"{score} alpha")
+    go = rng_.standard_normal(r_out.shape).astype(dtype)
+    ga = rng_.standard_normal(r_alpha.shape).astype(dtype) if with_alpha else None
+    grads = edge_attention_bwd(g, res, to_device(go, device), to_device(ga, device))
+    r_grads = ref.edge_attention_vjp(ei, score, g.num_dst, x, go, ga, **kw)
+    names = SCORE_INPUTS[score]
+    assert len(grads) == len(names)
+    for name, gr in zip(names, grads):
+        if name not in x:
+            assert gr is None, name
+            continue
+        assert gr.shape == x[name].shape and gr.dtype == np.dtype(dtype), name
+        assert_close(to_numpy(gr), r_grads[name], dtype, f"{score} grad {name}")
+    return to_numpy(out), grads
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("score", ["gat", "dot"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("edge_term", [False, True])
+@pytest.mark.parametrize("heads,channels,slope", SHAPES)
+def test_attention_matches_reference(device, score, dtype, edge_term, heads, channels, slope):
+    ei, g = _graph(device, hub=300)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, heads, channels, edge_term, r, dtype)
+    out, _ = _check_attention(device, ei, g, score, x, dtype, slope=slope, rng_=r)
+    assert np.all(out[-12:] == 0)                 # targets without in-edges (last tenth)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("score", ["gat", "dot"])
+def test_attention_bipartite_int64_and_scale(device, score):
+    ei = awkward_edge_index(90, 600, seed=_seed(), num_src=41, hub_degree=250)
+    g = Graph.from_edge_index(to_device(ei, device), num_src=41, num_dst=90,
+                              index_dtype=np.int64)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, 3, 6, True, r)
+    kw = {"scale": 0.37} if score == "dot" else {"slope": 0.05}
+    _check_attention(device, ei, g, score, x, "float64", rng_=r, **kw)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("score", ["gat", "dot"])
+def test_attention_graph_without_edges(device, score):
+    g = Graph.from_edge_index(to_device(np.zeros((2, 0), dtype=np.int64), device), num_nodes=6)
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    x = _inputs(score, g, 2, 3, True, np.random.default_rng(_seed()))
+    out, res = edge_attention_fwd(g, score, **{k: to_device(v, device) for k, v in x.items()})
+    assert out.shape == (6, 2, 3) and np.all(to_numpy(out) == 0)
+    for gr in edge_attention_bwd(g, res, to_device(np.ones((6, 2, 3)), device)):
+        assert gr is not None and np.all(to_numpy(gr) == 0)
+
+
+@pytest.mark.parametrize("score", ["gat", "dot"])
+def test_reference_attention_vjp_by_finite_differences(score):
+    """The oracle itself: directional derivatives of <out, g> + <alpha, ga>
+    for every input, with and without dropout."""
+    ei, g = _graph("cpu", n=25, e=120)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, 2, 3, True, r)
+    go, ga = r.standard_normal((25, 2, 3)), r.standard_normal((ei.shape[1], 2))
+    for dropout in (0.0, 0.4):
+        kw = dict(negative_slope=0.3, dropout=dropout, seed=5, offset=2)
+        grads = ref.edge_attention_vjp(ei, score, 25, x, go, ga, **kw)
+
+        def f(name, val):
+            o, a = ref.edge_attention(ei, score, 25, {**x, name: val}, **kw)
+            return np.sum(o * go) + np.sum(a * ga)
+        for name in x:
+            d = r.standard_normal(x[name].shape)
+            fd = _directional_fd(lambda v: f(name, v), x[name], d)
+            assert abs(fd - np.sum(grads[name] * d)) < 1e-6 * max(1, abs(fd)), (name, dropout)

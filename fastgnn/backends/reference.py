@@ -174,3 +174,92 @@ def edge_softmax_vjp(edge_index, scores, num_dst, grad_out, dropout=0.0, seed=0,
     np.add.at(tot, dst, p * gz)
     out = p * (gz - tot[dst])
     return out[:, 0] if flat else out
+
+
+def _lrelu(u, slope):
+    return np.where(u > 0, u, slope * u)
+
+
+def _attention_edges(edge_index, score, inputs, negative_slope, scale):
+    """Per-edge tensors of `edge_attention`, materialised: (s [E, H],
+    message [E, H, C], what the VJP needs)."""
+    src, dst = np.asarray(edge_index)
+    x = {k: _f64(v) for k, v in inputs.items() if v is not None}
+    if score == "gat":
+        u = x["a_src"][src] + x["a_dst"][dst] + (x["a_edge"] if "a_edge" in x else 0.0)
+        return _lrelu(u, negative_slope), x["v"][src], {"u": u}
+    if score == "gatv2":
+        att = x["att"].reshape(x["xl"].shape[1:])
+        t = x["xl"][src] + x["xr"][dst] + (x["xe"] if "xe" in x else 0.0)
+        return (att * _lrelu(t, negative_slope)).sum(-1), x["xl"][src], {"t": t, "att": att}
+    if score == "dot":
+        scale = 1.0 / np.sqrt(x["q"].shape[2]) if scale is None else scale
+        ee = x["ee"] if "ee" in x else 0.0
+        kk = x["k"][src] + ee
+        return scale * (x["q"][dst] * kk).sum(-1), x["v"][src] + ee, {"kk": kk, "scale": scale}
+    raise ValueError(f"unknown score {score!r}")
+
+
+def edge_attention(edge_index, score, num_dst, inputs, negative_slope=0.2, scale=None,
+                   dropout=0.0, seed=0, offset=0):
+    """(out [num_dst, H, C], alpha [E, H]) of fastgnn's `edge_attention`,
+    from the math on the caller's edge list: s_e per score, alpha = softmax of s
+    over each target's in-edges, out[i] = sum_e alpha_e z_e m_e. `inputs` maps
+    the score's input names (fastgnn.ops.attention.SCORE_INPUTS) to arrays."""
+    dst = np.asarray(edge_index)[1]
+    s, msg, _ = _attention_edges(edge_index, score, inputs, negative_slope, scale)
+    alpha = _group_softmax(dst, s, num_dst)
+    z = _keep_factor(s.shape[0], s.shape[1], dropout, seed, offset)
+    out = np.zeros((num_dst,) + msg.shape[1:])
+    np.add.at(out, dst, (alpha * z)[..., None] * msg)
+    return out, alpha
+
+
+def edge_attention_vjp(edge_index, score, num_dst, inputs, grad_out, grad_alpha=None,
+                       negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0):
+    """{input name: gradient} of `edge_attention` for the cotangents grad_out
+    [num_dst, H, C] and grad_alpha [E, H] (optional), by explicit formulas:
+    dp_e = z_e <g_i, m_e> + ga_e, ds_e = p_e (dp_e - sum_{same target} p dp),
+    then the chain rule through each score function."""
+    src, dst = np.asarray(edge_index)
+    x = {k: _f64(v) for k, v in inputs.items() if v is not None}
+    s, msg, aux = _attention_edges(edge_index, score, inputs, negative_slope, scale)
+    E, H = s.shape
+    p = _group_softmax(dst, s, num_dst)
+    z = _keep_factor(E, H, dropout, seed, offset)
+    g = _f64(grad_out)
+    dp = z * np.einsum("ehc,ehc->eh", g[dst], msg)
+    if grad_alpha is not None:
+        dp = dp + _f64(grad_alpha)
+    tot = np.zeros((num_dst, H))
+    np.add.at(tot, dst, p * dp)
+    ds = p * (dp - tot[dst])
+    dmsg = (p * z)[..., None] * g[dst]
+
+    def scatter(vals, idx, n):
+        out = np.zeros((n,) + vals.shape[1:])
+        np.add.at(out, idx, vals)
+        return out
+
+    grads = {}
+    if score == "gat":
+        du = ds * np.where(aux["u"] > 0, 1.0, negative_slope)
+        grads["a_src"] = scatter(du, src, x["a_src"].shape[0])
+        grads["a_dst"] = scatter(du, dst, num_dst)
+        grads["a_edge"] = du
+        grads["v"] = scatter(dmsg, src, x["v"].shape[0])
+    elif score == "gatv2":
+        t, att = aux["t"], aux["att"]
+        dt = ds[..., None] * att * np.where(t > 0, 1.0, negative_slope)
+        grads["xl"] = scatter(dt + dmsg, src, x["xl"].shape[0])
+        grads["xr"] = scatter(dt, dst, num_dst)
+        grads["xe"] = dt
+        grads["att"] = (ds[..., None] * _lrelu(t, negative_slope)).sum(0).reshape(
+            x["att"].shape)
+    else:
+        dkk = aux["scale"] * ds[..., None] * x["q"][dst]
+        grads["q"] = scatter(aux["scale"] * ds[..., None] * aux["kk"], dst, num_dst)
+        grads["k"] = scatter(dkk, src, x["k"].shape[0])
+        grads["v"] = scatter(dmsg, src, x["v"].shape[0])
+        grads["ee"] = dkk + dmsg
+    return {k: v for k, v in grads.items() if k in x}

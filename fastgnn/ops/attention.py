@@ -47,7 +47,8 @@ else negative_slope, as torch):
              grad_att = sum_e ds_e LeakyReLU(t_e)
     "dot":   grad_q[i] = scale sum_{N(i)} ds_e (k[j] + ee[e]);
              grad_ee[e] = scale ds_e q[i] + p_e z_e g[i];
-             grad_k[j] = scale sum_{e out of j} ds_e q[i];  grad_v[j] = sum_{e out of j} p_e z_e g[i]
+             grad_k[j] = scale sum_{e out of j} ds_e q[i];
+             grad_v[j] = sum_{e out of j} p_e z_e g[i]
 
 computed without atomics: D and the target-side and per-edge terms in one
 pass per target over the CSR, the source-side terms in one pass per source
@@ -255,4 +256,240 @@ def edge_softmax(graph, scores, *, dropout=0.0, seed=0, offset=0, vtype=None):
     """
     out, _ = edge_softmax_fwd(graph, scores, dropout=dropout, seed=seed, offset=offset,
                               vtype=vtype)
+    return out
+
+
+# ---------------------------------------------------------- edge_attention
+SCORE_INPUTS = {"gat": ("a_src", "a_dst", "a_edge", "v"),
+                "gatv2": ("xl", "xr", "att", "xe"),
+                "dot": ("q", "k", "v", "ee")}
+OPTIONAL_INPUTS = ("a_edge", "xe", "ee")
+_ALL_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee")
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """Static options of `edge_attention`, as the backends receive them."""
+    negative_slope: float    # LeakyReLU slope ("gat", "gatv2")
+    scale: float             # score scale ("dot"; 1 otherwise)
+    drop: DropoutSpec
+
+
+@dataclass
+class AttentionResiduals:
+    """What `edge_attention_bwd` needs: the inputs (references, not copies),
+    the output (a reference: do not modify it in place before the backward;
+    the torch adapter saves it so autograd's version check would catch that)
+    and the per-(target, head) log-sum-exp. Nothing per edge."""
+    score: str
+    arrays: dict             # inputs in the backend's shapes (see module docstring)
+    shapes: dict             # the caller's shape of each given input
+    out: object              # [num_dst, H, C]
+    lse: object              # [num_dst, H] float32/float64
+    params: AttentionParams
+    vtype: str
+    num_src: int
+    num_dst: int
+    num_edges: int
+
+
+def _shape_specs(score, graph, heads, channels):
+    """{name: (expected shape, its description)} in the caller's terms."""
+    ns, nd, E, H, C = graph.num_src, graph.num_dst, graph.num_edges, heads, channels
+    if score == "gat":
+        return {"a_src": ((ns, H), "[num_src, heads]"), "a_dst": ((nd, H), "[num_dst, heads]"),
+                "a_edge": ((E, H), "[E, heads]"), "v": ((ns, H, C), "[num_src, heads, C]")}
+    if score == "gatv2":
+        return {"xl": ((ns, H, C), "[num_src, heads, C]"),
+                "xr": ((nd, H, C), "[num_dst, heads, C]"),
+                "att": ((H, C), "[heads, C] (or [1, heads, C])"),
+                "xe": ((E, H, C), "[E, heads, C]")}
+    return {"q": ((nd, H, C), "[num_dst, heads, C]"), "k": ((ns, H, C), "[num_src, heads, C]"),
+            "v": ((ns, H, C), "[num_src, heads, C]"), "ee": ((E, H, C), "[E, heads, C]")}
+
+
+_ANCHOR = {"gat": "v", "gatv2": "xl", "dot": "q"}   # the input that fixes H, C and the dtype
+
+
+def _validate_inputs(graph, score, given, vtype):
+    """(arrays in the backend's shapes, the caller's shapes, vtype, H, C)."""
+    if not isinstance(score, str) or score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    names = SCORE_INPUTS[score]
+    stray = [n for n, a in given.items() if a is not None and n not in names]
+    if stray:
+        raise ValueError(f"score={score!r} takes {', '.join(names)}; got {', '.join(stray)} "
+                         f"(inputs of another score function)")
+    missing = [n for n in names if n not in OPTIONAL_INPUTS and given.get(n) is None]
+    if missing:
+        optional = [n for n in names if n in OPTIONAL_INPUTS][0]
+        raise TypeError(f"edge_attention(score={score!r}) needs {', '.join(missing)} "
+                        f"(inputs: {', '.join(names)}; {optional} is optional)")
+    arrays = {n: as_backend_array(given.get(n), n) for n in names}
+    anchor_name = _ANCHOR[score]
+    anchor = arrays[anchor_name]
+    if anchor.ndim != 3 or anchor.shape[1] < 1 or anchor.shape[2] < 1:
+        raise ValueError(f"{anchor_name} must have shape [nodes, heads, C] with heads, C >= 1, "
+                         f"got {tuple(anchor.shape)}")
+    H, C = int(anchor.shape[1]), int(anchor.shape[2])
+    vt = _check_vtype(anchor, vtype, anchor_name)
+    specs = _shape_specs(score, graph, H, C)
+    shapes = {}
+    xp = graph.xp
+    for n in names:
+        a = arrays[n]
+        if a is None:
+            continue
+        want, desc = specs[n]
+        shape = tuple(a.shape)
+        ok = shape == want or (n == "att" and shape == (1,) + want)
+        if not ok:
+            raise ValueError(f"{n} must have shape {desc} = {list(want)}, got {shape}"
+                             + (f" (heads and C come from {anchor_name})" if n != anchor_name
+                                else ""))
+        _check_device(graph, a, n)
+        _check_vtype(a, vtype, n)
+        if a.dtype != anchor.dtype:
+            raise TypeError(f"{n} has dtype {a.dtype} but {anchor_name} has {anchor.dtype}; "
+                            "all inputs must share one dtype")
+        shapes[n] = shape
+        a = xp.ascontiguousarray(a)
+        if n == "att":
+            a = a.reshape(H, C)
+        elif score == "gat" and n != "v":
+            a = a.reshape(shape + (1,))
+        arrays[n] = a
+    return arrays, shapes, vt, H, C
+
+
+def _attention_params(score, negative_slope, scale, channels, dropout, seed, offset):
+    if isinstance(negative_slope, (bool, np.bool_)) or not isinstance(
+            negative_slope, (int, float, np.number)) or not math.isfinite(negative_slope):
+        raise TypeError(f"negative_slope must be a finite float, got {negative_slope!r}")
+    if score == "dot":
+        if scale is None:
+            scale = 1.0 / math.sqrt(channels)
+        elif isinstance(scale, (bool, np.bool_)) or not isinstance(
+                scale, (int, float, np.number)) or not math.isfinite(scale):
+            raise TypeError(f"scale must be a finite float, got {scale!r}")
+    elif scale is not None:
+        raise ValueError(f"scale applies to score='dot' only, got scale={scale!r} with "
+                         f"score={score!r}")
+    else:
+        scale = 1.0
+    return AttentionParams(float(negative_slope), float(scale),
+                           dropout_spec(dropout, seed, offset))
+
+
+def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
+                       xr=None, att=None, xe=None, q=None, k=None, ee=None,
+                       negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0,
+                       return_attention_weights=False, vtype=None):
+    """Forward of `edge_attention`; returns (out or (out, alpha), AttentionResiduals)."""
+    graph = as_graph(graph)
+    given = {"a_src": a_src, "a_dst": a_dst, "a_edge": a_edge, "v": v, "xl": xl, "xr": xr,
+             "att": att, "xe": xe, "q": q, "k": k, "ee": ee}
+    arrays, shapes, vt, H, C = _validate_inputs(graph, score, given, vtype)
+    params = _attention_params(score, negative_slope, scale, C, dropout, seed, offset)
+    anchor = arrays[_ANCHOR[score]]
+    out, lse, alpha = _backend(anchor, "edge_attention_fwd")(
+        graph, score, arrays, params, bool(return_attention_weights))
+    res = AttentionResiduals(score, arrays, shapes, out, lse, params, vt, graph.num_src,
+                             graph.num_dst, graph.num_edges)
+    return ((out, alpha) if return_attention_weights else out), res
+
+
+def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None, *, needs=None):
+    """Backward of `edge_attention`: one gradient per input of the score, in
+    SCORE_INPUTS[score] order ("gat": a_src, a_dst, a_edge, v; "gatv2": xl,
+    xr, att, xe; "dot": q, k, v, ee), each in its input's shape and dtype, or
+    None for an input not given or not in `needs`.
+
+    grad_out:   [num_dst, H, C] cotangent of out (None: zero).
+    grad_alpha: [E, H] cotangent of the returned attention weights (None: zero).
+    needs:      names of the inputs whose gradient is wanted (default: all given).
+    """
+    graph = as_graph(graph)
+    if (graph.num_src, graph.num_dst, graph.num_edges) != (res.num_src, res.num_dst,
+                                                           res.num_edges):
+        raise ValueError("edge_attention_bwd: the residuals come from a different graph")
+    names = SCORE_INPUTS[res.score]
+    if needs is None:
+        needs = {n: res.arrays[n] is not None for n in names}
+    else:
+        needs = set([needs] if isinstance(needs, str) else needs)
+        bad = sorted(needs - set(names))
+        if bad:
+            raise ValueError(f"needs names {bad}, which are not inputs of score="
+                             f"{res.score!r} ({', '.join(names)})")
+        needs = {n: n in needs and res.arrays[n] is not None for n in names}
+    H, C = res.out.shape[1], res.out.shape[2]
+    g = ga = None
+    if grad_out is not None:
+        g = as_backend_array(grad_out, "grad_out")
+        if tuple(g.shape) != (graph.num_dst, H, C):
+            raise ValueError(f"grad_out must have shape [num_dst, heads, C] = "
+                             f"{[graph.num_dst, H, C]}, got {tuple(g.shape)}")
+        _check_device(graph, g, "grad_out")
+        _check_vtype(g, res.vtype, "grad_out")
+        g = graph.xp.ascontiguousarray(g, dtype=res.out.dtype)
+    if grad_alpha is not None:
+        ga = as_backend_array(grad_alpha, "grad_alpha")
+        if tuple(ga.shape) != (graph.num_edges, H):
+            raise ValueError(f"grad_alpha must have shape [E, heads] = {[graph.num_edges, H]}, "
+                             f"got {tuple(ga.shape)}")
+        _check_device(graph, ga, "grad_alpha")
+        _check_vtype(ga, res.vtype, "grad_alpha")
+        ga = graph.xp.ascontiguousarray(ga, dtype=res.out.dtype)
+    if not any(needs.values()):
+        return tuple(None for _ in names)
+    grads = _backend(res.out, "edge_attention_bwd")(graph, res.score, res.arrays, res.out,
+                                                     res.lse, g, ga, res.params, needs)
+    return tuple(None if grads[n] is None else grads[n].reshape(res.shapes[n]) for n in names)
+
+
+def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
+                   xr=None, att=None, xe=None, q=None, k=None, ee=None, negative_slope=0.2,
+                   scale=None, dropout=0.0, seed=0, offset=0, return_attention_weights=False,
+                   vtype=None):
+    """Fused edge attention over each target's in-edges (see the module
+    docstring for the math and the gradients). Per head h, for edges
+    e = (j -> i):
+
+        out[i, h] = sum_{e in N(i)} softmax_{N(i)}(s)_e z_e m_e[h]
+
+    score="gat" (GATConv; the layer computes the per-node logits
+        a_src = <x_src, att_src>, a_dst = <x_dst, att_dst>, a_edge = <e, att_edge>):
+        a_src:  [num_src, H]       a_dst: [num_dst, H]      a_edge: [E, H] optional
+        v:      [num_src, H, C]    messages
+        s_e = LeakyReLU(a_src[j] + a_dst[i] + a_edge[e]),  m_e = v[j]
+    score="gatv2" (GATv2Conv):
+        xl:     [num_src, H, C]    W_l x (the message too)
+        xr:     [num_dst, H, C]    W_r x
+        att:    [H, C] or [1, H, C]
+        xe:     [E, H, C] optional, the caller's projected edge features W_e e.
+                Passing it is itself an E x H x C tensor; fusing the edge
+                projection into the kernel (reading e [E, D] and W_e) is future work.
+        s_e = sum_c att[h, c] LeakyReLU(xl[j] + xr[i] + xe[e])[c],  m_e = xl[j]
+    score="dot" (TransformerConv):
+        q:      [num_dst, H, C]    k, v: [num_src, H, C]    ee: [E, H, C] optional
+        s_e = scale <q[i], k[j] + ee[e]>,  m_e = v[j] + ee[e]
+
+    negative_slope: LeakyReLU slope ("gat", "gatv2"; default 0.2).
+    scale:    "dot" only; default 1/sqrt(C).
+    dropout:  probability p in [0, 1) of dropping an attention weight (kept
+              ones scaled by 1/(1-p)); seed/offset drive the counter-based
+              generator (`fastgnn.rng`; weight (e, h) uses counter
+              offset + e*H + h): no mask is stored, same mask in backward.
+    return_attention_weights: also return alpha [E, H] (the softmax weights,
+              before dropout) in the caller's edge order.
+    Per-edge inputs and outputs are in the caller's edge order. Targets
+    without in-edges get 0. Returns out [num_dst, H, C] (and alpha) in the
+    inputs' dtype; nothing of size E x H x C is allocated.
+    """
+    out, _ = edge_attention_fwd(graph, score, a_src=a_src, a_dst=a_dst, a_edge=a_edge, v=v,
+                                xl=xl, xr=xr, att=att, xe=xe, q=q, k=k, ee=ee,
+                                negative_slope=negative_slope, scale=scale, dropout=dropout,
+                                seed=seed, offset=offset,
+                                return_attention_weights=return_attention_weights, vtype=vtype)
     return out
