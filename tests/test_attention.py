@@ -194,6 +194,7 @@ def test_cpu_thread_pool_is_bitwise_equal_to_serial(monkeypatch):
 # ---------------------------------------------------------- edge_attention
 # (heads, C, negative_slope): heads 1..8, odd widths, several slopes
 SHAPES = [(1, 1, 0.2), (2, 3, 0.0), (3, 7, -0.5), (8, 16, 0.2), (4, 5, 1.5)]
+SCORES = ["gat", "gatv2", "dot"]
 
 
 def _inputs(score, graph, heads, channels, edge_term, rng_, dtype=np.float64):
@@ -244,7 +245,7 @@ def _check_attention(device, ei, g, score, x, dtype, *, slope=0.2, scale=None, d
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("score", ["gat", "dot"])
+@pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("edge_term", [False, True])
 @pytest.mark.parametrize("heads,channels,slope", SHAPES)
@@ -257,7 +258,7 @@ def test_attention_matches_reference(device, score, dtype, edge_term, heads, cha
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("score", ["gat", "dot"])
+@pytest.mark.parametrize("score", SCORES)
 def test_attention_bipartite_int64_and_scale(device, score):
     ei = awkward_edge_index(90, 600, seed=_seed(), num_src=41, hub_degree=250)
     g = Graph.from_edge_index(to_device(ei, device), num_src=41, num_dst=90,
@@ -269,7 +270,7 @@ def test_attention_bipartite_int64_and_scale(device, score):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("score", ["gat", "dot"])
+@pytest.mark.parametrize("score", SCORES)
 def test_attention_graph_without_edges(device, score):
     g = Graph.from_edge_index(to_device(np.zeros((2, 0), dtype=np.int64), device), num_nodes=6)
     from fastgnn import edge_attention_bwd, edge_attention_fwd
@@ -280,7 +281,7 @@ def test_attention_graph_without_edges(device, score):
         assert gr is not None and np.all(to_numpy(gr) == 0)
 
 
-@pytest.mark.parametrize("score", ["gat", "dot"])
+@pytest.mark.parametrize("score", SCORES)
 def test_reference_attention_vjp_by_finite_differences(score):
     """The oracle itself: directional derivatives of <out, g> + <alpha, ga>
     for every input, with and without dropout."""
@@ -299,3 +300,16 @@ def test_reference_attention_vjp_by_finite_differences(score):
             d = r.standard_normal(x[name].shape)
             fd = _directional_fd(lambda v: f(name, v), x[name], d)
             assert abs(fd - np.sum(grads[name] * d)) < 1e-6 * max(1, abs(fd)), (name, dropout)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_gatv2_att_layouts_and_shared_weights(device):
+    """att as PyG stores it ([1, H, C], gradient in that shape) or [H, C];
+    xl and xr the same array (GATv2Conv's share_weights): one gradient each."""
+    ei, g = _graph(device)
+    r = np.random.default_rng(_seed())
+    x = _inputs("gatv2", g, 3, 4, True, r)
+    x["att"] = x["att"][None]
+    _check_attention(device, ei, g, "gatv2", x, "float64", rng_=r)
+    x["xr"] = x["xl"]
+    _check_attention(device, ei, g, "gatv2", x, "float64", rng_=r)
