@@ -10,6 +10,8 @@ stack frame and spills per kernel in the program log.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import os
 import re
 import sys
 import time
@@ -70,8 +72,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0 = time.time()
     failures, total = [], 0
-    for family, vt, it, names in instantiations():
-        rows, n = compile_family(family, vt, it, names, args.arch)
+    jobs = instantiations()
+    # modules are independent: compile them on every core
+    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(compile_family, *zip(*jobs), [args.arch] * len(jobs)))
+    for (family, vt, it, _), (rows, n) in zip(jobs, results):
         total += n
         for kernel, regs, ss, sl in rows:
             if args.verbose:

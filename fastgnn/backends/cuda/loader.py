@@ -46,8 +46,29 @@ def _segment_names(vt, it):
     return names
 
 
+ATTENTION_NCH = (1, 4)   # channel chunks per lane held in registers
+
+
+def attention_vecs(vtype):
+    """Vector widths of the attention kernels: 1 (any width) and the widest."""
+    return [1, vec_widths(vtype)[-1]]
+
+
+def _attention_names(vt, it):
+    T, I = C_VALUE[vt], C_INDEX[it]
+    A = "double" if vt == "float64" else "float"
+    names = [f"attn_combine<{T}, {I}>", f"softmax_fwd<{T}, {I}>", f"softmax_bwd<{T}, {I}>",
+             f"column_sum<{A}>"]
+    for kind in (0, 1, 2):
+        for vec in attention_vecs(vt):
+            for nch in ATTENTION_NCH:
+                for k in ("attn_fwd", "attn_bwd_dst", "attn_bwd_src"):
+                    names.append(f"{k}<{kind}, {T}, {I}, {vec}, {nch}>")
+    return names
+
+
 # family -> function (value type, index type) -> name expressions
-KERNELS = {"spmm": _spmm_names, "segment": _segment_names}
+KERNELS = {"spmm": _spmm_names, "segment": _segment_names, "attention": _attention_names}
 
 
 @functools.lru_cache(maxsize=None)
