@@ -1,0 +1,309 @@
+"""CUDA launchers of the attention family (kernels_cuda/attention.cu).
+
+Implements the backend interface documented in fastgnn/ops/attention.py with
+the task mapping of the SpMM family: a lane group per (task, head), hub rows
+split into tasks whose partials are merged in slot order (attn_combine for
+the forward's (m, l, acc) states, spmm_combine for backward sums), grad_att
+summed from per-task partial rows by a fixed-order column sum. Per-edge
+arrays stay in the caller's order. No float atomics: bitwise repeatable.
+
+NOT YET RUN ON A GPU: written and compile-checked (NVRTC, sm_90) in a session
+without device time; the GPU tests in tests/test_attention.py are its first
+check.
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from ...ops.attention import SCORE_INPUTS, caller_ids, lse_dtype, transpose_caller_ids
+from .loader import ATTENTION_NCH, C_INDEX, C_VALUE, VALUE_BYTES, attention_vecs, get_function
+from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, task_plan
+
+KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
+COLUMN_SUM_ROWS = 1024
+
+
+def _slots(score, arrays):
+    """(S, Dn, Ed or None, att or None, V) of a score's arrays (see the kernel header)."""
+    a = arrays
+    if score == "gat":
+        return a["a_src"], a["a_dst"], a["a_edge"], None, a["v"]
+    if score == "gatv2":
+        return a["xl"], a["xr"], a["xe"], a["att"], a["xl"]
+    return a["k"], a["q"], a["ee"], None, a["v"]
+
+
+def _slot_names(score):
+    return {"gat": ("a_src", "a_dst", "a_edge", "v"), "gatv2": ("xl", "xr", "xe", "xl"),
+            "dot": ("k", "q", "ee", "v")}[score]
+
+
+def _drop_args(drop):
+    return (np.uint64(drop.key), np.uint64(drop.offset), np.uint64(drop.threshold),
+            np.float32(drop.scale), np.int32(1 if drop.active else 0))
+
+
+def _ptr(a):
+    return NULL if a is None else a
+
+
+def _acc(vtype):
+    return np.float64 if vtype == "float64" else np.float32
+
+
+def _shape(vtype, C, arrays):
+    """(VEC, NCH, group, nch): vector width, register chunks, lanes per group,
+    chunks used. Raises NotImplementedError for heads wider than the kernels hold."""
+    vec = 1
+    wide = attention_vecs(vtype)[-1]
+    if C % wide == 0 and all(a.data.ptr % (wide * VALUE_BYTES[vtype]) == 0
+                             for a in arrays if a is not None):
+        vec = wide
+    lanes = -(-C // vec)
+    group = 1
+    while group < min(lanes, 32):
+        group *= 2
+    nch = -(-lanes // group)
+    NCH = next((n for n in ATTENTION_NCH if n >= nch), None)
+    if NCH is None:
+        raise NotImplementedError(
+            f"the CUDA attention kernels hold at most {ATTENTION_NCH[-1] * 32 * vec} channels "
+            f"per head for this layout (got C={C}); use fewer channels per head")
+    return vec, NCH, group, nch
+
+
+def _grid(units, group):
+    return (max(1, -(-units * group // BLOCK)),)
+
+
+def _names(graph, vtype):
+    return _ITYPE[np.dtype(graph.index_dtype)], C_VALUE[vtype]
+
+
+# ------------------------------------------------------------ edge_softmax
+def edge_softmax_fwd(graph, scores, drop, vtype):
+    """(out [E, H] caller order, lse [num_dst, H])."""
+    E, H = scores.shape
+    out = cp.empty_like(scores)
+    lse = cp.empty((graph.num_dst, H), dtype=lse_dtype(vtype))
+    if graph.num_dst == 0 or H == 0:
+        return out, lse
+    itype, T = _names(graph, vtype)
+    fn = get_function("attention", vtype, itype, f"softmax_fwd<{T}, {C_INDEX[itype]}>")
+    fn(_grid(graph.num_dst, 32), (BLOCK,),
+       (graph.indptr, caller_ids(graph), scores, out, lse, np.int64(graph.num_dst),
+        np.int32(H), *_drop_args(drop)))
+    return out, lse
+
+
+def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
+    """grad_scores [E, H] caller order."""
+    E, H = scores.shape
+    out = cp.empty_like(scores)
+    if graph.num_dst == 0 or H == 0 or E == 0:
+        return out
+    itype, T = _names(graph, vtype)
+    fn = get_function("attention", vtype, itype, f"softmax_bwd<{T}, {C_INDEX[itype]}>")
+    fn(_grid(graph.num_dst, 32), (BLOCK,),
+       (graph.indptr, caller_ids(graph), scores, lse, grad, out, np.int64(graph.num_dst),
+        np.int32(H), *_drop_args(drop)))
+    return out
+
+
+# ---------------------------------------------------------- edge_attention
+def _kernel(kernel, score, vtype, itype, vec, nch):
+    T, I = C_VALUE[vtype], C_INDEX[itype]
+    return get_function("attention", vtype, itype,
+                        f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, {nch}>")
+
+
+def edge_attention_fwd(graph, score, arrays, params, need_alpha):
+    """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None)."""
+    S, Dn, Ed, att, V = _slots(score, arrays)
+    vtype = _vtype(V, arrays)
+    H, C = V.shape[1], V.shape[2]
+    acc = _acc(vtype)
+    out = cp.empty((graph.num_dst, H, C), dtype=V.dtype)
+    lse = cp.empty((graph.num_dst, H), dtype=acc)
+    alpha = cp.empty((graph.num_edges, H), dtype=V.dtype) if need_alpha else None
+    if graph.num_dst == 0 or H == 0 or C == 0:
+        return out, lse, alpha
+    itype = _ITYPE[np.dtype(graph.index_dtype)]
+    vec, NCH, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat"
+                                  else (V, out))
+    plan = task_plan(graph, DEFAULT_CHUNK)
+    ntask = int(plan.task_row.shape[0])
+    slots = plan.num_slots
+    p_m = cp.empty((slots, H), dtype=acc) if slots else None
+    p_l = cp.empty((slots, H), dtype=acc) if slots else None
+    p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
+    fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH)
+    common = (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
+              caller_ids(graph), S, Dn, _ptr(Ed), _ptr(att), V)
+    scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
+               np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(Ed is not None),
+               acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
+    fwd(_grid(ntask * H, group), (BLOCK,),
+        common + (out, lse, NULL, _ptr(p_m), _ptr(p_l), _ptr(p_acc)) + scalars + (np.int32(0),))
+    num_split = int(plan.split_row.shape[0])
+    if num_split:
+        comb = get_function("attention", vtype, itype,
+                            f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>")
+        g1 = 1
+        while g1 < min(C, 32):
+            g1 *= 2
+        comb(_grid(num_split * H, g1), (BLOCK,),
+             (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, out, lse, np.int64(num_split),
+              np.int32(H), np.int32(C), np.int32(g1)))
+    if need_alpha and graph.num_edges:
+        fwd(_grid(ntask * H, group), (BLOCK,),
+            common + (out, lse, alpha, NULL, NULL, NULL) + scalars + (np.int32(1),))
+    return out, lse, alpha
+
+
+def _vtype(V, arrays):
+    """The value type of the op (bf16 travels as 16-bit integers)."""
+    if V.dtype.kind == "f":
+        return V.dtype.name
+    return "bfloat16"
+
+
+def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
+    """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type."""
+    acc = _acc(vtype)
+    H = out.shape[1]
+    if grad_out is not None:
+        d = (_as_acc(grad_out, vtype, acc) * _as_acc(out, vtype, acc)).sum(axis=2)
+    else:
+        d = cp.zeros((graph.num_dst, H), dtype=acc)
+    if grad_alpha is not None and graph.num_edges:
+        _, _, alpha = edge_attention_fwd(graph, score, arrays, params, True)
+        prod = (_as_acc(alpha, vtype, np.float64) * _as_acc(grad_alpha, vtype, np.float64))
+        prod = prod[caller_ids(graph)]                 # CSR order, [E, H] (not E x H x C)
+        prefix = cp.zeros((graph.num_edges + 1, H), dtype=np.float64)
+        cp.cumsum(prod, axis=0, out=prefix[1:])
+        d += (prefix[graph.indptr[1:]] - prefix[graph.indptr[:-1]]).astype(acc)
+    return cp.ascontiguousarray(d, dtype=acc)
+
+
+def _as_acc(a, vtype, dtype):
+    if vtype == "bfloat16":
+        return ((a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)).astype(dtype)
+    return a.astype(dtype, copy=False)
+
+
+def _combine(plan, partial, out, width, vtype, itype):
+    """Sum the split rows' partial rows (slot order) into out rows of `width` values."""
+    num_split = int(plan.split_row.shape[0])
+    if not num_split or partial is None or out is None:
+        return
+    fn = get_function("spmm", vtype, itype, f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>")
+    group = 1
+    while group < min(width, 32):
+        group *= 2
+    fn(_grid(num_split, group), (BLOCK,),
+       (plan.split_row, plan.slot_ptr, partial, NULL, out, np.int64(num_split),
+        np.int32(width), np.int32(group)))
+
+
+def _column_sum(parts, vtype, itype):
+    """Fixed-order sum over the rows of parts [rows, cols] (acc type)."""
+    acc = parts.dtype
+    A = "double" if acc == np.float64 else "float"
+    fn = get_function("attention", vtype, itype, f"column_sum<{A}>")
+    rows, cols = parts.shape
+    while rows > 1:
+        blocks = -(-rows // COLUMN_SUM_ROWS)
+        nxt = cp.empty((blocks, cols), dtype=acc)
+        fn((max(1, -(-blocks * cols // BLOCK)),), (BLOCK,),
+           (parts, nxt, np.int64(rows), np.int32(cols), np.int32(COLUMN_SUM_ROWS)))
+        parts, rows = nxt, blocks
+    return parts[0] if rows == 1 else cp.zeros(cols, dtype=acc)
+
+
+def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
+    """{input name: gradient or None} (see fastgnn/ops/attention.py)."""
+    S, Dn, Ed, att, V = _slots(score, arrays)
+    vtype = _vtype(V, arrays)
+    H, C = V.shape[1], V.shape[2]
+    Cs = S.shape[2]
+    acc = _acc(vtype)
+    itype = _ITYPE[np.dtype(graph.index_dtype)]
+    s_name, d_name, e_name, v_name = _slot_names(score)
+    need_gS = bool(needs.get(s_name))
+    need_gDn = bool(needs.get(d_name))
+    need_gEd = Ed is not None and bool(needs.get(e_name))
+    need_gV = score != "gatv2" and bool(needs.get(v_name))
+    need_gatt = score == "gatv2" and bool(needs.get("att"))
+    grads = {name: None for name in SCORE_INPUTS[score]}
+    if graph.num_edges == 0 or H == 0 or C == 0:
+        for name, want, like in ((s_name, need_gS, S), (d_name, need_gDn, Dn),
+                                 (e_name, need_gEd, Ed), (v_name, need_gV, V)):
+            if want:
+                grads[name] = cp.zeros_like(like)
+        if need_gatt:
+            grads["att"] = cp.zeros_like(att)
+        return grads
+    g = None if grad_out is None else cp.ascontiguousarray(grad_out)
+    ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
+    delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
+    vec, NCH, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g) if score != "gat" else (V, g))
+    scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
+               np.int32(group), np.int32(Ed is not None), acc(params.negative_slope),
+               acc(params.scale), *_drop_args(params.drop))
+
+    # target pass over the CSR
+    if need_gDn or need_gEd or need_gatt:
+        plan = task_plan(graph, DEFAULT_CHUNK)
+        ntask = int(plan.task_row.shape[0])
+        gDn = cp.empty_like(Dn) if need_gDn else None
+        p_dn = (cp.empty((plan.num_slots, H * Cs), dtype=acc)
+                if need_gDn and plan.num_slots else None)
+        gEd = cp.empty_like(Ed) if need_gEd else None
+        gatt_part = cp.empty((ntask, H * C), dtype=acc) if need_gatt else None
+        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH)
+        kern(_grid(ntask * H, group), (BLOCK,),
+             (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
+              caller_ids(graph), S, Dn, _ptr(Ed), _ptr(att), V, lse, _ptr(g), _ptr(ga), delta,
+              _ptr(gDn), _ptr(p_dn), _ptr(gEd), _ptr(gatt_part), np.int64(ntask)) + scalars)
+        _combine(plan, p_dn, gDn, H * Cs, vtype, itype)
+        if need_gDn:
+            grads[d_name] = gDn
+        if need_gEd:
+            grads[e_name] = gEd
+        if need_gatt:
+            grads["att"] = _column_sum(gatt_part, vtype, itype).reshape(att.shape).astype(
+                att.dtype) if vtype != "bfloat16" else _to_bf16(
+                    _column_sum(gatt_part, vtype, itype).reshape(att.shape))
+
+    # source pass over the transpose
+    if need_gS or need_gV:
+        t = graph.transpose()
+        plan = task_plan(t, DEFAULT_CHUNK)
+        ntask = int(plan.task_row.shape[0])
+        gS = cp.empty_like(S) if need_gS else None
+        gV = cp.empty_like(V) if need_gV else None
+        p_s = (cp.empty((plan.num_slots, H * Cs), dtype=acc)
+               if need_gS and plan.num_slots else None)
+        p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
+               if need_gV and plan.num_slots else None)
+        kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH)
+        kern(_grid(ntask * H, group), (BLOCK,),
+             (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices,
+              transpose_caller_ids(graph), S, Dn, _ptr(Ed), _ptr(att), V, lse, _ptr(g), _ptr(ga),
+              delta, _ptr(gS), _ptr(p_s), _ptr(gV), _ptr(p_v), np.int64(ntask)) + scalars)
+        _combine(plan, p_s, gS, H * Cs, vtype, itype)
+        _combine(plan, p_v, gV, H * C, vtype, itype)
+        if need_gS:
+            grads[s_name] = gS
+        if need_gV:
+            grads[v_name] = gV
+    return {name: grads[name] for name in SCORE_INPUTS[score]}
+
+
+def _to_bf16(a):
+    """float32 -> bfloat16 bit patterns (round to nearest even), as uint16."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = u + 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16).astype(np.uint16)
