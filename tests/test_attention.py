@@ -313,3 +313,239 @@ def test_gatv2_att_layouts_and_shared_weights(device):
     _check_attention(device, ei, g, "gatv2", x, "float64", rng_=r)
     x["xr"] = x["xl"]
     _check_attention(device, ei, g, "gatv2", x, "float64", rng_=r)
+
+
+# ------------------------------------------- dropout and attention weights
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("heads,channels", [(1, 3), (4, 7)])
+def test_attention_dropout_and_weights_match_reference(device, score, dtype, heads, channels):
+    """Dropout from the documented counter-based mask, alpha (before dropout)
+    and its cotangent, against the reference; every gradient."""
+    ei, g = _graph(device, hub=300)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, heads, channels, True, r, dtype)
+    seed, offset = int(r.integers(1 << 62)), int(r.integers(1 << 40))
+    _check_attention(device, ei, g, score, x, dtype, dropout=0.35, seed=seed, offset=offset,
+                     with_alpha=True, rng_=r)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("score", SCORES)
+def test_attention_dropout_is_reproducible(device, score):
+    from fastgnn import edge_attention, edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph(device)
+    r = np.random.default_rng(_seed())
+    x = {k: to_device(v, device) for k, v in _inputs(score, g, 2, 5, True, r).items()}
+    go = to_device(r.standard_normal((120, 2, 5)), device)
+
+    def run(**kw):
+        (out, alpha), res = edge_attention_fwd(g, score, **x, dropout=0.5,
+                                               return_attention_weights=True, **kw)
+        return [to_numpy(a) for a in (out, alpha, *edge_attention_bwd(g, res, go))]
+    a = run(seed=3)
+    for u, w in zip(a, run(seed=3)):
+        np.testing.assert_array_equal(u, w)           # bitwise, forward and backward
+    b, c = run(seed=4), run(seed=3, offset=1)
+    assert not np.array_equal(a[0], b[0]) and not np.array_equal(a[0], c[0])
+    # alpha is the softmax before dropout: the same for every seed and without dropout
+    np.testing.assert_array_equal(a[1], b[1])
+    _, alpha0 = edge_attention(g, score, **x, return_attention_weights=True)
+    np.testing.assert_array_equal(a[1], to_numpy(alpha0))
+    sums = np.zeros((120, 2))
+    np.add.at(sums, ei[1], a[1])
+    has = np.bincount(ei[1], minlength=120) > 0
+    np.testing.assert_allclose(sums[has], 1, rtol=1e-12)
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_attention_dropout_expected_value(score):
+    """Averaged over many seeds, the dropped-out output and gradients are the
+    no-dropout ones (z has mean 1 and both are linear in z): every element
+    within 6 standard errors (estimated from the samples)."""
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph("cpu", n=30, e=120)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, 2, 3, True, r)
+    go = r.standard_normal((30, 2, 3))
+
+    def run(**kw):
+        out, res = edge_attention_fwd(g, score, **x, **kw)
+        return np.concatenate([out.ravel()] + [gr.ravel() for gr in
+                                               edge_attention_bwd(g, res, go)])
+    exact = run()
+    n = 1000
+    base = int(r.integers(1 << 40))
+    samples = np.stack([run(dropout=0.3, seed=base + s) for s in range(n)])
+    mean, sd = samples.mean(0), samples.std(0, ddof=1)
+    # constant up to rounding: targets without in-edges, or with one (whose
+    # softmax gradient vanishes)
+    const = sd < 1e-10
+    np.testing.assert_allclose(mean[const], exact[const], rtol=1e-9, atol=1e-9)
+    zscore = np.abs(mean - exact)[~const] / (sd[~const] / np.sqrt(n))
+    assert zscore.max() < 6, zscore.max()
+    assert (~const).sum() > 100
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_attention_backward_matches_finite_differences_with_dropout(score):
+    """The backend's backward regenerates the forward's mask: its VJP equals
+    directional finite differences of its own forward at a fixed seed."""
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph("cpu", n=25, e=120)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, 3, 4, True, r)
+    go, ga = r.standard_normal((25, 3, 4)), r.standard_normal((ei.shape[1], 3))
+    kw = dict(dropout=0.5, seed=int(r.integers(1 << 30)), offset=9,
+              return_attention_weights=True)
+    _, res = edge_attention_fwd(g, score, **x, **kw)
+    grads = dict(zip(x, edge_attention_bwd(g, res, go, ga)))
+
+    def f(name, val):
+        (o, a), _ = edge_attention_fwd(g, score, **{**x, name: val}, **kw)
+        return np.sum(o * go) + np.sum(a * ga)
+    for name in x:
+        d = r.standard_normal(x[name].shape)
+        fd = _directional_fd(lambda v: f(name, v), x[name], d)
+        assert abs(fd - np.sum(grads[name] * d)) < 1e-6 * max(1, abs(fd)), name
+
+
+# ------------------------------------------------ memory, determinism, errors
+@pytest.mark.parametrize("score", SCORES)
+def test_attention_allocates_nothing_of_size_edges_heads_channels(score):
+    """Forward + backward (without edge terms, whose gradient is E x H x C by
+    nature) allocate far less than one E x H x C array (NumPy allocations are
+    traced by tracemalloc; the kernels' scratch is per chunk)."""
+    import tracemalloc
+
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph("cpu", n=100, e=30000)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, 4, 16, False, r, np.float32)
+    go = r.standard_normal((100, 4, 16)).astype(np.float32)
+    _, res = edge_attention_fwd(g, score, **x, dropout=0.1)
+    edge_attention_bwd(g, res, go)                    # warm caches (transpose, index maps)
+    tracemalloc.start()
+    try:
+        _, res = edge_attention_fwd(g, score, **x, dropout=0.1)
+        edge_attention_bwd(g, res, go)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    ehc = g.num_edges * 4 * 16 * 4
+    assert peak < ehc / 8, (peak, ehc)
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_attention_repeatable_not_mutating_and_thread_independent(score, monkeypatch):
+    import fastgnn.backends.cpu.attention as cpu
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph("cpu", n=700, e=6000, hub=2000)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, 2, 5, True, r, np.float32)
+    go = r.standard_normal((700, 2, 5)).astype(np.float32)
+    ga = r.standard_normal((ei.shape[1], 2)).astype(np.float32)
+    copies = {k: v.copy() for k, v in x.items()}
+    runs = []
+    for serial in (10**12, 0, 0):
+        monkeypatch.setattr(cpu, "SERIAL_EDGES", serial)
+        (out, alpha), res = edge_attention_fwd(g, score, **x, dropout=0.2, seed=1,
+                                               return_attention_weights=True)
+        runs.append([out, alpha, *edge_attention_bwd(g, res, go, ga)])
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            np.testing.assert_array_equal(a, b)
+    for k, v in x.items():
+        np.testing.assert_array_equal(v, copies[k])
+
+
+@pytest.mark.parametrize("device", devices())
+def test_attention_bad_inputs(device):
+    from fastgnn import edge_attention, edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph(device)
+    r = np.random.default_rng(_seed())
+    d = lambda a: to_device(a, device)  # noqa: E731
+    gat = {k: d(v) for k, v in _inputs("gat", g, 2, 3, True, r).items()}
+    v2 = {k: d(v) for k, v in _inputs("gatv2", g, 2, 3, True, r).items()}
+    dot = {k: d(v) for k, v in _inputs("dot", g, 2, 3, True, r).items()}
+    E = ei.shape[1]
+    _, res = edge_attention_fwd(g, "dot", **dot)
+    cases = [
+        (lambda: edge_attention(g, "gcn", **gat), ValueError, "score must be one of"),
+        (lambda: edge_attention(g, "gat", **gat, q=dot["q"]), ValueError,
+         "score='gat' takes a_src, a_dst, a_edge, v; got q"),
+        (lambda: edge_attention(g, "gat", v=gat["v"], a_dst=gat["a_dst"]), TypeError,
+         "needs a_src"),
+        (lambda: edge_attention(g, "dot", q=dot["q"], k=dot["k"]), TypeError, "needs v"),
+        (lambda: edge_attention(g, "gat", **{**gat, "a_src": d(np.ones((120, 3)))}),
+         ValueError, "a_src must have shape [num_src, heads] = [120, 2], got (120, 3)"),
+        (lambda: edge_attention(g, "gat", **{**gat, "a_edge": d(np.ones((E - 1, 2)))}),
+         ValueError, "a_edge must have shape [E, heads]"),
+        (lambda: edge_attention(g, "gat", **{**gat, "v": d(np.ones((120, 6)))}),
+         ValueError, "v must have shape [nodes, heads, C]"),
+        (lambda: edge_attention(g, "gatv2", **{**v2, "att": d(np.ones((2, 4)))}),
+         ValueError, "att must have shape [heads, C] (or [1, heads, C]) = [2, 3]"),
+        (lambda: edge_attention(g, "gatv2", **{**v2, "xr": d(np.ones((119, 2, 3)))}),
+         ValueError, "xr must have shape [num_dst, heads, C]"),
+        (lambda: edge_attention(g, "dot", **{**dot, "k": d(np.ones((120, 2, 4)))}),
+         ValueError, "k must have shape [num_src, heads, C] = [120, 2, 3]"),
+        (lambda: edge_attention(g, "dot", **{**dot, "ee": d(np.ones((E, 2, 3), np.float32))}),
+         TypeError, "ee has dtype float32 but q has float64"),
+        (lambda: edge_attention(g, "dot", **{**dot, "v": d(np.ones((120, 2, 3), np.int64))}),
+         TypeError, "v must be"),
+        (lambda: edge_attention(g, "dot", **{**dot, "q": d(np.ones((120, 2, 0)))}),
+         ValueError, "q must have shape [nodes, heads, C] with heads, C >= 1"),
+        (lambda: edge_attention(g, "gat", **gat, scale=0.5), ValueError,
+         "scale applies to score='dot' only"),
+        (lambda: edge_attention(g, "dot", **dot, scale="big"), TypeError,
+         "scale must be a finite float"),
+        (lambda: edge_attention(g, "gat", **gat, negative_slope=None), TypeError,
+         "negative_slope must be a finite float"),
+        (lambda: edge_attention(g, "gat", **gat, dropout=1.0), ValueError,
+         "dropout must be in [0, 1)"),
+        (lambda: edge_attention(g, "gat", **gat, seed=-3), ValueError, "seed must be in"),
+        (lambda: edge_attention(ei, "gat", **gat), TypeError, "graph must be a fastgnn.Graph"),
+        (lambda: edge_attention_bwd(g, res, d(np.ones((120, 2, 4)))), ValueError,
+         "grad_out must have shape [num_dst, heads, C] = [120, 2, 3]"),
+        (lambda: edge_attention_bwd(g, res, None, d(np.ones((E, 3)))), ValueError,
+         "grad_alpha must have shape [E, heads]"),
+        (lambda: edge_attention_bwd(g, res, None, needs=["q", "xl"]), ValueError,
+         "needs names ['xl']"),
+        (lambda: edge_attention_bwd(_graph(device, e=701)[1], res, None), ValueError,
+         "residuals come from a different graph"),
+    ]
+    if device == "cpu":
+        cases.append((lambda: edge_attention(g, "dot", **{k: v.astype(np.float16)
+                                                          for k, v in dot.items()}),
+                      TypeError, "CPU backend supports"))
+    else:
+        cases.append((lambda: edge_attention(g, "dot", **{**dot, "k": np.ones((120, 2, 3))}),
+                      ValueError, "k lives on CPU"))
+    for fn, err, words in cases:
+        with pytest.raises(err) as info:
+            fn()
+        assert words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_attention_needs_and_missing_cotangents(device):
+    """needs selects gradients (others None); grad_out=None means zero."""
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph(device)
+    r = np.random.default_rng(_seed())
+    x = _inputs("dot", g, 2, 3, True, r)
+    (out, alpha), res = edge_attention_fwd(g, "dot", **{k: to_device(v, device)
+                                                        for k, v in x.items()},
+                                           return_attention_weights=True)
+    go = r.standard_normal((120, 2, 3))
+    full = edge_attention_bwd(g, res, to_device(go, device))
+    part = edge_attention_bwd(g, res, to_device(go, device), needs=["k", "ee"])
+    assert part[0] is None and part[2] is None
+    np.testing.assert_array_equal(to_numpy(part[1]), to_numpy(full[1]))
+    np.testing.assert_array_equal(to_numpy(part[3]), to_numpy(full[3]))
+    ga = r.standard_normal((ei.shape[1], 2))
+    only_alpha = edge_attention_bwd(g, res, None, to_device(ga, device))
+    r_grads = ref.edge_attention_vjp(ei, "dot", 120, x, np.zeros((120, 2, 3)), ga)
+    for name, gr in zip(("q", "k", "v", "ee"), only_alpha):
+        assert_close(to_numpy(gr), r_grads[name], "float64", name)
