@@ -549,3 +549,20 @@ def test_attention_needs_and_missing_cotangents(device):
     r_grads = ref.edge_attention_vjp(ei, "dot", 120, x, np.zeros((120, 2, 3)), ga)
     for name, gr in zip(("q", "k", "v", "ee"), only_alpha):
         assert_close(to_numpy(gr), r_grads[name], "float64", name)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_cpu_thread_pool_survives_fork(monkeypatch):
+    """A forked child (e.g. a data-loader worker) inherits the pool object but
+    not its threads; the backend builds a new pool there instead of hanging."""
+    import multiprocessing as mp
+
+    import fastgnn.backends.cpu.attention as cpu
+    monkeypatch.setattr(cpu, "SERIAL_EDGES", 0)
+    ei, g = _graph("cpu", n=300, e=3000)
+    s = np.random.default_rng(_seed()).standard_normal((ei.shape[1], 2))
+    expect = edge_softmax(g, s)                        # the parent's pool exists now
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(edge_softmax, (g, s)).get(timeout=60)
+    np.testing.assert_array_equal(got, expect)

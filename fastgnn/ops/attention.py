@@ -66,25 +66,34 @@ gives the mask when the dropped weights are wanted.
 
 Backend interface
 -----------------
-A backend module (`fastgnn.backends.cpu`, later `fastgnn.backends.cuda`)
-provides the functions below. The op layer has validated everything: arrays
-are C-contiguous, on the graph's device, of one value type `vtype` (float32 or
-float64 on the CPU; also float16/bfloat16 on the GPU, bf16 as 16-bit ints),
-shapes as listed. Every per-edge array, in or out, is in the *caller's* edge
-order and is indexed through `caller_ids(graph)` ([E], CSR position -> caller
-id) in target passes and `transpose_caller_ids(graph)` ([E], transpose position
--> caller id) in source passes; no per-edge array is permuted, so nothing of
-size E x H x C is ever copied. `drop` is a `DropoutSpec` (host scalars).
+A backend module (`fastgnn.backends.cpu`; `fastgnn.backends.cuda` for CuPy
+arrays) provides the four functions below; `backend_for(array)` picks it. The
+op layer has validated everything: arrays are C-contiguous, on the graph's
+device, all of one value type `vtype` (float32 or float64 on the CPU; also
+float16 and bfloat16 on the GPU, bf16 as 16-bit integers), shapes as listed.
+
+Edge order: every per-edge array, in or out, is in the *caller's* edge order.
+Kernels reach it through `caller_ids(graph)` ([E], CSR position -> caller id)
+in passes over targets and `transpose_caller_ids(graph)` ([E], position in
+graph.transpose() -> caller id) in passes over sources (both cached on the
+graph). No per-edge array is ever permuted or copied, so nothing of size
+E x H x C is allocated. Dropout counters use the caller id e.
+
+Dropout: `drop` is a `DropoutSpec` of host scalars: active (p > 0), key =
+rng.seed_key(seed), offset, threshold = rng.drop_threshold(p) (all uint64) and
+scale = 1/(1-p); z[e, h] = scale if (bits >> 11) >= threshold else 0, with
+bits = mix64(key + (offset + e*H + h + 1) * G) (fastgnn/rng.py, mod 2^64).
 
     edge_softmax_fwd(graph, scores, drop, vtype) -> (out, lse)
-        scores [E, H]; out [E, H] (vtype); lse [num_dst, H] (lse dtype: float64
-        for float64, else float32; -inf for targets without in-edges).
-    edge_softmax_bwd(graph, scores, lse, grad, drop, vtype) -> grad_scores [E, H]
+        scores [E, H]; out [E, H] = p z (vtype); lse [num_dst, H] (float64 for
+        float64, else float32; -inf for targets without in-edges).
+    edge_softmax_bwd(graph, scores, lse, grad, drop, vtype) -> grad_scores
+        grad [E, H] (cotangent of out); grad_scores [E, H] = p (g z - sum_row p g z).
 
     edge_attention_fwd(graph, score, arrays, params, need_alpha)
-            -> (out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None)
+        -> (out [num_dst, H, C] vtype, lse [num_dst, H] (as above), alpha [E, H] vtype or None)
     edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs)
-            -> {name: gradient or None} for every name of SCORE_INPUTS[score]
+        -> {name: gradient or None} for every name of SCORE_INPUTS[score]
 
 `score` is "gat", "gatv2" or "dot"; `arrays` is a dict holding, under the names
 of SCORE_INPUTS[score], the inputs in these shapes (None for an absent
@@ -95,11 +104,17 @@ optional edge term):
     "gatv2": xl [num_src, H, C], xr [num_dst, H, C], att [H, C], xe [E, H, C] | None
     "dot":   q [num_dst, H, C], k [num_src, H, C], v [num_src, H, C], ee [E, H, C] | None
 
-`params` is an `AttentionParams` (negative_slope, scale, drop); `need_alpha`
-asks for alpha[e, h] = p[e, h] in vtype; `out` is the forward's output;
-grad_out [num_dst, H, C] or None (zero), grad_alpha [E, H] or None (zero);
-`needs` maps each input name to whether its gradient is wanted (absent inputs
-are False). Gradients come back in the inputs' shapes and vtype.
+(xl may be the same array as xr.) `params` is an `AttentionParams`
+(negative_slope, scale: the value to use, 1/sqrt(C) already filled in for
+"dot", drop). `need_alpha` asks for alpha[e, h] = p[e, h] (before dropout).
+Backward: `out` and `lse` are the forward's; grad_out [num_dst, H, C] or None
+(zero), grad_alpha [E, H] or None (zero); `needs` maps every name of
+SCORE_INPUTS[score] to whether its gradient is wanted (False for absent
+inputs). Each wanted gradient is returned in its input's backend shape and in
+vtype, fully written (0 for nodes without edges); the others are None. The
+reference semantics are the formulas above: D from `out` (not recomputed),
+no float atomics (bitwise repeatable), grad_att summed from per-chunk
+partials in a fixed order. Accumulate in float32 (float64 for float64).
 """
 from __future__ import annotations
 

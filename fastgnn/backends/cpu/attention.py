@@ -29,6 +29,7 @@ edge_attention_bwd: per target: D_i = <g_i, out_i> (+ sum p ga), then per
                     chunk's grad_att; per source (transpose): source-side and
                     message gradients.
 """
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -50,13 +51,16 @@ def _num_chunks(rows):
 
 
 def _executor(threads):
+    """The shared pool (rebuilt when the thread count changes, and in a forked
+    child, which inherits the pool object but not its threads)."""
     global _pool
     with _pool_lock:
-        if _pool is None or _pool._max_workers != threads:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(threads, thread_name_prefix="fastgnn-attention")
-        return _pool
+        if _pool is None or _pool[1] != threads or _pool[2] != os.getpid():
+            if _pool is not None and _pool[2] == os.getpid():
+                _pool[0].shutdown(wait=False)
+            _pool = (ThreadPoolExecutor(threads, thread_name_prefix="fastgnn-attention"),
+                     threads, os.getpid())
+        return _pool[0]
 
 
 def _run(kernel, rows, edges, *args):
