@@ -4,6 +4,10 @@
                             differentiable ops on torch tensors (functional.py)
     GCNConv, SAGEConv, GINConv
                             drop-in PyG 2.8 layers (nn.py)
+    edge_softmax, edge_attention
+                            fused attention ops on torch tensors (attention.py)
+    GATConv, GATv2Conv, TransformerConv
+                            drop-in PyG 2.8 attention layers (attention.py)
     SumAggregation, MeanAggregation, MaxAggregation, MinAggregation,
     VarAggregation, StdAggregation, MultiAggregation
                             PyG-compatible Aggregation modules (aggr.py; they
@@ -20,13 +24,15 @@ caching allocator; nothing touches the GPU at import time.
 from ._autograd import FastgnnFunction, Op, apply, device_scope
 from .functional import gcn_norm, segment_csr, segment_reduce, spmm
 from .graph_cache import clear_graph_cache, to_graph
+from .attention import GATConv, GATv2Conv, TransformerConv, edge_attention, edge_softmax
 from .nn import GCNConv, GINConv, SAGEConv
 
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
                  "VarAggregation", "StdAggregation", "MultiAggregation")
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "to_graph",
-           "clear_graph_cache", "GCNConv", "SAGEConv", "GINConv", *_AGGREGATIONS, "apply", "Op",
+           "clear_graph_cache", "GCNConv", "SAGEConv", "GINConv", "edge_softmax", "edge_attention",
+           "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "apply", "Op",
            "FastgnnFunction", "device_scope"]
 
 

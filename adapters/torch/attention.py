@@ -1,0 +1,734 @@
+"""Attention for PyTorch: `edge_softmax` and `edge_attention` on torch tensors,
+and drop-in replacements for PyG 2.8's `GATConv`, `GATv2Conv` and
+`TransformerConv`.
+
+Both functions run fastgnn's forward/backward pairs through the one generic
+bridge (`fastgnn.torch.apply`, one `Op` per pair): the softmax and the
+weighted sum are fused, nothing of size edges x heads x channels is
+allocated by the op, and the backward recomputes the scores.
+
+Dropout seeds
+-------------
+Attention dropout uses fastgnn's counter-based generator (`fastgnn.rng`):
+weight (e, h) is kept iff a hash of (seed, offset + e*H + h) says so; no mask
+is stored and the backward regenerates it. With `seed=None` (the default, and
+what the layers use) every call draws a fresh seed from torch's default CPU
+generator (`torch.randint`, also for CUDA tensors: no device sync), so
+`torch.manual_seed(s)` makes training runs reproducible and each call gets a
+new mask; `offset` is then 0. An explicit `seed` gives the same mask for the
+same (seed, offset) every time: a caller that reuses one seed over several
+calls keeps an offset counter and advances it by E * H per call (as
+PyTorch's Philox seed/offset pairs do). Dropout is active only when
+`training` is true and `dropout > 0`. Dropout draws differ from PyG's
+`F.dropout` masks; the distribution is the same (keep with probability
+1 - p, kept weights scaled by 1/(1 - p)).
+
+Layers
+------
+Same constructor arguments, parameter names (a PyG `state_dict` loads with
+`strict=True`), forward inputs (edge_index tensor or PyG EdgeIndex,
+`(x_src, x_dst)` pairs, `edge_attr`, `return_attention_weights`) and the same
+function as PyG 2.8. The dense projections are torch ops (nn.Linear); the
+per-edge part (scores, softmax over in-edges, dropout, weighted sum) is one
+fastgnn op. Graphs with added self-loops are built once per edge_index and
+cached (`fastgnn.torch.to_graph`'s LRU). Torch sparse adj_t inputs are not
+supported by these layers yet (NotImplementedError).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fastgnn import rng
+from fastgnn.graph import Graph
+from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bwd,
+                                   edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
+
+from ._autograd import Op, apply, device_scope, to_tensor
+from .graph_cache import _GRAPHS, _is_edge_index_type, _tkey, resolve
+from .nn import _check_kwargs, _graph_sizes, _linear, _pair
+
+__all__ = ["edge_softmax", "edge_attention", "GATConv", "GATv2Conv", "TransformerConv",
+           "EDGE_SOFTMAX", "EDGE_ATTENTION"]
+
+
+# ------------------------------------------------------------------ the Ops
+def _softmax_fwd(graph, scores, **kw):
+    return edge_softmax_fwd(graph, scores, **kw)
+
+
+def _softmax_bwd(graph, res, grad_out):
+    return (edge_softmax_bwd(graph, res, grad_out),)
+
+
+EDGE_SOFTMAX = Op("edge_softmax", _softmax_fwd, _softmax_bwd, inputs=("scores",),
+                  features=("scores",))
+
+# every array input of edge_attention, over all score functions, in call order
+_ATTN_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee")
+
+
+def _attention_fwd(graph, *arrays, score, **kw):
+    return edge_attention_fwd(graph, score, **dict(zip(_ATTN_INPUTS, arrays)), **kw)
+
+
+def _attention_bwd(graph, res, grad_out, grad_alpha=None, **flags):
+    names = SCORE_INPUTS[res.score]
+    needs = [n for n in names if flags.get(f"needs_{n}")]
+    grads = dict(zip(names, edge_attention_bwd(graph, res, grad_out, grad_alpha, needs=needs)))
+    return tuple(grads.get(n) for n in _ATTN_INPUTS)
+
+
+EDGE_ATTENTION = Op("edge_attention", _attention_fwd, _attention_bwd, inputs=_ATTN_INPUTS,
+                    features=_ATTN_INPUTS, bwd_flags={f"needs_{n}": n for n in _ATTN_INPUTS})
+
+
+# ------------------------------------------------------------------ dropout
+def draw_seed() -> int:
+    """A dropout seed from torch's default CPU generator (reproducible under
+    torch.manual_seed)."""
+    return int(torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64).item())
+
+
+def _dropout(dropout, seed, offset, training):
+    """(p, seed, offset) for the core: p = 0 unless training with dropout > 0;
+    seed None draws one (see the module docstring)."""
+    spec = dropout_spec(dropout, 0 if seed is None else seed, offset)   # validates
+    if not training or spec.p == 0:
+        return 0.0, 0, 0
+    return spec.p, (draw_seed() if seed is None else spec.seed), spec.offset
+
+
+def _graph_arg(edge_index_or_graph, num_nodes):
+    graph, _ = resolve(edge_index_or_graph, num_nodes)   # attention ignores adj_t values
+    return graph
+
+
+# --------------------------------------------------------------- functional
+def edge_softmax(edge_index_or_graph, scores, num_nodes=None, *, dropout=0.0, seed=None,
+                 offset=0, training=True):
+    r"""Softmax of per-edge scores over each target's in-edges, per head, with
+    optional attention dropout (PyG's `softmax(scores, edge_index[1])`,
+    followed by `F.dropout`), differentiable in scores:
+
+        out[e, h] = z[e, h] exp(s[e, h]) / sum_{e' in N(i)} exp(s[e', h])    (e = (j -> i))
+
+    edge_index_or_graph: [2, E] integer tensor (row 0 sources, row 1 targets),
+                 PyG EdgeIndex, torch sparse adj_t [num_dst, num_src] (its
+                 values are ignored; edges in storage order) or fastgnn.Graph.
+    scores:      [E] or [E, H] float tensor in the edges' order.
+    num_nodes:   number of targets (None: max target index + 1), or
+                 (num_src, num_dst).
+    dropout:     probability p of zeroing a weight (kept ones scaled by
+                 z = 1/(1-p)); only when `training`.
+    seed, offset: the counter-based generator's seed and counter offset; seed
+                 None draws a fresh seed from torch's default generator per
+                 call (see the module docstring).
+    Returns a tensor of the scores' shape and dtype.
+    """
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    if num_nodes is not None and not isinstance(num_nodes, (tuple, list)):
+        num_nodes = (None, int(num_nodes))          # sources do not matter here
+    graph = _graph_arg(edge_index_or_graph, num_nodes)
+    p, seed, offset = _dropout(dropout, seed, offset, training)
+    return apply(EDGE_SOFTMAX, graph, scores, dropout=p, seed=seed, offset=offset)
+
+
+_SIDES = {"gat": (("v", "a_src"), ("a_dst",)), "gatv2": (("xl",), ("xr",)),
+          "dot": (("k", "v"), ("q",))}
+
+
+def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
+                   xl=None, xr=None, att=None, xe=None, q=None, k=None, ee=None,
+                   negative_slope=0.2, scale=None, dropout=0.0, seed=None, offset=0,
+                   training=True, return_attention_weights=False, num_nodes=None):
+    r"""Fused edge attention over each target's in-edges, differentiable in
+    every tensor input (see `fastgnn.edge_attention` for the math). Per head h,
+    for edges e = (j -> i):
+
+        out[i, h] = sum_{e in N(i)} softmax_{N(i)}(s)_e z_e m_e[h]      (0 without in-edges)
+
+    score="gat":   a_src [num_src, H], a_dst [num_dst, H], a_edge [E, H] optional,
+                   v [num_src, H, C]:   s_e = LeakyReLU(a_src[j] + a_dst[i] + a_edge[e]),
+                   m_e = v[j]
+    score="gatv2": xl [num_src, H, C], xr [num_dst, H, C], att [H, C] or [1, H, C],
+                   xe [E, H, C] optional:
+                   s_e = sum_c att[h, c] LeakyReLU(xl[j] + xr[i] + xe[e])[c],  m_e = xl[j]
+    score="dot":   q [num_dst, H, C], k, v [num_src, H, C], ee [E, H, C] optional:
+                   s_e = scale <q[i], k[j] + ee[e]>,  m_e = v[j] + ee[e]
+
+    edge_index_or_graph: as in `edge_softmax` (adj_t values are ignored).
+    negative_slope: LeakyReLU slope ("gat", "gatv2").
+    scale:     "dot" only; default 1/sqrt(C).
+    dropout, seed, offset, training: attention dropout as in `edge_softmax`.
+    return_attention_weights: also return alpha [E, H], the softmax weights
+               before dropout, in the edges' order (differentiable).
+    num_nodes: (num_src, num_dst) or an int (square); default from the inputs'
+               rows (source side: a_src/v, xl, k/v; target side: a_dst, xr, q).
+    Returns out [num_dst, H, C] (and alpha) in the inputs' dtype.
+    """
+    tensors = dict(a_src=a_src, a_dst=a_dst, a_edge=a_edge, v=v, xl=xl, xr=xr, att=att, xe=xe,
+                   q=q, k=k, ee=ee)
+    if num_nodes is None and isinstance(score, str) and score in _SIDES:
+        src_side, dst_side = _SIDES[score]
+
+        def rows(names):
+            for n in names:
+                t = tensors[n]
+                if isinstance(t, torch.Tensor) and t.dim() >= 1:
+                    return int(t.shape[0])
+            return None
+        num_nodes = (rows(src_side), rows(dst_side))
+    graph = _graph_arg(edge_index_or_graph, num_nodes)
+    p, seed, offset = _dropout(dropout, seed, offset, training)
+    return apply(EDGE_ATTENTION, graph, *(tensors[n] for n in _ATTN_INPUTS), score=score,
+                 negative_slope=negative_slope, scale=scale, dropout=p, seed=seed,
+                 offset=offset, return_attention_weights=bool(return_attention_weights))
+
+
+# ------------------------------------------------------------------ helpers
+def _glorot(t):
+    """PyG's glorot for a tensor: uniform(+-sqrt(6 / (fan of the last two dims)))."""
+    if t is not None:
+        bound = math.sqrt(6.0 / (t.size(-2) + t.size(-1)))
+        with torch.no_grad():
+            t.uniform_(-bound, bound)
+
+
+def _materialise(lin, x):
+    """Run a lazy Linear once on an empty slice so its weight exists."""
+    if isinstance(lin, torch.nn.LazyLinear) and lin.has_uninitialized_params():
+        lin(x[:0])
+
+
+def _check_graph_input(layer, edge_index):
+    if isinstance(edge_index, Tensor) and edge_index.layout != torch.strided:
+        raise NotImplementedError(
+            f"{layer}: torch sparse adj_t inputs are not supported by fastgnn.torch's attention "
+            "layers yet; pass an edge_index [2, E] or a PyG EdgeIndex")
+
+
+def _plain(edge_index):
+    return edge_index.as_tensor() if _is_edge_index_type(edge_index) else edge_index
+
+
+def _loop_graph(edge_index, num_src, num_dst, num_loops):
+    """PyG's remove_self_loops + add_self_loops(num_nodes=num_loops) on an
+    edge_index: (Graph, edge_index' [2, E'] int64, kept [E''] int64), where
+    edge_index' holds the non-loop edges in order, then loops 0..num_loops-1,
+    and kept are the positions of those non-loop edges. Built once per
+    edge_index tensor (the graph cache's LRU)."""
+    key = ("attention_self_loops", num_src, num_dst, num_loops)
+    if isinstance(edge_index, Graph):
+        ei = to_tensor(edge_index.edge_index())
+    else:
+        ei = _plain(edge_index)
+
+    def build():
+        with device_scope(ei.device):
+            e = ei.detach().long()
+            kept = torch.nonzero(e[0] != e[1]).view(-1)
+            loops = torch.arange(num_loops, device=e.device).expand(2, num_loops)
+            ei2 = torch.cat([e[:, kept], loops], dim=1)
+            return Graph.from_edge_index(ei2, num_src=num_src, num_dst=num_dst), ei2, kept
+    if isinstance(edge_index, Graph):
+        return edge_index.cached(("fastgnn.torch",) + key, build)
+    return _GRAPHS.get(key + (_tkey(ei),), edge_index, build)
+
+
+_FILL_REDUCE = {"max": "amax", "amax": "amax", "min": "amin", "amin": "amin"}
+
+
+def _loop_attr(edge_attr, dst, n, fill_value):
+    """Edge features of the n added self-loops, PyG's `compute_loop_attr`
+    re-implemented with differentiable torch ops (edge_attr: the non-loop
+    edges' features, dst: their targets)."""
+    size = (n,) + tuple(edge_attr.shape[1:])
+    if fill_value is None:
+        return edge_attr.new_ones(size)
+    if isinstance(fill_value, Tensor):
+        fill = fill_value.to(edge_attr.device, edge_attr.dtype)
+        if fill.dim() != edge_attr.dim():
+            fill = fill.unsqueeze(0)
+        return fill.expand(size).contiguous()
+    if isinstance(fill_value, numbers.Number) and not isinstance(fill_value, bool):
+        return edge_attr.new_full(size, float(fill_value))
+    if not isinstance(fill_value, str):
+        raise AttributeError("No valid 'fill_value' provided")
+    index = dst.view((-1,) + (1,) * (edge_attr.dim() - 1)).expand_as(edge_attr)
+    if fill_value in ("add", "sum"):
+        return edge_attr.new_zeros(size).scatter_add(0, index, edge_attr)
+    if fill_value == "mean":
+        total = edge_attr.new_zeros(size).scatter_add(0, index, edge_attr)
+        count = edge_attr.new_zeros(n).scatter_add(0, dst, edge_attr.new_ones(dst.shape[0]))
+        return total / count.clamp(min=1).view((-1,) + (1,) * (edge_attr.dim() - 1))
+    if fill_value in _FILL_REDUCE:
+        return edge_attr.new_zeros(size).scatter_reduce(0, index, edge_attr,
+                                                        reduce=_FILL_REDUCE[fill_value],
+                                                        include_self=False)
+    if fill_value == "mul":
+        return edge_attr.new_ones(size).scatter_reduce(0, index, edge_attr, reduce="prod",
+                                                       include_self=True)
+    if fill_value == "any":
+        return edge_attr.new_zeros(size).scatter(0, index, edge_attr)
+    raise ValueError(f"Encountered invalid `reduce` argument '{fill_value}'")
+
+
+def _attention_graph(layer, edge_index, edge_attr, num_src, num_dst, num_loops, fill_value,
+                     need_attr):
+    """(graph, returned edge_index, edge_attr in the graph's edge order) with
+    or without PyG's self-loop handling (num_loops None: none added)."""
+    _check_graph_input(layer, edge_index)
+    if num_loops is None:
+        graph, _ = resolve(edge_index, (num_src, num_dst))
+        return graph, edge_index, edge_attr
+    graph, ei2, kept = _loop_graph(edge_index, num_src, num_dst, num_loops)
+    if edge_attr is not None and need_attr:
+        kept_attr = edge_attr[kept]
+        loop = _loop_attr(kept_attr, ei2[1, :kept.shape[0]], num_loops, fill_value)
+        edge_attr = torch.cat([kept_attr, loop], dim=0)
+    else:
+        edge_attr = None
+    return graph, ei2, edge_attr
+
+
+def _dropped(alpha, p, seed, offset, training):
+    """PyG's GATConv/GATv2Conv return the weights after dropout: alpha * z,
+    with z regenerated from (seed, offset) (E x H only, on the host)."""
+    if not training or p == 0:
+        return alpha
+    keep = rng.keep_mask(seed, offset, alpha.shape[0], alpha.shape[1], p)
+    z = torch.from_numpy(keep.astype(np.float64) / (1.0 - p)).to(alpha.device, alpha.dtype)
+    return alpha * z
+
+
+def _returned(ei_out, edge_index):
+    """The edge_index handed back with the attention weights: the caller's own
+    when no loops were added, else a copy of the cached one (so that editing
+    it cannot touch the cache)."""
+    return ei_out if ei_out is edge_index else ei_out.clone()
+
+
+def _finish_heads(out, concat, H, C):
+    return out.reshape(-1, H * C) if concat else out.mean(dim=1)
+
+
+def _pop_aggr(layer, kwargs):
+    aggr = kwargs.pop("aggr", "add")
+    if aggr not in ("add", "sum"):
+        raise NotImplementedError(f"{layer}: only aggr='add' is supported, got {aggr!r}")
+    return aggr
+
+
+# ------------------------------------------------------------------- GATConv
+class GATConv(torch.nn.Module):
+    r"""Graph attention (Velickovic et al.), PyG 2.8's `GATConv`:
+
+        x'_i = sum_{j in N(i) + i} alpha_ij Theta_s x_j,
+        alpha_ij = softmax_j(LeakyReLU(a_s . Theta_s x_j + a_t . Theta_t x_i (+ a_e . Theta_e e_ij)))
+
+    per head, concatenated (concat) or averaged over heads, plus the optional
+    residual projection and bias.
+
+    in_channels:    int (one projection `lin`) or (source, target) sizes
+                    (`lin_src`, `lin_dst`); -1: lazy.
+    out_channels, heads, concat, negative_slope, dropout (attention dropout),
+    add_self_loops (remove existing loops, add one per node), edge_dim,
+    fill_value (edge features of added loops: "mean", "add", "max", "min",
+    "mul", a scalar, a tensor or None = 1), bias, residual: as in PyG.
+    forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t] or None),
+            edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
+            size = None, return_attention_weights = None)
+        -> out [Nt, heads * out_channels] (concat) or [Nt, out_channels],
+           and with return_attention_weights (truthy) also
+           (edge_index' [2, E'], alpha [E', heads]): edge_index' includes the
+           added self-loops in PyG's order; alpha is after dropout, as PyG's.
+
+    Parameters `lin.weight` (or `lin_src.weight`, `lin_dst.weight`),
+    `att_src`, `att_dst` [1, heads, C], with edge_dim `lin_edge.weight` and
+    `att_edge`, `res.weight` (residual), `bias`. The node logits
+    <Theta x, a> are torch ops; the edge logit a_e . Theta_e e_ij is computed
+    as e_ij @ (Theta_e folded with a_e) ([E, heads], no [E, heads, C] tensor).
+    """
+
+    def __init__(self, in_channels, out_channels: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 edge_dim: int | None = None, fill_value="mean", bias: bool = True,
+                 residual: bool = False, **kwargs):
+        super().__init__()
+        self.aggr = _pop_aggr(type(self).__name__, kwargs)
+        _check_kwargs(type(self).__name__, kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+        HC = heads * out_channels
+        self.lin = self.lin_src = self.lin_dst = None
+        if isinstance(in_channels, int):
+            self.lin = _linear(in_channels, HC, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_src = _linear(in_channels[0], HC, bias=False, weight_initializer="glorot")
+            self.lin_dst = _linear(in_channels[1], HC, bias=False, weight_initializer="glorot")
+        self.att_src = torch.nn.Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = torch.nn.Parameter(torch.empty(1, heads, out_channels))
+        if edge_dim is not None:
+            self.lin_edge = _linear(edge_dim, HC, bias=False, weight_initializer="glorot")
+            self.att_edge = torch.nn.Parameter(torch.empty(1, heads, out_channels))
+        else:
+            self.lin_edge = None
+            self.register_parameter("att_edge", None)
+        total = out_channels * (heads if concat else 1)
+        if residual:
+            res_in = in_channels if isinstance(in_channels, int) else in_channels[1]
+            self.res = _linear(res_in, total, bias=False, weight_initializer="glorot")
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(total))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (self.lin, self.lin_src, self.lin_dst, self.lin_edge, self.res):
+            if lin is not None:
+                lin.reset_parameters()
+        _glorot(self.att_src)
+        _glorot(self.att_dst)
+        _glorot(self.att_edge)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+
+    def _edge_logits(self, edge_attr):
+        """[E, heads] logits <Theta_e e, a_e> without an [E, heads, C] tensor."""
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        _materialise(self.lin_edge, edge_attr)
+        H, C = self.heads, self.out_channels
+        w = self.lin_edge.weight.view(H, C, -1)
+        folded = (w * self.att_edge.view(H, C, 1)).sum(dim=1)      # [H, edge_dim]
+        return edge_attr @ folded.t()
+
+    def forward(self, x, edge_index, edge_attr: Tensor | None = None, size=None,
+                return_attention_weights=None):
+        _check_graph_input(type(self).__name__, edge_index)
+        H, C = self.heads, self.out_channels
+        res = None
+        if isinstance(x, Tensor):
+            if x.dim() != 2:
+                raise ValueError("Static graphs not supported in 'GATConv'")
+            if self.res is not None:
+                res = self.res(x)
+            if self.lin is not None:
+                x_src = x_dst = self.lin(x).view(-1, H, C)
+            else:
+                x_src = self.lin_src(x).view(-1, H, C)
+                x_dst = self.lin_dst(x).view(-1, H, C)
+        else:
+            x_src, x_dst = _pair(x)
+            if x_src.dim() != 2:
+                raise ValueError("Static graphs not supported in 'GATConv'")
+            if x_dst is not None and self.res is not None:
+                res = self.res(x_dst)
+            lin_s, lin_d = (self.lin, self.lin) if self.lin is not None else (self.lin_src,
+                                                                              self.lin_dst)
+            x_src = lin_s(x_src).view(-1, H, C)
+            if x_dst is not None:
+                x_dst = lin_d(x_dst).view(-1, H, C)
+        num_src, num_dst = _graph_sizes(x_src, x_dst, size, edge_index)
+        a_src = (x_src * self.att_src).sum(dim=-1)
+        if x_dst is not None:
+            a_dst = (x_dst * self.att_dst).sum(dim=-1)
+        else:
+            a_dst = a_src.new_zeros((num_dst, H))
+        num_loops = None
+        if self.add_self_loops:
+            num_loops = num_src if x_dst is None else min(num_src, int(x_dst.shape[0]))
+            if size is not None:
+                num_loops = min(size)
+        use_edge = edge_attr is not None and self.lin_edge is not None
+        graph, ei_out, edge_attr = _attention_graph(type(self).__name__, edge_index, edge_attr,
+                                                    num_src, num_dst, num_loops,
+                                                    self.fill_value, use_edge)
+        a_edge = self._edge_logits(edge_attr) if use_edge else None
+        p, seed, offset = _dropout(self.dropout, None, 0, self.training)
+        want = bool(return_attention_weights)
+        out = apply(EDGE_ATTENTION, graph, a_src, a_dst, a_edge, x_src, None, None, None, None,
+                    None, None, None, score="gat", negative_slope=self.negative_slope,
+                    scale=None, dropout=p, seed=seed, offset=offset,
+                    return_attention_weights=want)
+        alpha = None
+        if want:
+            out, alpha = out
+        out = _finish_heads(out, self.concat, H, C)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        if want:
+            return out, (_returned(ei_out, edge_index),
+                         _dropped(alpha, p, seed, offset, self.training))
+        return out
+
+    def __repr__(self):
+        return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
+                f"heads={self.heads})")
+
+
+# ----------------------------------------------------------------- GATv2Conv
+class GATv2Conv(torch.nn.Module):
+    r"""GATv2 (Brody et al.), PyG 2.8's `GATv2Conv`:
+
+        x'_i = sum_{j in N(i) + i} alpha_ij Theta_l x_j,
+        alpha_ij = softmax_j(a . LeakyReLU(Theta_l x_j + Theta_r x_i (+ Theta_e e_ij)))
+
+    per head, concatenated (concat) or averaged, plus residual and bias.
+
+    in_channels:    int or (source, target) sizes (-1: lazy).
+    out_channels, heads, concat, negative_slope, dropout, add_self_loops,
+    edge_dim, fill_value, bias (also of lin_l/lin_r), share_weights (lin_r is
+    lin_l), residual: as in PyG.
+    forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t]),
+            edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
+            return_attention_weights = None)
+        -> out, and with return_attention_weights (truthy) also
+           (edge_index' [2, E'], alpha [E', heads]) (alpha after dropout, as PyG's).
+
+    Parameters `lin_l`, `lin_r` (the same module with share_weights; both
+    appear in the state_dict, as in PyG), `att` [1, heads, C], `lin_edge`
+    (edge_dim), `res` (residual), `bias`. The op receives xl, xr, att and
+    xe = lin_edge(edge_attr) viewed [E, heads, C].
+    """
+
+    def __init__(self, in_channels, out_channels: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 edge_dim: int | None = None, fill_value="mean", bias: bool = True,
+                 share_weights: bool = False, residual: bool = False, **kwargs):
+        super().__init__()
+        self.aggr = _pop_aggr(type(self).__name__, kwargs)
+        _check_kwargs(type(self).__name__, kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.edge_dim = edge_dim
+        self.fill_value = fill_value
+        self.residual = residual
+        self.share_weights = share_weights
+        HC = heads * out_channels
+        ins = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
+        self.lin_l = _linear(ins[0], HC, bias=bias, weight_initializer="glorot")
+        if share_weights:
+            self.lin_r = self.lin_l
+        else:
+            self.lin_r = _linear(ins[1], HC, bias=bias, weight_initializer="glorot")
+        self.att = torch.nn.Parameter(torch.empty(1, heads, out_channels))
+        if edge_dim is not None:
+            self.lin_edge = _linear(edge_dim, HC, bias=False, weight_initializer="glorot")
+        else:
+            self.lin_edge = None
+        total = out_channels * (heads if concat else 1)
+        if residual:
+            self.res = _linear(ins[1], total, bias=False, weight_initializer="glorot")
+        else:
+            self.register_parameter("res", None)
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(total))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        self.lin_l.reset_parameters()
+        self.lin_r.reset_parameters()
+        for lin in (self.lin_edge, self.res):
+            if lin is not None:
+                lin.reset_parameters()
+        _glorot(self.att)
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+
+    def forward(self, x, edge_index, edge_attr: Tensor | None = None,
+                return_attention_weights=None):
+        H, C = self.heads, self.out_channels
+        res = None
+        if isinstance(x, Tensor):
+            if x.dim() != 2:
+                raise ValueError(f"'{type(self).__name__}' takes x of shape [N, F]")
+            if self.res is not None:
+                res = self.res(x)
+            xl = self.lin_l(x).view(-1, H, C)
+            xr = xl if self.share_weights else self.lin_r(x).view(-1, H, C)
+        else:
+            x_l, x_r = _pair(x)
+            if x_r is None:
+                raise ValueError(f"'{type(self).__name__}' needs target features: pass "
+                                 "(x_src, x_dst) with x_dst a tensor")
+            if x_l.dim() != 2:
+                raise ValueError(f"'{type(self).__name__}' takes x of shape [N, F]")
+            if self.res is not None:
+                res = self.res(x_r)
+            xl = self.lin_l(x_l).view(-1, H, C)
+            xr = self.lin_r(x_r).view(-1, H, C)
+        num_src, num_dst = int(xl.shape[0]), int(xr.shape[0])
+        if edge_attr is not None and self.lin_edge is None:
+            raise ValueError(f"'{type(self).__name__}' got edge_attr but was built without "
+                             "edge_dim")
+        num_loops = min(num_src, num_dst) if self.add_self_loops else None
+        graph, ei_out, edge_attr = _attention_graph(type(self).__name__, edge_index, edge_attr,
+                                                    num_src, num_dst, num_loops,
+                                                    self.fill_value, True)
+        xe = None
+        if edge_attr is not None:
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            xe = self.lin_edge(edge_attr).view(-1, H, C)
+        p, seed, offset = _dropout(self.dropout, None, 0, self.training)
+        want = bool(return_attention_weights)
+        out = apply(EDGE_ATTENTION, graph, None, None, None, None, xl, xr, self.att, xe,
+                    None, None, None, score="gatv2", negative_slope=self.negative_slope,
+                    scale=None, dropout=p, seed=seed, offset=offset,
+                    return_attention_weights=want)
+        alpha = None
+        if want:
+            out, alpha = out
+        out = _finish_heads(out, self.concat, H, C)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+        if want:
+            return out, (_returned(ei_out, edge_index),
+                         _dropped(alpha, p, seed, offset, self.training))
+        return out
+
+    def __repr__(self):
+        return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
+                f"heads={self.heads})")
+
+
+# ----------------------------------------------------------- TransformerConv
+class TransformerConv(torch.nn.Module):
+    r"""Graph transformer (Shi et al.), PyG 2.8's `TransformerConv`:
+
+        x'_i = W_1 x_i + sum_{j in N(i)} alpha_ij (W_2 x_j (+ W_6 e_ij)),
+        alpha_ij = softmax_j((W_3 x_i) . (W_4 x_j (+ W_6 e_ij)) / sqrt(C))
+
+    per head, concatenated (concat) or averaged; with beta the root term is
+    gated: x'_i = beta_i W_1 x_i + (1 - beta_i) m_i, beta_i =
+    sigmoid(w_5 . [m_i, W_1 x_i, m_i - W_1 x_i]). No self-loops are added.
+
+    in_channels, out_channels, heads, concat, beta (only with root_weight),
+    dropout, edge_dim, bias, root_weight: as in PyG.
+    forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t]),
+            edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
+            return_attention_weights = None)
+        -> out, and with return_attention_weights a bool (True or False, as
+           PyG) also (edge_index, alpha [E, heads]) (alpha before dropout, as PyG's).
+
+    Parameters `lin_key`, `lin_query`, `lin_value`, `lin_edge` (edge_dim),
+    `lin_skip`, `lin_beta` (beta). The op receives q, k, v and
+    ee = lin_edge(edge_attr) viewed [E, heads, C], with scale 1/sqrt(C).
+    """
+
+    def __init__(self, in_channels, out_channels: int, heads: int = 1, concat: bool = True,
+                 beta: bool = False, dropout: float = 0.0, edge_dim: int | None = None,
+                 bias: bool = True, root_weight: bool = True, **kwargs):
+        super().__init__()
+        self.aggr = _pop_aggr(type(self).__name__, kwargs)
+        _check_kwargs(type(self).__name__, kwargs)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.beta = beta and root_weight
+        self.root_weight = root_weight
+        self.concat = concat
+        self.dropout = dropout
+        self.edge_dim = edge_dim
+        ins = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
+        HC = heads * out_channels
+        self.lin_key = _linear(ins[0], HC, bias=bias)
+        self.lin_query = _linear(ins[1], HC, bias=bias)
+        self.lin_value = _linear(ins[0], HC, bias=bias)
+        if edge_dim is not None:
+            self.lin_edge = _linear(edge_dim, HC, bias=False)
+        else:
+            self.register_parameter("lin_edge", None)
+        out_skip = HC if concat else out_channels
+        self.lin_skip = _linear(ins[1], out_skip, bias=bias)
+        if self.beta:
+            self.lin_beta = _linear(3 * out_skip, 1, bias=False)
+        else:
+            self.register_parameter("lin_beta", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        self.lin_key.reset_parameters()
+        self.lin_query.reset_parameters()
+        self.lin_value.reset_parameters()
+        if self.edge_dim:
+            self.lin_edge.reset_parameters()
+        self.lin_skip.reset_parameters()
+        if self.beta:
+            self.lin_beta.reset_parameters()
+
+    def forward(self, x, edge_index, edge_attr: Tensor | None = None,
+                return_attention_weights=None):
+        H, C = self.heads, self.out_channels
+        x_src, x_dst = _pair(x)
+        if x_dst is None:
+            raise ValueError(f"'{type(self).__name__}' needs target features: pass "
+                             "(x_src, x_dst) with x_dst a tensor")
+        q = self.lin_query(x_dst).view(-1, H, C)
+        k = self.lin_key(x_src).view(-1, H, C)
+        v = self.lin_value(x_src).view(-1, H, C)
+        ee = None
+        if self.lin_edge is not None:
+            if edge_attr is None:
+                raise ValueError(f"'{type(self).__name__}' was built with edge_dim and needs "
+                                 "edge_attr")
+            ee = self.lin_edge(edge_attr).view(-1, H, C)
+        elif edge_attr is not None:
+            raise NotImplementedError(
+                f"'{type(self).__name__}' without edge_dim got edge_attr (PyG adds it to the "
+                "messages unprojected); build the layer with edge_dim")
+        graph, _, _ = _attention_graph(type(self).__name__, edge_index, None,
+                                       int(k.shape[0]), int(q.shape[0]), None, None, False)
+        p, seed, offset = _dropout(self.dropout, None, 0, self.training)
+        want = isinstance(return_attention_weights, bool)
+        out = apply(EDGE_ATTENTION, graph, None, None, None, v, None, None, None, None, q, k,
+                    ee, score="dot", negative_slope=0.2, scale=1.0 / math.sqrt(C), dropout=p,
+                    seed=seed, offset=offset, return_attention_weights=want)
+        alpha = None
+        if want:
+            out, alpha = out
+        out = _finish_heads(out, self.concat, H, C)
+        if self.root_weight:
+            x_r = self.lin_skip(x_dst)
+            if self.lin_beta is not None:
+                b = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
+                out = b * x_r + (1 - b) * out
+            else:
+                out = out + x_r
+        if want:
+            return out, (edge_index, alpha)
+        return out
+
+    def __repr__(self):
+        return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
+                f"heads={self.heads})")
