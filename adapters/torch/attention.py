@@ -41,7 +41,6 @@ import numbers
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fastgnn import rng
@@ -331,7 +330,8 @@ class GATConv(torch.nn.Module):
     r"""Graph attention (Velickovic et al.), PyG 2.8's `GATConv`:
 
         x'_i = sum_{j in N(i) + i} alpha_ij Theta_s x_j,
-        alpha_ij = softmax_j(LeakyReLU(a_s . Theta_s x_j + a_t . Theta_t x_i (+ a_e . Theta_e e_ij)))
+        alpha_ij = softmax_j(LeakyReLU(a_s . Theta_s x_j + a_t . Theta_t x_i
+                                       (+ a_e . Theta_e e_ij)))
 
     per head, concatenated (concat) or averaged over heads, plus the optional
     residual projection and bias.
