@@ -4,28 +4,46 @@ Every generator returns `(edge_index, num_nodes)`: an int64 `[2, E]` edge
 index (row 0 = sources, row 1 = targets) in the array namespace `xp` (NumPy,
 or CuPy to build large graphs on the GPU), plus the node count. The same seed
 gives the same graph on the same namespace; NumPy and CuPy draw from
-different random streams, so a seed does not give the same graph on both.
+different random streams, so a seed does not give the same graph on both
+(`knn` draws on the host, so it does).
 
     rmat(scale, edge_factor=16)          power-law (R-MAT a=0.57, b=c=0.19)
     uniform(scale, edge_factor=16)       Erdos-Renyi-like, uniform endpoints
     clustered(num_nodes, block=64)       locally dense blocks + random long edges
     grid(side)                           2-D mesh, 4-neighbour, both directions
+    mesh3d(side, k=6)                    3-D mesh, 6 / 18 / 26 neighbours, both directions
+    molecules(num_graphs)                many small ring + branch graphs, block-diagonal
+    knn(num_points, k=16)                k-NN graph of random points (in-degree exactly k)
 
-All generated graphs are deduplicated and have no self-loops. `load_npz`
-reads a real graph from a `.npz` file (the heterophilous benchmark format
-`edges` (E, 2), or the gnn-benchmark CSR format) and symmetrises it.
-`graph_stats` summarises any edge index (n, E, in-degree max/mean).
+All generated graphs are deduplicated and have no self-loops. rmat, uniform,
+clustered and molecules are sorted by (source, target); grid and mesh3d come
+in construction order and knn grouped by target.
+
+Sizes and memory (host or device bytes at the peak of generation, roughly):
+
+    | graph | nodes | edges | peak |
+    |---|---|---|---|
+    | rmat(20) / uniform(20) | 1.05 M | 16.1 M / 16.8 M | ~40 B per drawn edge (R-MAT: + 8 B per edge per scale bit, transient) |
+    | rmat(23, 12) | 8.4 M | ~95 M | ~4 GB |
+    | clustered(2**18) | 262 k | 7.0 M | ~30 B per edge |
+    | grid(1024) / mesh3d(128) | 1.05 M / 2.1 M | 4.2 M / 12.5 M | ~40 B per edge |
+    | mesh3d(170, k=26) | 4.9 M | ~124 M | ~5 GB |
+    | molecules(76_000) | ~4.2 M | ~10 M | ~60 B per edge (sort for dedup) |
+    | knn(2**20, k=16) | 1.05 M | 16.8 M | ~300 B per point + 16 B per edge, host |
+
+An int64 edge index alone is 16 bytes per edge (1.6 GB at 10^8 edges).
+`graph_stats` summarises any edge index (n, E, degrees, skew, locality,
+isolated nodes). `load_npz` is kept for compatibility: the loaders of real
+graph files live in `fastgnn.datasets`.
 """
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
 from .testing import rmat_edge_index
 
-__all__ = ["rmat", "uniform", "clustered", "grid", "load_npz", "graph_stats",
-           "dedup_edges", "symmetrise"]
+__all__ = ["rmat", "uniform", "clustered", "grid", "mesh3d", "molecules", "knn",
+           "load_npz", "graph_stats", "dedup_edges", "symmetrise"]
 
 
 def dedup_edges(src, dst, num_nodes, xp=np, self_loops=False):
@@ -36,8 +54,18 @@ def dedup_edges(src, dst, num_nodes, xp=np, self_loops=False):
     if not self_loops:
         keep = src != dst
         src, dst = src[keep], dst[keep]
-    key = xp.unique(src * num_nodes + dst)
+    key = _sorted_unique(src * num_nodes + dst, xp)
     return xp.stack([key // num_nodes, key % num_nodes])
+
+
+def _sorted_unique(a, xp=np):
+    """xp.unique by sort + neighbour compare (NumPy 2's hash-based unique is
+    several times slower on large int64 keys)."""
+    a = xp.sort(a)
+    if a.shape[0] < 2:
+        return a
+    keep = xp.concatenate([xp.ones(1, dtype=bool), a[1:] != a[:-1]])
+    return a[keep]
 
 
 def symmetrise(edge_index, num_nodes, xp=np):
@@ -49,8 +77,9 @@ def symmetrise(edge_index, num_nodes, xp=np):
 def rmat(scale, edge_factor=16, *, a=0.57, b=0.19, c=0.19, seed=0, xp=np):
     """R-MAT power-law graph: 2**scale nodes, about edge_factor * 2**scale
     directed edges before deduplication (scale 20: 16.08 M edges after)."""
-    return rmat_edge_index(scale, edge_factor, a, b, c, seed=seed, dedup=True,
-                           self_loops=False, xp=xp)
+    ei, n = rmat_edge_index(scale, edge_factor, a, b, c, seed=seed, dedup=False,
+                            self_loops=False, xp=xp)
+    return dedup_edges(ei[0], ei[1], n, xp), n
 
 
 def uniform(scale, edge_factor=16, *, seed=0, xp=np):
@@ -97,49 +126,188 @@ def grid(side=1024, *, seed=0, xp=np):
     return xp.concatenate([one_way, one_way[::-1]], axis=1), n
 
 
-def load_npz(path, *, xp=np):
-    """A real graph from an `.npz` file, symmetrised, deduplicated, no self-loops.
+def mesh3d(side=64, k=6, *, seed=0, xp=np):
+    """3-D mesh on a `side` x `side` x `side` lattice (or `side` = (nx, ny, nz)),
+    ids row-major (x slowest, z fastest). Each node is joined, in both
+    directions, to its lattice neighbours: k=6 (faces), 18 (+ edge diagonals)
+    or 26 (+ corner diagonals). A cube of side s has 6 s^2 (s-1) edges for
+    k=6 (in-degree <= 6 / 18 / 26). Deterministic (`seed` is accepted for a
+    uniform signature)."""
+    dims = (side,) * 3 if np.isscalar(side) else tuple(int(d) for d in side)
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"mesh3d: side must be a positive int or three of them, got {side!r}")
+    if k not in (6, 18, 26):
+        raise ValueError(f"mesh3d: k must be 6, 18 or 26, got {k!r}")
+    nx, ny, nz = dims
+    n = nx * ny * nz
+    offsets = [(1, 0, 0), (0, 1, 0), (0, 0, 1)]
+    if k >= 18:
+        offsets += [(1, 1, 0), (1, -1, 0), (1, 0, 1), (1, 0, -1), (0, 1, 1), (0, 1, -1)]
+    if k == 26:
+        offsets += [(1, 1, 1), (1, 1, -1), (1, -1, 1), (1, -1, -1)]
+    ids = xp.arange(n, dtype=np.int64).reshape(nx, ny, nz)
+    src, dst = [], []
+    for dx, dy, dz in offsets:
+        sl = tuple(slice(max(0, -d), m - max(0, d)) for d, m in zip((dx, dy, dz), dims))
+        s = ids[sl].ravel()
+        if s.shape[0] == 0:
+            continue
+        src.append(s)
+        dst.append(s + (dx * ny + dy) * nz + dz)
+    if not src:
+        return xp.zeros((2, 0), dtype=np.int64), n
+    s, d = xp.concatenate(src), xp.concatenate(dst)
+    return xp.stack([xp.concatenate([s, d]), xp.concatenate([d, s])]), n
 
-    Reads the heterophilous-benchmark format (`edges`: int (E, 2), 0-based;
-    node count from `node_labels` / `node_features` when present) or the
-    gnn-benchmark format (CSR in `adj_indptr` / `adj_indices` / `adj_shape`).
-    Returns (edge_index [2, E'] int64 in xp, num_nodes). Raises
-    FileNotFoundError when the file is absent (callers skip the graph)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(path)
-    with np.load(path, allow_pickle=False) as z:
-        if "edges" in z.files:
-            edges = np.asarray(z["edges"], dtype=np.int64)
-            src, dst = edges[:, 0], edges[:, 1]
-            n = int(max(src.max(initial=-1), dst.max(initial=-1))) + 1
-            for key in ("node_labels", "node_features"):
-                if key in z.files:
-                    n = max(n, int(z[key].shape[0]))
-        elif "adj_indptr" in z.files:
-            indptr = np.asarray(z["adj_indptr"], dtype=np.int64)
-            src = np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
-            dst = np.asarray(z["adj_indices"], dtype=np.int64)
-            n = int(max(z["adj_shape"]))
-        else:
-            raise ValueError(f"{path}: no 'edges' or 'adj_indptr' array (has {z.files})")
-    ei = symmetrise(np.stack([src, dst]), n, np)
+
+def molecules(num_graphs=1000, min_nodes=10, max_nodes=100, *, ring_prob=0.2, branch_prob=0.25,
+              seed=0, xp=np, return_ptr=False):
+    """A batch of `num_graphs` small molecule-like graphs, block-diagonal
+    (graph g owns nodes ptr[g] .. ptr[g+1]-1), sizes uniform in
+    [min_nodes, max_nodes]. Each graph is a chain with branches (node i
+    bonds to i-1, or with probability `branch_prob` to i-2 .. i-4) plus ring
+    closures (with probability `ring_prob`, node i also bonds to i-4 or
+    i-5: 5- and 6-rings). Undirected (both directions), deduplicated, no
+    self-loops, max degree ~6; about 2.4 directed edges per node, mean 55
+    nodes per graph at the defaults. With `return_ptr` also returns the
+    graph offsets `ptr` (int64 [num_graphs + 1]) for per-graph pooling."""
+    if num_graphs < 1 or not 1 <= min_nodes <= max_nodes:
+        raise ValueError(f"molecules: need num_graphs >= 1 and 1 <= min_nodes <= max_nodes, got "
+                         f"{num_graphs}, {min_nodes}, {max_nodes}")
+    rs = xp.random.RandomState(seed)
+    sizes = rs.randint(min_nodes, max_nodes + 1, size=num_graphs).astype(np.int64)
+    ptr = xp.zeros(num_graphs + 1, dtype=np.int64)
+    ptr[1:] = xp.cumsum(sizes)
+    n = int(ptr[-1])
+    node = xp.arange(n, dtype=np.int64)
+    gid = xp.searchsorted(ptr[1:], node, side="right")
+    local = node - ptr[gid]
+    branch = rs.random_sample(n) < branch_prob
+    back = 1 + xp.where(branch, rs.randint(1, 4, size=n).astype(np.int64), 0)
+    back = xp.minimum(back, xp.maximum(local, 1))
+    tree = local > 0
+    ring = (local >= 5) & (rs.random_sample(n) < ring_prob)
+    span = xp.where(rs.random_sample(n) < 0.5, 4, 5).astype(np.int64)
+    src = xp.concatenate([node[tree] - back[tree], node[ring] - span[ring]])
+    dst = xp.concatenate([node[tree], node[ring]])
+    ei = symmetrise(xp.stack([src, dst]), n, xp)
+    return (ei, n, ptr) if return_ptr else (ei, n)
+
+
+def _morton_order(pos, bits=10):
+    """Permutation sorting points in [0, 1)^d along a Z-order curve."""
+    q = np.minimum((pos * (1 << bits)).astype(np.int64), (1 << bits) - 1)
+    d = pos.shape[1]
+    code = np.zeros(pos.shape[0], dtype=np.int64)
+    for b in range(bits):
+        for j in range(d):
+            code |= ((q[:, j] >> b) & 1) << (b * d + j)
+    return np.argsort(code, kind="stable")
+
+
+def knn(num_points=1 << 16, k=16, dim=3, *, seed=0, xp=np, order="morton", return_pos=False,
+        chunk=1 << 20):
+    """k-nearest-neighbour graph of `num_points` points drawn uniformly in the
+    unit cube of `dim` dimensions: edges (j -> i) from each of the k nearest
+    other points j of i (PyG's knn_graph convention), so every in-degree is
+    exactly k and E = k * num_points (not symmetric). `order="morton"`
+    numbers the points along a Z-order curve (as scanned / voxelised point
+    clouds come, with locality); "random" keeps the draw order.
+
+    Built on the host with scipy's cKDTree (queries in chunks of `chunk`
+    points, all cores), then moved to `xp`; the points come from NumPy's
+    generator, so a seed gives the same graph on NumPy and CuPy. Memory:
+    ~(k+1) * 16 bytes per point of a chunk plus the int64 result. With
+    `return_pos` also returns the positions (float64 [num_points, dim], host)."""
+    from scipy.spatial import cKDTree
+    if k < 1 or num_points < k + 1:
+        raise ValueError(f"knn: need k >= 1 and num_points > k, got num_points={num_points}, k={k}")
+    if order not in ("morton", "random"):
+        raise ValueError(f"knn: order must be 'morton' or 'random', got {order!r}")
+    rs = np.random.RandomState(seed)
+    pos = rs.random_sample((num_points, dim))
+    if order == "morton":
+        pos = pos[_morton_order(pos, bits=max(1, min(16, 60 // dim)))]
+    tree = cKDTree(pos)
+    nbrs = np.empty((num_points, k), dtype=np.int64)
+    for lo in range(0, num_points, chunk):
+        hi = min(num_points, lo + chunk)
+        _, idx = tree.query(pos[lo:hi], k=k + 1, workers=-1)
+        idx = idx.astype(np.int64, copy=False)
+        keep = idx != np.arange(lo, hi, dtype=np.int64)[:, None]
+        full = keep.all(axis=1)                 # self not among them (duplicate points)
+        keep[full, -1] = False
+        nbrs[lo:hi] = idx[keep].reshape(hi - lo, k)
+    dst = np.repeat(np.arange(num_points, dtype=np.int64), k)
+    ei = np.stack([nbrs.ravel(), dst])
+    del nbrs, dst
     if xp is not np:
         ei = xp.asarray(ei)
-    return ei, n
+    return (ei, num_points, pos) if return_pos else (ei, num_points)
 
 
-def graph_stats(edge_index, num_nodes, xp=None):
-    """{'num_nodes', 'num_edges', 'max_in_degree', 'mean_in_degree',
-    'max_out_degree'} of an edge index (plain Python numbers)."""
+def load_npz(path, *, xp=np):
+    """A real graph from an `.npz` file, symmetrised, deduplicated, no
+    self-loops: `fastgnn.datasets.load_npz(path)` as (edge_index in xp,
+    num_nodes). Raises FileNotFoundError when the file is absent."""
+    from .datasets import load_npz as _load
+    g = _load(path)
+    ei = g.edge_index if xp is np else xp.asarray(g.edge_index)
+    return ei, g.num_nodes
+
+
+def _gini(deg, xp):
+    """Gini coefficient of a degree vector (0 = all equal, -> 1 = one hub)."""
+    n = int(deg.shape[0])
+    tot = float(deg.sum())
+    if n == 0 or tot == 0:
+        return 0.0
+    d = xp.sort(deg).astype(np.float64)
+    ranks = xp.arange(1, n + 1, dtype=np.float64)
+    return float(2.0 * float((ranks * d).sum()) / (n * tot) - (n + 1) / n)
+
+
+def _sig(v, digits=4):
+    return float(f"{v:.{digits}g}")
+
+
+def graph_stats(edge_index, num_nodes, xp=None, chunk=1 << 24):
+    """Summary of an edge index (plain Python numbers), reported with every
+    benchmark result:
+
+    num_nodes, num_edges, max_in_degree, mean_in_degree, max_out_degree;
+    in_degree_skew (max / mean in-degree) and in_degree_gini (0 = regular,
+    -> 1 = all edges into one node): how unbalanced the rows are;
+    edge_span_mean and edge_span_max (mean and max |src - dst| / n: small =
+    neighbours have nearby ids, i.e. gathers stay local; the max is the
+    bandwidth fraction); isolated_nodes (no edge at all), zero_in_degree
+    (rows with nothing to aggregate), self_loops."""
     if xp is None:
         xp = np if isinstance(edge_index, np.ndarray) else __import__("cupy")
+    n = int(num_nodes)
     E = int(edge_index.shape[1])
-    if E:
-        din = xp.bincount(edge_index[1], minlength=num_nodes)
-        dout = xp.bincount(edge_index[0], minlength=num_nodes)
-        max_in, max_out = int(din.max()), int(dout.max())
-    else:
-        max_in = max_out = 0
-    return {"num_nodes": int(num_nodes), "num_edges": E, "max_in_degree": max_in,
-            "mean_in_degree": round(E / num_nodes, 3) if num_nodes else 0.0,
-            "max_out_degree": max_out}
+    out = {"num_nodes": n, "num_edges": E, "max_in_degree": 0,
+           "mean_in_degree": round(E / n, 3) if n else 0.0, "max_out_degree": 0,
+           "in_degree_skew": 0.0, "in_degree_gini": 0.0, "edge_span_mean": 0.0,
+           "edge_span_max": 0.0, "isolated_nodes": n, "zero_in_degree": n, "self_loops": 0}
+    if not E or not n:
+        return out
+    din = xp.bincount(edge_index[1], minlength=n)
+    dout = xp.bincount(edge_index[0], minlength=n)
+    out["max_in_degree"] = int(din.max())
+    out["max_out_degree"] = int(dout.max())
+    out["in_degree_skew"] = _sig(out["max_in_degree"] / (E / n))
+    out["in_degree_gini"] = _sig(_gini(din, xp))
+    out["isolated_nodes"] = int(((din + dout) == 0).sum())
+    out["zero_in_degree"] = int((din == 0).sum())
+    del din, dout
+    span_sum, span_max, loops = 0.0, 0, 0
+    for lo in range(0, E, chunk):
+        d = xp.abs(edge_index[0, lo:lo + chunk] - edge_index[1, lo:lo + chunk])
+        span_sum += float(d.sum(dtype=np.float64))
+        span_max = max(span_max, int(d.max()))
+        loops += int((d == 0).sum())
+    out["edge_span_mean"] = _sig(span_sum / E / n)
+    out["edge_span_max"] = _sig(span_max / n)
+    out["self_loops"] = loops
+    return out

@@ -21,6 +21,8 @@ def _check_simple(ei, n):
     lambda seed: gen.rmat(9, seed=seed),
     lambda seed: gen.uniform(9, 8, seed=seed),
     lambda seed: gen.clustered(1024, seed=seed),
+    lambda seed: gen.molecules(20, seed=seed),
+    lambda seed: gen.knn(500, 6, seed=seed),
 ])
 def test_generators_seeded(make):
     a, n = make(0)
@@ -62,6 +64,56 @@ def test_generator_sizes():
     assert all((d, s_) in fwd for s_, d in fwd)
 
 
+def test_mesh3d():
+    s = 3
+    per_k = {6: 3 * s * s * (s - 1),
+             18: 3 * s * s * (s - 1) + 6 * s * (s - 1) ** 2,
+             26: 3 * s * s * (s - 1) + 6 * s * (s - 1) ** 2 + 4 * (s - 1) ** 3}
+    for k, und in per_k.items():
+        ei, n = gen.mesh3d(s, k)
+        _check_simple(ei, n)
+        assert n == 27 and ei.shape[1] == 2 * und
+        st = gen.graph_stats(ei, n)
+        assert st["max_in_degree"] == k                   # the centre node
+        fwd = set(map(tuple, ei.T.tolist()))
+        assert all((d, s_) in fwd for s_, d in fwd)
+    ei, n = gen.mesh3d((2, 3, 4))
+    assert n == 24 and ei.shape[1] == 2 * (1 * 3 * 4 + 2 * 2 * 4 + 2 * 3 * 3)
+    with pytest.raises(ValueError):
+        gen.mesh3d(4, k=8)
+
+
+def test_molecules():
+    ei, n, ptr = gen.molecules(50, 10, 30, seed=3, return_ptr=True)
+    _check_simple(ei, n)
+    sizes = np.diff(ptr)
+    assert ptr[0] == 0 and ptr[-1] == n and len(sizes) == 50
+    assert sizes.min() >= 10 and sizes.max() <= 30
+    gid = np.searchsorted(ptr[1:], np.arange(n), side="right")
+    assert (gid[ei[0]] == gid[ei[1]]).all(), "an edge crosses two molecules"
+    # connected chain + branches + rings: at least n - graphs undirected bonds, degree <= 7
+    assert ei.shape[1] // 2 >= n - 50 and gen.graph_stats(ei, n)["max_in_degree"] <= 8
+    assert 1.9 < ei.shape[1] / n < 3.0
+    with pytest.raises(ValueError):
+        gen.molecules(3, 20, 10)
+
+
+def test_knn():
+    ei, n, pos = gen.knn(300, 5, order="random", seed=1, return_pos=True)
+    assert n == 300 and ei.shape == (2, 1500) and ei.dtype == np.int64
+    _check_simple(ei, n)
+    assert (np.bincount(ei[1], minlength=n) == 5).all()
+    d = ((pos[:, None, :] - pos[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d, np.inf)
+    brute = np.sort(np.argsort(d, axis=1)[:, :5], axis=1)
+    got = np.sort(ei[0].reshape(n, 5), axis=1)                 # grouped by target
+    assert np.array_equal(brute, got)
+    a, _ = gen.knn(300, 5, seed=1)                             # morton order: more local
+    assert gen.graph_stats(a, n)["edge_span_mean"] < gen.graph_stats(ei, n)["edge_span_mean"]
+    with pytest.raises(ValueError):
+        gen.knn(4, 4)
+
+
 def test_load_npz(tmp_path):
     p = tmp_path / "g.npz"
     edges = np.array([[0, 1], [1, 2], [2, 2], [1, 0], [3, 4]], dtype=np.int64)
@@ -83,6 +135,8 @@ def test_load_real_npz():
     assert n == 183 and ei.shape[1] == 2 * 279   # README: E=279 undirected, nnz=558
 
 
+STATS = ["num_nodes", "num_edges", "max_in_degree", "mean_in_degree", "in_degree_skew",
+         "in_degree_gini", "edge_span_mean", "edge_span_max", "isolated_nodes"]
 REQUIRED = ["gpu", "versions", "graph", "graph_stats", "case", "kind", "impl", "settings",
             "dtype", "width", "fwd_ms", "fwd_bwd_ms", "peak_mib", "floor_ms", "rel_err",
             "path", "status", "command", "speedup_fwd", "speedup_fwd_bwd"]
@@ -95,7 +149,7 @@ def test_bench_quick_cpu(tmp_path):
 
     out = tmp_path / "r.json"
     rc = main(["--quick", "--device", "cpu", "--graphs", "rmat7", "npz:/nonexistent/x.npz",
-               "--width", "8", "--repeats", "2", "--warmup", "0", "--no-progress",
+               "--width", "8", "--repeats", "2", "--warmup", "0", "--no-progress", "--no-plots",
                "--out", str(out)])
     assert rc == 0
     recs = json.loads(out.read_text())
@@ -104,6 +158,7 @@ def test_bench_quick_cpu(tmp_path):
         missing = [k for k in REQUIRED if k not in r]
         assert not missing, f"{r['impl']}: missing {missing}"
         assert r["graph"] == "rmat7" and r["dtype"] == "fp32" and r["width"] == 8
+        assert set(STATS) <= set(r["graph_stats"])
         assert set(r["versions"]) >= {"torch", "pyg", "cupy", "fastgnn"}
     impls = {(r["case"], r["impl"]) for r in recs}
     assert ("spmm_sum", "torch.sparse.mm[csr]") in impls
@@ -201,3 +256,100 @@ def test_bench_segment_family_cpu(tmp_path):
         assert "multi/max fwd" in md and "| rmat7 | fp32 | 8 |" in md
     if by[("SAGEConv_max", "fastgnn[edge_index]")]["fwd_bwd_ms"]:
         assert "SAGEConv(aggr='max') forward+backward" in md
+
+
+def test_bench_new_graphs_plots_and_failures(tmp_path):
+    """Generator and file: graph names, graph stats in every record, the plots
+    beside the report, and a graph that fails to load recorded, not fatal."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torch_geometric")
+    pytest.importorskip("matplotlib")
+    from fastgnn.bench.__main__ import main
+
+    edges = tmp_path / "tiny-snap.txt"
+    edges.write_text("# a SNAP-style file\n1 2\n2 3\n3 1\n3 4\n")
+    broken = tmp_path / "broken.txt"
+    broken.write_text("1 2\nnot numbers\n")
+    out = tmp_path / "n.json"
+    rc = main(["--quick", "--device", "cpu", "--graphs", "mesh3d3k26", "molecules6", "knn6k4",
+               f"file:{edges}", f"file:{broken}", "file:/nonexistent/graph.txt",
+               "--ops", "spmm_sum", "--layers", "none", "--width", "4", "--repeats", "1",
+               "--warmup", "0", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    recs = json.loads(out.read_text())
+    by_graph = {}
+    for r in recs:
+        by_graph.setdefault(r["graph"], []).append(r)
+    assert {"mesh3d3k26", "molecules6", "knn6k4", "tiny-snap"} <= set(by_graph)
+    assert by_graph["mesh3d3k26"][0]["graph_stats"]["num_edges"] == 316
+    assert by_graph["knn6k4"][0]["graph_stats"]["num_edges"] == 64 * 4
+    assert by_graph["tiny-snap"][0]["graph_stats"]["num_nodes"] == 4
+    for name in ("mesh3d3k26", "molecules6", "knn6k4", "tiny-snap"):
+        for r in by_graph[name]:
+            assert set(STATS) <= set(r["graph_stats"]), r["graph"]
+            if not r["fastgnn"]:
+                assert r["status"]["fwd"] == "ok" and r["rel_err"] < 1e-5, r
+    fail = [r for r in recs if r["case"] == "(graph build)"]
+    assert len(fail) == 1 and fail[0]["status"]["fwd"] == "error"
+    assert "broken.txt" in fail[0]["errors"]["setup"]
+    md = out.with_suffix(".md").read_text()
+    assert "nonexistent" in md and "## Failures" in md and "(graph build)" in md
+    plots = tmp_path / "n_plots"
+    assert (plots / "speedup.png").exists() and (plots / "time_vs_edges.png").exists()
+    assert "](n_plots/speedup.png)" in md
+    assert not (plots / "peak_memory.png").exists()     # CPU: no device memory to plot
+    with pytest.raises(SystemExit, match="unknown graph"):
+        main(["--device", "cpu", "--graphs", "mesh3d3", "nosuchgraph", "--out",
+              str(tmp_path / "x.json")])
+
+
+def _fake_records():
+    """GPU-like records of two graphs x (one op, one layer) x two implementations."""
+    recs = []
+    for graph, edges in (("g1", 1000), ("g2", 8000)):
+        stats = {"num_nodes": 100, "num_edges": edges, "max_in_degree": 50,
+                 "mean_in_degree": edges / 100, "max_out_degree": 40}
+        for case, kind in (("spmm_sum", "op"), ("GCNConv", "layer")):
+            for impl, fg, t in (("fastgnn[auto]", True, 1.0), ("torch.sparse.mm[csr]", False, 2.0)):
+                recs.append({"gpu": "Fake GPU", "device": "cuda:0", "versions": {"torch": "x"},
+                             "graph": graph, "graph_stats": stats, "graph_source": "test",
+                             "case": case, "kind": kind, "family": "spmm", "impl": impl,
+                             "fastgnn": fg, "settings": "s", "dtype": "fp32", "width": 64,
+                             "fwd_ms": t, "fwd_bwd_ms": 3 * t, "peak_mib": 100 * t,
+                             "floor_frac": 0.5 / t if kind == "op" else None,
+                             "floor_frac_fwd_bwd": 0.4 / t if kind == "op" else None,
+                             "status": {"fwd": "ok", "fwd_bwd": "ok"}, "errors": {},
+                             "repeats": 10, "warmup": 2, "bandwidth_gbs": 4190.0,
+                             "command": "python -m fastgnn.bench --fake"})
+    recs.append(dict(recs[-1], impl="pyg[edge_index]", fwd_ms=None, fwd_bwd_ms=None,
+                     peak_mib=None, status={"fwd": "oom", "fwd_bwd": "oom"},
+                     errors={"fwd": "CUDA out of memory"}))
+    return recs
+
+
+def test_report_from_json(tmp_path):
+    """python -m fastgnn.bench.report rebuilds markdown + plots from JSON files."""
+    pytest.importorskip("matplotlib")
+    from fastgnn.bench import report
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    recs = _fake_records()
+    a.write_text(json.dumps(recs))
+    newer = [dict(r, fwd_ms=0.5) if r["fastgnn"] else r for r in recs
+             if r["graph"] == "g2" and r["case"] == "spmm_sum"]
+    b.write_text(json.dumps(newer))               # replaces two records of a.json
+    assert report.main([str(a), str(b), "--out", str(tmp_path / "rep" / "r.md")]) == 0
+    md = (tmp_path / "rep" / "r.md").read_text()
+    for f in ("speedup", "time_vs_edges", "peak_memory", "floor_efficiency"):
+        png = tmp_path / "rep" / "r_plots" / f"{f}.png"
+        assert png.exists() and 1000 < png.stat().st_size < 200_000, f
+        assert f"](r_plots/{f}.png)" in md
+    assert "Fake GPU" in md and "a.json` (9 records)" in md and "## Headline" in md
+    assert "| g1 | 1,000 | fastgnn[auto] | 1.000 | 3.000 | 2.000 torch.sparse.mm[csr] |" in md
+    assert "| spmm_sum | fp32 | 64 | 2 | 2.83 | 2.00 | 2.00 |" in md   # geomean of 2x and 4x
+    assert md.index("| g1 | spmm_sum |") < md.index("| g2 | spmm_sum |")   # run order kept
+    assert "oom" in md and "## Failures" in md
+    # tables only; a folder as --out
+    assert report.main([str(a), "--out", str(tmp_path / "tables"), "--no-plots"]) == 0
+    assert (tmp_path / "tables" / "report.md").exists()
+    assert not (tmp_path / "tables" / "report_plots").exists()

@@ -5,11 +5,14 @@ Examples
     python -m fastgnn.bench --graphs rmat20 clustered     # H200: SpMM ops + layers
     python -m fastgnn.bench --ops spmm_sum --layers none --dtypes fp32 --width 64 128
     python -m fastgnn.bench --family segment --graphs rmat20  # reductions + SAGEConv(max)
+    python -m fastgnn.bench --graphs mesh3d64k26 molecules20 knn18 file:planetoid/cora
     python -m fastgnn.bench --list                        # the registered cases
 
 Writes a JSON list of records (one per graph x case x dtype x width x
-implementation) to --out and a markdown table beside it (.md), then prints a
-compact table. See docs/benchmarks.md for the method and the baselines.
+implementation) to --out, a markdown report beside it (.md) with PNG plots in
+<name>_plots/, then prints a compact table. `python -m fastgnn.bench.report`
+rebuilds the report from JSON files. See docs/benchmarks.md for the method
+and the baselines.
 """
 from __future__ import annotations
 
@@ -24,13 +27,14 @@ import sys
 
 from . import core
 from .core import CASES
+from .graphs import GRAPH_NAMES
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 FULL_GRAPHS = ["rmat20", "rmat16", "uniform20", "clustered", "grid"]
-QUICK_GRAPHS = ["rmat10", "clustered10", "grid32"]
+QUICK_GRAPHS = ["rmat10", "clustered10", "mesh3d10", "molecules10", "knn10"]
 H200_BANDWIDTH_GBS = 4190.0     # measured copy bandwidth, read + write (GPU.md)
 
 
@@ -41,11 +45,10 @@ def _load_cases():
 def build_parser():
     p = argparse.ArgumentParser(prog="fastgnn bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="graph names: rmat<S>[e<EF>], uniform<S>[e<EF>], "
-                                       "clustered[<S>], grid[<SIDE>], npz:PATH|NAME")
+                                epilog="graph names: " + GRAPH_NAMES + " (see docs/benchmarks.md)")
     p.add_argument("--graphs", nargs="+", help=f"graphs (default {' '.join(FULL_GRAPHS)}; "
                    f"--quick: {' '.join(QUICK_GRAPHS)})")
-    p.add_argument("--width", nargs="+", type=int, help="feature widths F (default 128; --quick: 32 64)")
+    p.add_argument("--width", nargs="+", type=int, help="feature widths F (default 128; --quick: 32)")
     p.add_argument("--dtypes", nargs="+", help="fp32 bf16 fp16 (default fp32 bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--ops", nargs="+", help="op cases, 'all' or 'none' (default: the default ops)")
     p.add_argument("--layers", nargs="+", help="layer cases, 'all' or 'none' (default: all)")
@@ -57,7 +60,7 @@ def build_parser():
                    "(default 20; --quick 3)")
     p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true",
-                   help="CPU-friendly smoke run: small graphs, F=32 and 64, few repeats")
+                   help="CPU-friendly smoke run: five small graphs (one of each generator kind), F=32, few repeats")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, help="CPU threads for torch and numba (default: their "
                    "own defaults; --quick: 1, which is robust on small, shared machines)")
@@ -68,6 +71,7 @@ def build_parser():
     p.add_argument("--out", help="JSON path (default benchmarks/results/<auto name>.json); "
                    "the markdown goes beside it")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("--no-plots", action="store_true", help="markdown tables only, no PNG plots")
     p.add_argument("--list", action="store_true", help="list the registered cases and exit")
     return p
 
@@ -182,6 +186,7 @@ def _set_threads(torch, n, n_numba=None):
         numba.set_num_threads(min(n_numba or n, numba.config.NUMBA_NUM_THREADS))
     except Exception:  # noqa: BLE001
         pass
+    torch.set_num_threads(n)      # numba's OpenMP layer can reset torch's count: set it last
     return prev
 
 
@@ -194,7 +199,7 @@ def _run(args, argv, torch, device, cuda, quick):
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
     graph_specs = args.graphs or (QUICK_GRAPHS if quick else FULL_GRAPHS)
-    widths = args.width or ([32, 64] if quick else [128])
+    widths = args.width or ([32] if quick else [128])
     repeats = args.repeats or (3 if quick else 20)
     warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
     skipped = []
@@ -224,11 +229,20 @@ def _run(args, argv, torch, device, cuda, quick):
                        + ("CUDA events" if cuda else "time.perf_counter")
                        + "; fwd under torch.no_grad, fwd+bwd = forward + torch.autograd.grad")}
 
+    for spec in graph_specs:                    # a typo fails now, not after an hour
+        try:
+            bgraphs.parse(spec)
+        except bgraphs.GraphUnavailable:
+            pass                                # recorded as skipped below
+        except ValueError as exc:
+            raise SystemExit(f"fastgnn bench: {exc}")
+
     records = []
     total = len(graph_specs) * len(widths) * len(dtype_names) * len(cases)
     bar = _progress(total, args.no_progress)
     try:
         for spec in graph_specs:
+            bar.set_description_str(f"building {spec}")
             try:
                 g = bgraphs.make(spec, torch, device, args.seed)
             except bgraphs.GraphUnavailable as exc:
@@ -236,14 +250,24 @@ def _run(args, argv, torch, device, cuda, quick):
                 print(f"fastgnn bench: skipping graph {spec}: {exc}", file=sys.stderr)
                 bar.update(len(widths) * len(dtype_names) * len(cases))
                 continue
-            except ValueError as exc:
-                raise SystemExit(f"fastgnn bench: {exc}")
+            except Exception as exc:  # noqa: BLE001 - out of memory building it, a bad file
+                records.append(failure_record(meta, device, spec, "(graph build)", exc))
+                print(f"fastgnn bench: graph {spec} failed: {core.describe(exc)}", file=sys.stderr)
+                core.free_memory(torch, full=True)
+                bar.update(len(widths) * len(dtype_names) * len(cases))
+                continue
             for width in widths:
                 for dname in dtype_names:
                     for case in cases:
                         bar.set_description_str(f"{g.name} {case.name} {SHORT[dname]} F={width}")
-                        records += run_case(torch, device, g, case, dname, width, args, repeats,
-                                            warmup, bandwidth, meta, skipped)
+                        try:
+                            records += run_case(torch, device, g, case, dname, width, args,
+                                                repeats, warmup, bandwidth, meta, skipped)
+                        except Exception as exc:  # noqa: BLE001 - e.g. OOM drawing the inputs
+                            records.append(failure_record(meta, device, g.name, case.name, exc,
+                                                          g=g, case=case, dtype=SHORT[dname],
+                                                          width=width))
+                            core.free_memory(torch, full=True)
                         bar.update(1)
             del g
             core.free_memory(torch)
@@ -258,11 +282,28 @@ def _run(args, argv, torch, device, cuda, quick):
     with open(out_path, "w") as f:
         json.dump(records, f, indent=1, default=str)
     md_path = os.path.splitext(out_path)[0] + ".md"
-    with open(md_path, "w") as f:
-        f.write(report.markdown(records, meta))
+    report.render(records, md_path, meta, with_plots=not args.no_plots)
     print(report.table(records, compact=True) if records else "(no measurements)")
-    print(f"\n{len(records)} records -> {out_path}\nmarkdown -> {md_path}")
+    plots = "" if args.no_plots else f" (plots in {report.plots_dir(md_path)})"
+    print(f"\n{len(records)} records -> {out_path}\nreport -> {md_path}{plots}")
     return 0
+
+
+def failure_record(meta, device, graph, case_name, exc, *, g=None, case=None, dtype=None,
+                   width=None):
+    """A record for something that failed outside an implementation (building
+    the graph, drawing a case's inputs): status oom / unsupported / error."""
+    status = core.classify(exc)
+    return {"gpu": meta["gpu"], "device": str(device), "versions": meta["versions"],
+            "graph": graph, "graph_stats": g.stats if g is not None else None,
+            "graph_source": g.source if g is not None else None,
+            "case": case_name, "kind": "setup" if case is not None else "graph",
+            "family": case.family if case is not None else None,
+            "op": None, "layer": None, "impl": "-", "fastgnn": False, "settings": None,
+            "dtype": dtype, "width": width, "fwd_ms": None, "fwd_bwd_ms": None,
+            "peak_mib": None, "rel_err": None, "path": None, "floor_ms": None,
+            "status": {"fwd": status, "fwd_bwd": status},
+            "errors": {"setup": core.describe(exc)}, "command": meta["command"]}
 
 
 def run_case(torch, device, g, case, dname, width, args, repeats, warmup, bandwidth, meta, skipped):

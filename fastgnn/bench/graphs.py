@@ -1,14 +1,24 @@
 """Benchmark graphs by name.
 
-    rmat<S>[e<EF>]     R-MAT, 2**S nodes, edge factor EF (16)       rmat20, rmat16e8
-    uniform<S>[e<EF>]  uniform random endpoints, 2**S nodes          uniform20
-    clustered[<S>]     blocks of 64, 2**S nodes (default 262,144)    clustered, clustered12
-    grid[<SIDE>]       SIDE x SIDE 2-D mesh (default 1024)           grid, grid64
-    npz:PATH|NAME      a real graph from ../shared/datasets (symmetrised); NAME is
-                       looked up as <datasets>/**/NAME.npz          npz:tolokers
+    rmat<S>[e<EF>]       R-MAT, 2**S nodes, edge factor EF (16)         rmat20, rmat16e8
+    uniform<S>[e<EF>]    uniform random endpoints, 2**S nodes            uniform20
+    clustered[<S>]       blocks of 64, 2**S nodes (default 262,144)      clustered, clustered12
+    grid[<SIDE>]         SIDE x SIDE 2-D mesh (default 1024)             grid, grid64
+    mesh3d[<SIDE>][k<K>] SIDE^3 3-D mesh, K = 6 / 18 / 26 neighbours     mesh3d (128, k6), mesh3d64k26
+                         (default side 128, k 6)
+    molecules[<S>]       about 2**S nodes of small molecule-like graphs  molecules (S=22: ~4.2 M nodes,
+                         (10-100 nodes each, 2**S // 55 graphs)           ~9.7 M edges), molecules10
+    knn[<S>][k<K>]       k-NN graph of 2**S random 3-D points, K = 16    knn (S=20: 16.8 M edges), knn10k8
+    file:PATH|NAME       a real graph file or folder read by fastgnn.datasets.load (Planetoid,
+                         npz, OGB raw csv, SNAP / Network Repository edge list, Matrix Market,
+                         TU, karateclub), symmetrised, deduplicated, no self-loops; NAME is
+                         looked up under ../shared/datasets (fastgnn.datasets.find)
+                                                                          file:tolokers, file:planetoid/cora
+    npz:PATH|NAME        the same for .npz files (NAME -> <datasets>/**/NAME.npz)  npz:tolokers
 
 Generated graphs are built with CuPy when the benchmark runs on CUDA and
-CuPy works (fast at scale), else NumPy; then handed to torch by DLPack.
+CuPy works (fast at scale; knn always on the host), else NumPy; then handed
+to torch by DLPack.
 """
 from __future__ import annotations
 
@@ -20,10 +30,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import datasets as ds
 from .. import generators as gen
 
 DEFAULT_CLUSTERED_SCALE = 18   # 262,144 nodes, as in GPU.md
 DEFAULT_GRID_SIDE = 1024
+DEFAULT_MESH3D_SIDE = 128      # 2.1 M nodes, 12.5 M edges (k=6)
+DEFAULT_MOLECULES_SCALE = 22   # ~76 k graphs, ~4.2 M nodes, ~9.7 M edges
+DEFAULT_KNN_SCALE = 20         # 1 M points, k=16: 16.8 M edges
+MOLECULE_MEAN_NODES = 55       # (10 + 100) / 2
 
 
 @dataclass
@@ -51,18 +66,8 @@ class GraphUnavailable(Exception):
 
 
 def datasets_dirs():
-    """Candidate ../shared/datasets folders: beside the working directory and
-    beside the checkout that holds this package."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cands = [os.path.join(os.getcwd(), "..", "shared", "datasets"),
-             os.path.join(here, "..", "shared", "datasets"),
-             os.environ.get("FASTGNN_DATASETS", "")]
-    seen, out = set(), []
-    for c in cands:
-        if c and os.path.isdir(c) and os.path.realpath(c) not in seen:
-            seen.add(os.path.realpath(c))
-            out.append(c)
-    return out
+    """Folders searched for dataset names (fastgnn.datasets.datasets_dirs)."""
+    return ds.datasets_dirs()
 
 
 def _resolve_npz(arg: str) -> str:
@@ -77,12 +82,41 @@ def _resolve_npz(arg: str) -> str:
     raise GraphUnavailable(f"npz graph {arg!r} not found (looked in {datasets_dirs() or 'no datasets folder'})")
 
 
+def _resolve_file(arg: str) -> str:
+    try:
+        return ds.find(arg)
+    except FileNotFoundError as exc:
+        raise GraphUnavailable(str(exc)) from None
+
+
+def _file_builder(path):
+    def build(xp, seed):
+        g = ds.load(path)
+        ei = g.edge_index if xp is np else xp.asarray(g.edge_index)
+        return ei, g.num_nodes, g.name
+    return build
+
+
+GRAPH_NAMES = ("rmat<S>[e<EF>], uniform<S>[e<EF>], clustered[<S>], grid[<SIDE>], "
+               "mesh3d[<SIDE>][k<K>], molecules[<S>], knn[<S>][k<K>], file:PATH|NAME, npz:PATH|NAME")
+
+
 def parse(spec: str):
-    """(canonical name, description, builder(xp, seed) -> (edge_index, n))."""
+    """(canonical name, description, builder(xp, seed) -> (edge_index, n)).
+    Raises ValueError for an unknown name, GraphUnavailable for a missing file."""
     if spec.startswith("npz:"):
         path = _resolve_npz(spec[4:])
         name = os.path.splitext(os.path.basename(path))[0]
-        return name, f"load_npz({path!r}) symmetrised", lambda xp, seed: gen.load_npz(path, xp=xp)
+        return name, f"load_npz({path!r}) symmetrised", _file_builder(path)
+    if spec.startswith("file:"):
+        path = _resolve_file(spec[5:])
+        try:
+            fmt = ds.detect_format(path)
+        except FileNotFoundError as exc:
+            raise GraphUnavailable(str(exc)) from None
+        name = os.path.basename(os.path.normpath(path))     # replaced by the loaded name
+        return name, f"fastgnn.datasets.load({path!r}) [{fmt}], symmetrised, dedup, no self-loops", \
+            _file_builder(path)
     m = re.fullmatch(r"(rmat|uniform)(\d+)(?:e(\d+))?", spec)
     if m:
         kind, scale, ef = m.group(1), int(m.group(2)), int(m.group(3) or 16)
@@ -99,8 +133,25 @@ def parse(spec: str):
     if m:
         side = int(m.group(1) or DEFAULT_GRID_SIDE)
         return spec, f"grid(side={side})", lambda xp, seed: gen.grid(side, seed=seed, xp=xp)
-    raise ValueError(f"unknown graph {spec!r}: use rmat<S>[e<EF>], uniform<S>[e<EF>], "
-                     "clustered[<S>], grid[<SIDE>] or npz:PATH")
+    m = re.fullmatch(r"mesh3d(\d+)?(?:k(\d+))?", spec)
+    if m:
+        side, k = int(m.group(1) or DEFAULT_MESH3D_SIDE), int(m.group(2) or 6)
+        if k not in (6, 18, 26):
+            raise ValueError(f"graph {spec!r}: mesh3d takes k6, k18 or k26")
+        return spec, f"mesh3d(side={side}, k={k})", \
+            lambda xp, seed: gen.mesh3d(side, k, seed=seed, xp=xp)
+    m = re.fullmatch(r"molecules(\d+)?", spec)
+    if m:
+        scale = int(m.group(1) or DEFAULT_MOLECULES_SCALE)
+        graphs = max(1, (1 << scale) // MOLECULE_MEAN_NODES)
+        return spec, f"molecules(num_graphs={graphs}, 10..100 nodes)", \
+            lambda xp, seed: gen.molecules(graphs, seed=seed, xp=xp)
+    m = re.fullmatch(r"knn(\d+)?(?:k(\d+))?", spec)
+    if m:
+        scale, k = int(m.group(1) or DEFAULT_KNN_SCALE), int(m.group(2) or 16)
+        return spec, f"knn(num_points={1 << scale}, k={k}, dim=3, order='morton')", \
+            lambda xp, seed: gen.knn(1 << scale, k, seed=seed, xp=xp)
+    raise ValueError(f"unknown graph {spec!r}: use {GRAPH_NAMES}")
 
 
 def make(spec: str, torch, device, seed: int = 0) -> BenchGraph:
@@ -108,12 +159,15 @@ def make(spec: str, torch, device, seed: int = 0) -> BenchGraph:
     GraphUnavailable for a missing dataset, ValueError for a bad name."""
     name, desc, build = parse(spec)
     xp = np
-    if device.type == "cuda" and not spec.startswith("npz:"):
+    if device.type == "cuda" and not spec.startswith(("npz:", "file:")):
         from .._array import gpu_available
         if gpu_available():
             import cupy
             xp = cupy
-    ei, n = build(xp, seed)
+    built = build(xp, seed)
+    ei, n = built[0], built[1]
+    if len(built) > 2:                          # a file: the loader's name for it
+        name = built[2]
     stats = gen.graph_stats(ei, n, xp)
     if xp is np:
         t = torch.from_numpy(np.ascontiguousarray(ei)).to(device)
