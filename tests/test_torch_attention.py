@@ -650,3 +650,14 @@ def test_gpu_functional_matches_cpu():
     dev = ft.edge_attention(ei.cuda(), "dot", q=q.float().cuda(), k=k.float().cuda(),
                             v=v.float().cuda())
     assert rel_err(dev.cpu().double().numpy(), cpu.numpy()) < TOLERANCES["float32"]
+
+
+def test_inplace_edit_of_output_before_backward_is_caught():
+    """The attention residuals reference the output: editing it in place must
+    raise (autograd's version check) instead of giving wrong gradients."""
+    ei = torch.from_numpy(awkward_edge_index(40, 200, seed=3))
+    q, k, v = (torch.randn(40, 2, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = ft.edge_attention(ei, "dot", q=q, k=k, v=v)
+    out.mul_(3)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

@@ -224,8 +224,9 @@ class FastgnnFunction(torch.autograd.Function):
             # Residuals may alias input memory (DLPack views). Saving those
             # inputs makes autograd's version check catch in-place edits
             # between forward and backward instead of giving wrong gradients.
+            # The same holds for outputs the residuals share (attention keeps `out`).
             ptrs = {_data_ptr(a) for a in _arrays_in(res)} - {None}
-            ctx.save_for_backward(*[t for t in tensors
+            ctx.save_for_backward(*[t for t in (*tensors, *outs)
                                     if t is not None and t.numel() and t.data_ptr() in ptrs])
         else:
             ctx.res = None

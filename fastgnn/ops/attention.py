@@ -60,9 +60,10 @@ Dropout
 z[e, h] = keep[e, h] / (1 - p) with keep drawn by the counter-based generator
 of `fastgnn.rng` from (seed, n = offset + e * H + h), e the caller's edge id:
 no mask is stored, the backward (and every backend) regenerates it. The
-returned attention weights are p (before dropout; PyG's GATv2Conv and
-TransformerConv return those); `fastgnn.rng.keep_mask(seed, offset, E, H, p)`
-gives the mask when the dropped weights are wanted.
+returned attention weights are p (before dropout, as PyG's TransformerConv
+returns them; PyG's GATConv and GATv2Conv return them after dropout, which
+fastgnn.torch's layers reproduce with `fastgnn.rng.keep_mask(seed, offset, E,
+H, p)`, the mask of the same draw).
 
 Backend interface
 -----------------
