@@ -159,6 +159,24 @@ __device__ __forceinline__ void load_target(const Lanes<T, VEC>& L, const T* __r
     }
 }
 
+// Write one lane's VEC values of a gradient row: to the output (direct rows)
+// or, for a split row, to its fp32/fp64 partial slot (summed by spmm_combine).
+template <typename T, int VEC>
+__device__ __forceinline__ void store_row(T* __restrict__ direct,
+                                          typename value_traits<T>::acc_t* __restrict__ partial,
+                                          i64 slot, i64 direct_off, i64 partial_off,
+                                          const typename value_traits<T>::acc_t* vals) {
+    if (slot < 0) {
+        pack_t<T, VEC> o;
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(vals[q]);
+        store_pack<T, VEC>(direct + direct_off, o);
+    } else {
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) partial[partial_off + q] = vals[q];
+    }
+}
+
 #define GROUP_PROLOGUE                                                              \
     const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;          \
     const i64 t = gid / H;                                                          \
@@ -408,17 +426,9 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
     for (int k = 0; k < NCH; ++k) {
         if (!L.has(k)) continue;
         const int c0 = L.chan(k);
-        if (gDn != nullptr) {
-            if (slot < 0) {
-                pack_t<T, VEC> o;
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(dacc[k][q]);
-                store_pack<T, VEC>(gDn + (row * H + h) * (i64)C + c0, o);
-            } else {
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) p_dn[(slot * H + h) * C + c0 + q] = dacc[k][q];
-            }
-        }
+        if (gDn != nullptr)
+            store_row<T, VEC>(gDn, p_dn, slot, (row * H + h) * (i64)C + c0,
+                              (slot * H + h) * C + c0, dacc[k]);
         if (KIND == KIND_GATV2 && gatt_part != nullptr) {
 #pragma unroll
             for (int q = 0; q < VEC; ++q) gatt_part[(t * H + h) * C + c0 + q] = patt[k][q];
@@ -530,28 +540,12 @@ __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict
     for (int k = 0; k < NCH; ++k) {
         if (!L.has(k)) continue;
         const int c0 = L.chan(k);
-        if (KIND != KIND_GAT && gS != nullptr) {
-            if (slot < 0) {
-                pack_t<T, VEC> o;
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(sacc[k][q]);
-                store_pack<T, VEC>(gS + (j * H + h) * (i64)C + c0, o);
-            } else {
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) p_s[(slot * H + h) * C + c0 + q] = sacc[k][q];
-            }
-        }
-        if (KIND != KIND_GATV2 && gV != nullptr) {
-            if (slot < 0) {
-                pack_t<T, VEC> o;
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(vacc[k][q]);
-                store_pack<T, VEC>(gV + (j * H + h) * (i64)C + c0, o);
-            } else {
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) p_v[(slot * H + h) * C + c0 + q] = vacc[k][q];
-            }
-        }
+        if (KIND != KIND_GAT && gS != nullptr)
+            store_row<T, VEC>(gS, p_s, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
+                              sacc[k]);
+        if (KIND != KIND_GATV2 && gV != nullptr)
+            store_row<T, VEC>(gV, p_v, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
+                              vacc[k]);
     }
 }
 

@@ -318,6 +318,30 @@ def _finish_heads(out, concat, H, C):
     return out.reshape(-1, H * C) if concat else out.mean(dim=1)
 
 
+def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_index,
+                       return_attention_weights):
+    """The shared tail of GATConv and GATv2Conv: attention (dropout in
+    training), heads concatenated or averaged, residual, bias, and PyG's
+    (edge_index, weights after dropout) when asked."""
+    p, seed, offset = _dropout(layer.dropout, None, 0, layer.training)
+    want = bool(return_attention_weights)
+    out = apply(EDGE_ATTENTION, graph, *(tensors.get(n) for n in _ATTN_INPUTS), score=score,
+                negative_slope=layer.negative_slope, scale=None, dropout=p, seed=seed,
+                offset=offset, return_attention_weights=want)
+    alpha = None
+    if want:
+        out, alpha = out
+    out = _finish_heads(out, layer.concat, H, C)
+    if res is not None:
+        out = out + res
+    if layer.bias is not None:
+        out = out + layer.bias
+    if want:
+        return out, (_returned(ei_out, edge_index),
+                     _dropped(alpha, p, seed, offset, layer.training))
+    return out
+
+
 def _pop_aggr(layer, kwargs):
     aggr = kwargs.pop("aggr", "add")
     if aggr not in ("add", "sum"):
@@ -463,24 +487,9 @@ class GATConv(torch.nn.Module):
                                                     num_src, num_dst, num_loops,
                                                     self.fill_value, use_edge)
         a_edge = self._edge_logits(edge_attr) if use_edge else None
-        p, seed, offset = _dropout(self.dropout, None, 0, self.training)
-        want = bool(return_attention_weights)
-        out = apply(EDGE_ATTENTION, graph, a_src, a_dst, a_edge, x_src, None, None, None, None,
-                    None, None, None, score="gat", negative_slope=self.negative_slope,
-                    scale=None, dropout=p, seed=seed, offset=offset,
-                    return_attention_weights=want)
-        alpha = None
-        if want:
-            out, alpha = out
-        out = _finish_heads(out, self.concat, H, C)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        if want:
-            return out, (_returned(ei_out, edge_index),
-                         _dropped(alpha, p, seed, offset, self.training))
-        return out
+        return _gat_family_output(self, graph, "gat", dict(a_src=a_src, a_dst=a_dst,
+                                                          a_edge=a_edge, v=x_src),
+                                  H, C, res, ei_out, edge_index, return_attention_weights)
 
     def __repr__(self):
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
@@ -598,24 +607,8 @@ class GATv2Conv(torch.nn.Module):
             if edge_attr.dim() == 1:
                 edge_attr = edge_attr.view(-1, 1)
             xe = self.lin_edge(edge_attr).view(-1, H, C)
-        p, seed, offset = _dropout(self.dropout, None, 0, self.training)
-        want = bool(return_attention_weights)
-        out = apply(EDGE_ATTENTION, graph, None, None, None, None, xl, xr, self.att, xe,
-                    None, None, None, score="gatv2", negative_slope=self.negative_slope,
-                    scale=None, dropout=p, seed=seed, offset=offset,
-                    return_attention_weights=want)
-        alpha = None
-        if want:
-            out, alpha = out
-        out = _finish_heads(out, self.concat, H, C)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-        if want:
-            return out, (_returned(ei_out, edge_index),
-                         _dropped(alpha, p, seed, offset, self.training))
-        return out
+        return _gat_family_output(self, graph, "gatv2", dict(xl=xl, xr=xr, att=self.att, xe=xe),
+                                  H, C, res, ei_out, edge_index, return_attention_weights)
 
     def __repr__(self):
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
