@@ -318,6 +318,15 @@ def _finish_heads(out, concat, H, C):
     return out.reshape(-1, H * C) if concat else out.mean(dim=1)
 
 
+def _set_gat_options(layer, kwargs, **options):
+    """Constructor options GATConv and GATv2Conv share, stored under PyG's names
+    (after refusing unknown keyword arguments and any aggr but "add")."""
+    layer.aggr = _pop_aggr(type(layer).__name__, kwargs)
+    _check_kwargs(type(layer).__name__, kwargs)
+    for name, value in options.items():
+        setattr(layer, name, value)
+
+
 def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_index,
                        return_attention_weights):
     """The shared tail of GATConv and GATv2Conv: attention (dropout in
@@ -386,18 +395,10 @@ class GATConv(torch.nn.Module):
                  edge_dim: int | None = None, fill_value="mean", bias: bool = True,
                  residual: bool = False, **kwargs):
         super().__init__()
-        self.aggr = _pop_aggr(type(self).__name__, kwargs)
-        _check_kwargs(type(self).__name__, kwargs)
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.heads = heads
-        self.concat = concat
-        self.negative_slope = negative_slope
-        self.dropout = dropout
-        self.add_self_loops = add_self_loops
-        self.edge_dim = edge_dim
-        self.fill_value = fill_value
-        self.residual = residual
+        _set_gat_options(self, kwargs, in_channels=in_channels, out_channels=out_channels,
+                         heads=heads, concat=concat, negative_slope=negative_slope,
+                         dropout=dropout, add_self_loops=add_self_loops, edge_dim=edge_dim,
+                         fill_value=fill_value, residual=residual)
         HC = heads * out_channels
         self.lin = self.lin_src = self.lin_dst = None
         if isinstance(in_channels, int):
@@ -526,18 +527,10 @@ class GATv2Conv(torch.nn.Module):
                  edge_dim: int | None = None, fill_value="mean", bias: bool = True,
                  share_weights: bool = False, residual: bool = False, **kwargs):
         super().__init__()
-        self.aggr = _pop_aggr(type(self).__name__, kwargs)
-        _check_kwargs(type(self).__name__, kwargs)
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.heads = heads
-        self.concat = concat
-        self.negative_slope = negative_slope
-        self.dropout = dropout
-        self.add_self_loops = add_self_loops
-        self.edge_dim = edge_dim
-        self.fill_value = fill_value
-        self.residual = residual
+        _set_gat_options(self, kwargs, in_channels=in_channels, out_channels=out_channels,
+                         heads=heads, concat=concat, negative_slope=negative_slope,
+                         dropout=dropout, add_self_loops=add_self_loops, edge_dim=edge_dim,
+                         fill_value=fill_value, residual=residual)
         self.share_weights = share_weights
         HC = heads * out_channels
         ins = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels

@@ -279,6 +279,19 @@ def edge_softmax(graph, scores, *, dropout=0.0, seed=0, offset=0, vtype=None):
 SCORE_INPUTS = {"gat": ("a_src", "a_dst", "a_edge", "v"),
                 "gatv2": ("xl", "xr", "att", "xe"),
                 "dot": ("q", "k", "v", "ee")}
+# The generic slots every backend kernel works with (see the interface above):
+#   S (source-side score input), Dn (target-side score input), Ed (edge term,
+#   caller order), V (message); gatv2's S and V are both xl.
+SLOT_NAMES = {"gat": ("a_src", "a_dst", "a_edge", "v"), "gatv2": ("xl", "xr", "xe", "xl"),
+              "dot": ("k", "q", "ee", "v")}
+
+
+def score_slots(score, arrays):
+    """(S, Dn, Ed or None, att or None, V) of a score's input arrays."""
+    s_name, d_name, e_name, v_name = SLOT_NAMES[score]
+    return arrays[s_name], arrays[d_name], arrays.get(e_name), arrays.get("att"), arrays[v_name]
+
+
 OPTIONAL_INPUTS = ("a_edge", "xe", "ee")
 _ALL_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee")
 

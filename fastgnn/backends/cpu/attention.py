@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from ...ops.attention import SCORE_INPUTS, caller_ids, lse_dtype, transpose_caller_ids
+from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
+                              transpose_caller_ids)
 from ...rng import keep_nb
 
 NUM_CHUNKS = 256           # fixed (see above): a few per thread on any CPU
@@ -459,23 +460,8 @@ def _index64(graph, transpose=False):
     return graph.cached(("cpu_attention_index64", transpose), build)
 
 
-def _slots(score, arrays):
-    """(S, Dn, Ed or None, att or None, V) of a score's arrays."""
-    a = arrays
-    if score == "gat":
-        return a["a_src"], a["a_dst"], a["a_edge"], None, a["v"]
-    if score == "gatv2":
-        return a["xl"], a["xr"], a["xe"], a["att"], a["xl"]
-    return a["k"], a["q"], a["ee"], None, a["v"]
-
-
-def _slot_names(score):
-    return {"gat": ("a_src", "a_dst", "a_edge", "v"), "gatv2": ("xl", "xr", "xe", "xl"),
-            "dot": ("k", "q", "ee", "v")}[score]
-
-
 def _common_args(graph, score, arrays, params):
-    S, Dn, Ed, att, V = _slots(score, arrays)
+    S, Dn, Ed, att, V = score_slots(score, arrays)
     dt = V.dtype
     has_e = Ed is not None
     Ed = Ed if has_e else np.empty((0, 0, 0), dtype=dt)
@@ -487,7 +473,7 @@ def _common_args(graph, score, arrays, params):
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None); see
     fastgnn/ops/attention.py."""
-    V = _slots(score, arrays)[4]
+    V = score_slots(score, arrays)[4]
     H, C = V.shape[1], V.shape[2]
     out = np.empty((graph.num_dst, H, C), dtype=V.dtype)
     lse = np.empty((graph.num_dst, H), dtype=lse_dtype(str(V.dtype)))
@@ -503,7 +489,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     kind, S, Dn, Ed, has_e, att, V = common[:7]
     dt = V.dtype
     H, C = V.shape[1], V.shape[2]
-    s_name, d_name, e_name, v_name = _slot_names(score)
+    s_name, d_name, e_name, v_name = SLOT_NAMES[score]
     need_gS = bool(needs.get(s_name))
     need_gDn = bool(needs.get(d_name))
     need_gEd = has_e and bool(needs.get(e_name))
@@ -530,7 +516,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
              *_index64(graph, transpose=True), *common[1:], lse, g, has_g, ga, has_ga, delta,
              gS, need_gS, gV, need_gV)
 
-    grads = {name: None for name in _slot_names(score)}
+    grads = {name: None for name in SLOT_NAMES[score]}
     grads["att"] = None
     if need_gS:
         grads[s_name] = gS

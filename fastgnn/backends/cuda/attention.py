@@ -16,27 +16,13 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from ...ops.attention import SCORE_INPUTS, caller_ids, lse_dtype, transpose_caller_ids
+from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
+                              transpose_caller_ids)
 from .loader import ATTENTION_NCH, C_INDEX, C_VALUE, VALUE_BYTES, attention_vecs, get_function
 from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, task_plan
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 COLUMN_SUM_ROWS = 1024
-
-
-def _slots(score, arrays):
-    """(S, Dn, Ed or None, att or None, V) of a score's arrays (see the kernel header)."""
-    a = arrays
-    if score == "gat":
-        return a["a_src"], a["a_dst"], a["a_edge"], None, a["v"]
-    if score == "gatv2":
-        return a["xl"], a["xr"], a["xe"], a["att"], a["xl"]
-    return a["k"], a["q"], a["ee"], None, a["v"]
-
-
-def _slot_names(score):
-    return {"gat": ("a_src", "a_dst", "a_edge", "v"), "gatv2": ("xl", "xr", "xe", "xl"),
-            "dot": ("k", "q", "ee", "v")}[score]
 
 
 def _drop_args(drop):
@@ -120,7 +106,7 @@ def _kernel(kernel, score, vtype, itype, vec, nch):
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None)."""
-    S, Dn, Ed, att, V = _slots(score, arrays)
+    S, Dn, Ed, att, V = score_slots(score, arrays)
     vtype = _vtype(V, arrays)
     H, C = V.shape[1], V.shape[2]
     acc = _acc(vtype)
@@ -224,13 +210,13 @@ def _column_sum(parts, vtype, itype):
 
 def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
     """{input name: gradient or None} (see fastgnn/ops/attention.py)."""
-    S, Dn, Ed, att, V = _slots(score, arrays)
+    S, Dn, Ed, att, V = score_slots(score, arrays)
     vtype = _vtype(V, arrays)
     H, C = V.shape[1], V.shape[2]
     Cs = S.shape[2]
     acc = _acc(vtype)
     itype = _ITYPE[np.dtype(graph.index_dtype)]
-    s_name, d_name, e_name, v_name = _slot_names(score)
+    s_name, d_name, e_name, v_name = SLOT_NAMES[score]
     need_gS = bool(needs.get(s_name))
     need_gDn = bool(needs.get(d_name))
     need_gEd = Ed is not None and bool(needs.get(e_name))
