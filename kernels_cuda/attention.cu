@@ -44,13 +44,13 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
 
 struct Dropout {
     unsigned long long key, offset, threshold;
-    float scale;   // 1/(1-p); the kernels read `on` before any draw
+    double scale;  // 1/(1-p) (double, as the CPU backend); `on` is read before any draw
     int on;
 };
 
 // Kernels take the dropout spec as five scalars (CuPy passes no structs).
 #define DROP_PARAMS unsigned long long dkey, unsigned long long doffset, \
-                    unsigned long long dthreshold, float dscale, int don
+                    unsigned long long dthreshold, double dscale, int don
 #define DROP_MAKE const Dropout drop = {dkey, doffset, dthreshold, dscale, don};
 
 template <typename A> __device__ __forceinline__ A neg_inf();
@@ -59,12 +59,12 @@ template <> __device__ __forceinline__ double neg_inf<double>() {
     return -__longlong_as_double(0x7ff0000000000000ll);
 }
 
-__device__ __forceinline__ float drop_factor(const Dropout& d, i64 ce, int H, int h) {
-    if (!d.on) return 1.0f;
+__device__ __forceinline__ double drop_factor(const Dropout& d, i64 ce, int H, int h) {
+    if (!d.on) return 1.0;
     const unsigned long long n = d.offset + (unsigned long long)ce * (unsigned long long)H
                                  + (unsigned long long)h;
     const unsigned long long bits = mix64(d.key + (n + 1ull) * 0x9E3779B97F4A7C15ull);
-    return (bits >> 11) >= d.threshold ? d.scale : 0.0f;
+    return (bits >> 11) >= d.threshold ? d.scale : 0.0;
 }
 
 template <typename A>

@@ -16,10 +16,11 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
+from ...graph import Graph
 from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
 from .loader import ATTENTION_NCH, C_INDEX, C_VALUE, VALUE_BYTES, attention_vecs, get_function
-from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, task_plan
+from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, spmm_custom, task_plan
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 COLUMN_SUM_ROWS = 1024
@@ -27,7 +28,7 @@ COLUMN_SUM_ROWS = 1024
 
 def _drop_args(drop):
     return (np.uint64(drop.key), np.uint64(drop.offset), np.uint64(drop.threshold),
-            np.float32(drop.scale), np.int32(1 if drop.active else 0))
+            np.float64(drop.scale), np.int32(1 if drop.active else 0))
 
 
 def _ptr(a):
@@ -166,10 +167,12 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
     if grad_alpha is not None and graph.num_edges:
         _, _, alpha = edge_attention_fwd(graph, score, arrays, params, True)
         prod = (_as_acc(alpha, vtype, np.float64) * _as_acc(grad_alpha, vtype, np.float64))
-        prod = prod[caller_ids(graph)]                 # CSR order, [E, H] (not E x H x C)
-        prefix = cp.zeros((graph.num_edges + 1, H), dtype=np.float64)
-        cp.cumsum(prod, axis=0, out=prefix[1:])
-        d += (prefix[graph.indptr[1:]] - prefix[graph.indptr[:-1]]).astype(acc)
+        # per-row sums of prod [E, H] (caller order; not E x H x C) in CSR order:
+        # the SpMM kernel over a graph whose "sources" are the caller ids (a
+        # prefix-sum difference would let one NaN/inf poison every later row)
+        rows = graph.cached("attention_caller_id_graph", lambda: Graph(
+            graph.indptr, caller_ids(graph), None, graph.num_edges, graph.num_dst))
+        d += spmm_custom(rows, prod, None, "float64").astype(acc)
     return cp.ascontiguousarray(d, dtype=acc)
 
 
@@ -261,7 +264,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         if need_gatt:
             grads["att"] = _column_sum(gatt_part, vtype, itype).reshape(att.shape).astype(
                 att.dtype) if vtype != "bfloat16" else _to_bf16(
-                    _column_sum(gatt_part, vtype, itype).reshape(att.shape))
+                    _column_sum(gatt_part, vtype, itype).reshape(att.shape)).view(att.dtype)
 
     # source pass over the transpose
     if need_gS or need_gV:
