@@ -566,3 +566,18 @@ def test_cpu_thread_pool_survives_fork(monkeypatch):
     with ctx.Pool(1) as pool:
         got = pool.apply_async(edge_softmax, (g, s)).get(timeout=60)
     np.testing.assert_array_equal(got, expect)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_edge_softmax_nan_score_poisons_its_row_like_pyg(device):
+    """A NaN score makes its whole target row NaN (torch's scatter max does), and
+    no other row: the CPU and CUDA kernels and PyG's softmax agree."""
+    import torch
+    from torch_geometric.utils import softmax as pyg_softmax
+    ei = np.array([[0, 1, 2, 0, 1], [1, 1, 1, 2, 0]])
+    s = np.array([[0.1], [np.nan], [0.3], [0.5], [2.0]])
+    g = Graph.from_edge_index(to_device(ei, device), num_nodes=3)
+    out = to_numpy(edge_softmax(g, to_device(s, device)))
+    ref = pyg_softmax(torch.tensor(s), torch.tensor(ei[1]), num_nodes=3).numpy()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_allclose(out[~np.isnan(out)], ref[~np.isnan(ref)])

@@ -122,6 +122,8 @@ def _softmax_fwd_rows(c0, c1, nchunks, indptr, cid, s, drop_on, key, offset, thr
                     m[h] = v
                 elif v > -np.inf:        # a -inf score adds nothing (and no NaN)
                     l[h] += np.exp(v - m[h])
+                elif v != v:             # a NaN score makes the row NaN, as torch/PyG
+                    l[h] = v
         for h in range(H):
             m[h] = m[h] + np.log(l[h])
             lse[i, h] = m[h]
