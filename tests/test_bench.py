@@ -258,6 +258,32 @@ def test_bench_segment_family_cpu(tmp_path):
         assert "SAGEConv(aggr='max') forward+backward" in md
 
 
+def test_bench_attention_family_cpu(tmp_path):
+    """The attention family: ops + layers agree with PyG; floor; the report's summary line."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torch_geometric")
+    from fastgnn.bench.__main__ import main
+
+    out = tmp_path / "a.json"
+    rc = main(["--quick", "--device", "cpu", "--family", "attention", "--graphs", "rmat7",
+               "--width", "8", "--heads", "2", "--repeats", "1", "--warmup", "0",
+               "--no-progress", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    recs = json.loads(out.read_text())
+    cases = {"attn_gatv2", "attn_dot", "attn_gat", "GATConv", "GATv2Conv", "TransformerConv"}
+    assert {r["case"] for r in recs} == cases and all(r["family"] == "attention" for r in recs)
+    for r in recs:
+        if r["fastgnn"] and r["status"]["fwd"] != "ok":
+            assert r["status"]["fwd"] == "unsupported", r
+            continue
+        assert r["status"] == {"fwd": "ok", "fwd_bwd": "ok"}, r
+        assert r["rel_err"] < 1e-5 and r["rel_err_grad"] < 1e-5, r
+    g = next(r for r in recs if r["case"] == "attn_dot")
+    n = g["graph_stats"]["num_nodes"]
+    assert g["bytes_fwd"] > 4 * n * 8 * 4          # q, k, v read + out written
+    assert "Attention family" in out.with_suffix(".md").read_text()
+
+
 def test_bench_new_graphs_plots_and_failures(tmp_path):
     """Generator and file: graph names, graph stats in every record, the plots
     beside the report, and a graph that fails to load recorded, not fatal."""

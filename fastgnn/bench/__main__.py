@@ -5,6 +5,7 @@ Examples
     python -m fastgnn.bench --graphs rmat20 clustered     # H200: SpMM ops + layers
     python -m fastgnn.bench --ops spmm_sum --layers none --dtypes fp32 --width 64 128
     python -m fastgnn.bench --family segment --graphs rmat20  # reductions + SAGEConv(max)
+    python -m fastgnn.bench --family attention --graphs rmat20 clustered  # GAT/GATv2/Transformer
     python -m fastgnn.bench --graphs mesh3d64k26 molecules20 knn18 file:planetoid/cora
     python -m fastgnn.bench --list                        # the registered cases
 
@@ -39,7 +40,7 @@ H200_BANDWIDTH_GBS = 4190.0     # measured copy bandwidth, read + write (GPU.md)
 
 
 def _load_cases():
-    from . import cases_layers, cases_segment, cases_spmm  # noqa: F401  (register on import)
+    from . import cases_attention, cases_layers, cases_segment, cases_spmm  # noqa: F401  (register on import)
 
 
 def build_parser():
@@ -52,9 +53,11 @@ def build_parser():
     p.add_argument("--dtypes", nargs="+", help="fp32 bf16 fp16 (default fp32 bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--ops", nargs="+", help="op cases, 'all' or 'none' (default: the default ops)")
     p.add_argument("--layers", nargs="+", help="layer cases, 'all' or 'none' (default: all)")
-    p.add_argument("--family", default="all", choices=["spmm", "segment", "all"],
+    p.add_argument("--family", default="all", choices=["spmm", "segment", "attention", "all"],
                    help="case family for the default / 'all' op and layer sets (default all); "
                         "cases named in --ops / --layers run whatever their family")
+    p.add_argument("--heads", type=int, default=4,
+                   help="attention heads H for the attention family (C = F / H; default 4)")
     p.add_argument("--impls", nargs="+", help="only implementations whose name contains one of these")
     p.add_argument("--repeats", type=int, help="timed calls per measurement, median reported "
                    "(default 20; --quick 3)")
@@ -313,6 +316,7 @@ def run_case(torch, device, g, case, dname, width, args, repeats, warmup, bandwi
     x = torch.randn(g.num_nodes, width, generator=gen, device=device).to(dtype)
     grad_out = torch.randn(g.num_nodes, width, generator=gen, device=device).to(dtype)
     ctx = core.Ctx(torch, device, dtype, SHORT[dname], width, g, x, x.float(), grad_out, args.seed)
+    ctx.heads = getattr(args, "heads", 4)              # attention family: H heads x F/H
 
     ref_out, ref_grad, ref_err = core.run_reference(torch, ctx, case)
     ctx.x_ref = None                                   # not held while timing

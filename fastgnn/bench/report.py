@@ -546,7 +546,7 @@ def load_records(paths):
 def _load_case_summaries():
     """Import the case modules so their report summaries register (no torch needed)."""
     import importlib
-    for m in ("cases_spmm", "cases_layers", "cases_segment"):
+    for m in ("cases_spmm", "cases_layers", "cases_segment", "cases_attention"):
         try:
             importlib.import_module(f"fastgnn.bench.{m}")
         except Exception:  # noqa: BLE001 - a broken case module loses its summary only

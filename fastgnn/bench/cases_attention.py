@@ -1,0 +1,388 @@
+"""Cases of the attention family: `attn_gatv2`, `attn_dot`, `attn_gat` (ops) and
+`GATConv`, `GATv2Conv`, `TransformerConv` (layers).
+
+Ops: the bare attention aggregation, H heads x C channels (F = --width split
+over --heads, default 4 x 32 for F=128), per edge e = (j -> i):
+
+    attn_gatv2: s_e = sum_c att[h,c] LeakyReLU(xl[j] + xr[i])[c],   m_e = xl[j]
+    attn_dot:   s_e = <q[i,h], k[j,h]> / sqrt(C),                   m_e = v[j]
+    attn_gat:   s_e = LeakyReLU(a_src[j,h] + a_dst[i,h]),           m_e = v[j]
+    out[i, h] = sum_{e in N(i)} softmax_{N(i)}(s)_e m_e[h]           out: [n, H*C]
+
+x (the bench's features, [n, F] viewed [n, H, C]) is xl / q / v; the other
+inputs are drawn once per case (seeded). fwd+bwd differentiates every tensor
+input (random upstream gradient); agreement is checked on out and grad_x.
+
+Op implementations:
+  fastgnn                 fastgnn.torch.edge_attention(graph, score, ...) on a
+                          graph built once by fastgnn.torch.to_graph
+  pyg-style[edge_index]   PyG 2.8's message passing written out with torch ops:
+                          index_select x[src] / x[dst] per edge, leaky_relu,
+                          torch_geometric.utils.softmax, multiply, then
+                          torch_geometric.utils.scatter(sum): materialises
+                          E x H x C tensors as PyG's GATv2Conv / TransformerConv do
+  turbo-gnn[...]          gatv2_aggr / graph_transformer_aggr (GPU, when
+                          turbo_gnn imports; its graph transformer indexes Q by
+                          the source and K by the destination, so it gets
+                          Q = k, K = q); the call is fitted to its signature, a
+                          signature that does not fit is recorded unsupported
+
+Layers: GATConv / GATv2Conv / TransformerConv(F, F/H, heads=H) (concat, PyG
+defaults otherwise: self-loops for the GAT layers, root weight for
+TransformerConv), fastgnn.torch against PyG on edge_index, same float32
+parameters (PyG's, loaded by name). PyG gains nothing from a CSR adj_t or a
+sorted EdgeIndex for these layers (docs/GPU notes), so only edge_index runs.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+from . import report
+from .cases_layers import _load, _prepared
+from .cases_spmm import clear_fastgnn_cache, turbo_gnn_reason, _turbo_graph
+from .core import Case, Impl, Prepared, register
+
+SCORES = {"attn_gatv2": "gatv2", "attn_dot": "dot", "attn_gat": "gat"}
+# per score: tensor names in the order given to autograd (the first is x)
+NAMES = {"gatv2": ("xl", "xr", "att"), "dot": ("q", "k", "v"), "gat": ("v", "a_src", "a_dst")}
+SLOPE = 0.2
+
+
+def _heads(ctx):
+    h = int(getattr(ctx, "heads", 4) or 4)
+    if ctx.width % h:
+        raise ValueError(f"--width {ctx.width} is not divisible by --heads {h}")
+    return h, ctx.width // h
+
+
+def _inputs(ctx, score):
+    """{name: tensor in ctx.dtype (no grad)}, drawn once per ctx (seeded); the
+    first is ctx.x viewed [n, H, C]. Also the float32 copies for the reference."""
+    key = ("attn_inputs", score)
+    if key not in ctx.state:
+        torch = ctx.torch
+        H, C = _heads(ctx)
+        n = ctx.graph.num_nodes
+        gen = torch.Generator(device=ctx.device).manual_seed(ctx.seed + 3)
+
+        def rnd(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=gen, device=ctx.device) * scale).to(ctx.dtype)
+        x = ctx.x.view(n, H, C)
+        if score == "gatv2":
+            t = {"xl": x, "xr": rnd(n, H, C), "att": rnd(H, C, scale=C ** -0.5)}
+        elif score == "dot":
+            t = {"q": x, "k": rnd(n, H, C), "v": rnd(n, H, C)}
+        else:
+            t = {"v": x, "a_src": rnd(n, H), "a_dst": rnd(n, H)}
+        ref = {k: v.float() for k, v in t.items()}
+        ref[NAMES[score][0]] = ctx.x_ref.view(n, H, C) if ctx.x_ref is not None else x.float()
+        ctx.state[key] = (t, ref)
+    return ctx.state[key]
+
+
+def _leaves(tensors, score):
+    return [tensors[k].detach().requires_grad_(True) for k in NAMES[score]]
+
+
+# ------------------------------------------------------------ PyG-style baseline
+
+
+def pyg_style(torch, score, ts, src, dst, n):
+    """PyG 2.8's computation with torch ops: per-edge gathers, leaky_relu,
+    torch_geometric.utils.softmax, message, scatter-sum. Returns [n, H*C]."""
+    import torch.nn.functional as Fn
+    from torch_geometric.utils import scatter, softmax
+    if score == "gatv2":                      # GATv2Conv.message: x = x_i + x_j
+        xl, xr, att = ts
+        x_j = xl.index_select(0, src)
+        x = Fn.leaky_relu(xr.index_select(0, dst) + x_j, SLOPE)
+        alpha = (x * att.unsqueeze(0)).sum(dim=-1)
+        alpha = softmax(alpha, dst, num_nodes=n)
+        msg = x_j * alpha.unsqueeze(-1)
+    elif score == "dot":                      # TransformerConv.message
+        q, k, v = ts
+        alpha = (q.index_select(0, dst) * k.index_select(0, src)).sum(dim=-1) / math.sqrt(q.shape[-1])
+        alpha = softmax(alpha, dst, num_nodes=n)
+        msg = v.index_select(0, src) * alpha.unsqueeze(-1)
+    else:                                     # GATConv.edge_update + message
+        v, a_src, a_dst = ts
+        alpha = Fn.leaky_relu(a_src.index_select(0, src) + a_dst.index_select(0, dst), SLOPE)
+        alpha = softmax(alpha, dst, num_nodes=n)
+        msg = alpha.unsqueeze(-1) * v.index_select(0, src)
+    out = scatter(msg, dst, 0, dim_size=n, reduce="sum")
+    return out.reshape(n, -1)
+
+
+def attn_reference(score):
+    def ref(ctx):
+        torch = ctx.torch
+        _, r = _inputs(ctx, score)
+        leaves = _leaves(r, score)
+        ei = ctx.graph.edge_index
+        n = ctx.graph.num_nodes
+        return Prepared(lambda: pyg_style(torch, score, leaves, ei[0], ei[1], n), leaves)
+    return ref
+
+
+def attn_floor(score):
+    """ctx -> (fwd bytes, fwd+bwd bytes), a lower bound: forward reads every node
+    input once, writes out once, reads indptr + indices; the backward reads the
+    inputs and grad_out again, writes one gradient per input and reads the CSR
+    and its transpose (the per-(node, head) log-sum-exp is not counted)."""
+    def floor(ctx):
+        g = ctx.graph
+        n, E = g.num_nodes, g.stats["num_edges"]
+        H, C = _heads(ctx)
+        vb = ctx.x.element_size()
+        ib = g.index_bytes
+        node = {"gatv2": 2 * n * H * C + H * C, "dot": 3 * n * H * C,
+                "gat": n * H * C + 2 * n * H}[score] * vb
+        out = n * H * C * vb
+        idx = (n + 1) * ib + E * ib
+        fwd = node + out + idx
+        return fwd, fwd + 2 * node + out + 2 * idx
+    return floor
+
+
+# ------------------------------------------------------------ turbo-gnn
+
+
+TURBO_FN = {"gatv2": "gatv2_aggr", "dot": "graph_transformer_aggr"}
+
+
+def _turbo_fn(tg, name):
+    fn = getattr(tg, name, None)
+    if fn is None:
+        import importlib
+        fn = getattr(importlib.import_module("turbo_gnn.ops"), name, None)
+    if fn is None:
+        raise NotImplementedError(f"turbo_gnn has no {name}")
+    return fn
+
+
+def _turbo_call(fn, g, score, ts, C):
+    """A () -> out callable fitted to fn's signature by parameter names (its
+    graph transformer: Q indexed by source, K by destination: Q = k, K = q)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise NotImplementedError(f"turbo_gnn {fn.__name__}: no signature ({exc})") from exc
+    if score == "gatv2":
+        xl, xr, att = ts
+        table = [(("graph", "adj", "g"), g), (("x_l", "xl", "x_src", "src", "left", "x"), xl),
+                 (("x_r", "xr", "x_dst", "dst", "right", "y"), xr),
+                 (("att", "attn", "a", "attention", "att_weight", "weight"), att),
+                 (("negative_slope", "slope", "neg_slope"), SLOPE)]
+    else:
+        q, k, v = ts
+        table = [(("graph", "adj", "g"), g), (("q", "query", "queries"), k),
+                 (("k", "key", "keys"), q), (("v", "value", "values"), v),
+                 (("scale", "sm_scale", "softmax_scale"), 1.0 / math.sqrt(C))]
+    kw, used = {}, set()
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        low = p.name.lower()
+        hit = next((i for i, (names, _) in enumerate(table) if low in names and i not in used),
+                   None)
+        if hit is not None:
+            used.add(hit)
+            kw[p.name] = table[hit][1]
+        elif p.default is p.empty:
+            sig = ", ".join(q_.name for q_ in params)
+            raise NotImplementedError(f"turbo_gnn {fn.__name__}({sig}): parameter {p.name!r} "
+                                      "not understood by the bench")
+    return lambda: fn(**kw)
+
+
+# ------------------------------------------------------------ op implementations
+
+
+def attn_impls(score):
+    def impls(ctx):
+        torch = ctx.torch
+        n = ctx.graph.num_nodes
+        ei = ctx.graph.edge_index
+        H, C = _heads(ctx)
+        t, _ = _inputs(ctx, score)
+        ctx.state[("attn_inputs", score)] = (t, None)     # float32 copies not held while timing
+        names = NAMES[score]
+        out = []
+
+        def build_fastgnn(ctx):
+            import fastgnn.torch as fgt
+            if not hasattr(fgt, "edge_attention"):
+                raise NotImplementedError("fastgnn.torch.edge_attention is not available")
+            g = fgt.to_graph(ei, n)
+            leaves = _leaves(t, score)
+            kw = dict(zip(names, leaves))
+            if score != "dot":
+                kw["negative_slope"] = SLOPE
+            return Prepared(lambda: fgt.edge_attention(g, score, **kw).reshape(n, H * C), leaves,
+                            lambda: {"path": "cuda" if ctx.cuda else "cpu (numba)", "heads": H},
+                            cleanup=lambda: clear_fastgnn_cache(fgt))
+        out.append(Impl("fastgnn", f"fastgnn.torch.edge_attention(graph, {score!r}, "
+                        f"{', '.join(names)}) with H={H}, C={C}; graph = fastgnn.torch.to_graph("
+                        "edge_index) built once (CSR by target, cached transpose)",
+                        build_fastgnn, fastgnn=True))
+
+        def build_pyg(ctx):
+            leaves = _leaves(t, score)
+            return Prepared(lambda: pyg_style(torch, score, leaves, ei[0], ei[1], n), leaves,
+                            lambda: {"heads": H})
+        out.append(Impl("pyg-style[edge_index]", "PyG 2.8's message passing with torch ops: "
+                        "index_select per edge, leaky_relu, torch_geometric.utils.softmax, "
+                        "message, torch_geometric.utils.scatter(sum) (materialises E x H x C)",
+                        build_pyg))
+
+        if ctx.cuda and score in TURBO_FN:
+            fname = TURBO_FN[score]
+
+            def build_turbo(ctx):
+                import turbo_gnn as tg
+                g = _turbo_graph(torch, tg, ei, n)
+                fn = _turbo_fn(tg, fname)
+                leaves = _leaves(t, score)
+                call = _turbo_call(fn, g, score, leaves, C)
+                return Prepared(lambda: call().reshape(n, H * C), leaves, lambda: {"heads": H})
+            qk = " (Q = k, K = q: its Q is indexed by the source)" if score == "dot" else ""
+            out.append(Impl(f"turbo-gnn[{fname}]", f"turbo_gnn {fname} on "
+                            "AdjacencyForwardBackwardWithNodeBuckets.from_edge_list(edge_index, n), "
+                            f"inputs [n, H, C] (default kernel parameters){qk}", build_turbo,
+                            devices=("cuda",), available=turbo_gnn_reason))
+        return out
+    return impls
+
+
+for _name, _desc in (
+        ("attn_gatv2", "GATv2 aggregation: softmax_(j->i)(att . LeakyReLU(xl[j] + xr[i])) xl[j], H x C"),
+        ("attn_dot", "Graph Transformer aggregation: softmax_(j->i)(<q[i], k[j]>/sqrt(C)) v[j], H x C"),
+        ("attn_gat", "GAT aggregation: softmax_(j->i)(LeakyReLU(a_src[j] + a_dst[i])) v[j], H x C")):
+    register(Case(_name, "op", "attention", _desc, attn_impls(SCORES[_name]),
+                  attn_reference(SCORES[_name]), attn_floor(SCORES[_name])))
+
+
+# ------------------------------------------------------------ layers
+
+LAYERS = ("GATConv", "GATv2Conv", "TransformerConv")
+
+
+def _layer(mod, name, ctx):
+    H, C = _heads(ctx)
+    cls = getattr(mod, name, None)
+    if cls is None:
+        raise NotImplementedError(f"{mod.__name__}.{name} is not available")
+    return cls(ctx.width, C, heads=H)
+
+
+def _layer_state(ctx, name):
+    torch = ctx.torch
+    key = ("master", name)
+    if key not in ctx.state:
+        from torch_geometric import nn as pnn
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(ctx.seed)
+            layer = _layer(pnn, name, ctx)
+        ctx.state[key] = {k: v.detach().clone() for k, v in layer.state_dict().items()}
+    return ctx.state[key]
+
+
+def attn_layer_impls(name):
+    def impls(ctx):
+        torch = ctx.torch
+        ei = ctx.graph.edge_index
+        H, C = _heads(ctx)
+
+        def build_fastgnn(ctx):
+            import fastgnn.torch as fgt
+            m = _layer(fgt, name, ctx)
+            note = _load(m, _layer_state(ctx, name), ctx.dtype, ctx.device, torch)
+            return _prepared(ctx, m, lambda m, x: m(x, ei), note,
+                             cleanup=lambda: clear_fastgnn_cache(fgt),
+                             extra_info=lambda: {"path": "cuda" if ctx.cuda else "cpu (numba)"})
+
+        def build_pyg(ctx):
+            from torch_geometric import nn as pnn
+            m = _layer(pnn, name, ctx)
+            _load(m, _layer_state(ctx, name), ctx.dtype, ctx.device, torch)
+            return _prepared(ctx, m, lambda m, x: m(x, ei))
+
+        settings = f"F, {C}, heads={H} (concat)"
+        return [
+            Impl("fastgnn[edge_index]", f"fastgnn.torch.{name}({settings}) on edge_index (graph "
+                 "built once by fastgnn.torch.to_graph's cache)", build_fastgnn, fastgnn=True),
+            Impl("pyg[edge_index]", f"torch_geometric.nn.{name}({settings}) on edge_index "
+                 "(per-edge gathers, softmax, scatter: E x H x C intermediates)", build_pyg),
+        ]
+    return impls
+
+
+def attn_layer_reference(name):
+    def ref(ctx):
+        torch = ctx.torch
+        from torch_geometric import nn as pnn
+        m = _layer(pnn, name, ctx)
+        state = {k: (v.to(ctx.dtype).float() if v.is_floating_point() else v)
+                 for k, v in _layer_state(ctx, name).items()}
+        m.load_state_dict(state)
+        m.to(device=ctx.device, dtype=torch.float32)
+        x = ctx.leaf(ctx.x_ref)
+        ei = ctx.graph.edge_index
+        return Prepared(lambda: m(x, ei), [x])
+    return ref
+
+
+for _name, _desc in (
+        ("GATConv", "GAT layer, H heads x F/H, concat, self-loops (PyG defaults)"),
+        ("GATv2Conv", "GATv2 layer, H heads x F/H, concat, self-loops (PyG defaults)"),
+        ("TransformerConv", "Graph Transformer layer, H heads x F/H, concat, root weight")):
+    register(Case(_name, "layer", "attention", _desc, attn_layer_impls(_name),
+                  attn_layer_reference(_name)))
+
+
+# ------------------------------------------------------------ report lines
+
+CASES_ORDER = ("attn_gatv2", "attn_dot", "attn_gat") + LAYERS
+
+
+def _x(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def attention_summary(records):
+    """One line per (graph, dtype, F): for each attention case, fastgnn's
+    fwd+bwd speedup over the fastest baseline and its peak memory / that
+    baseline's peak (GPU only)."""
+    groups = {}
+    for r in records:
+        if r.get("family") == "attention" and r.get("kind") in ("op", "layer"):
+            groups.setdefault((r["graph"], r.get("dtype"), r.get("width")), []).append(r)
+    lines = []
+    for (g, d, w), recs in groups.items():
+        parts = []
+        for case in CASES_ORDER:
+            rs = [r for r in recs if r["case"] == case]
+            fg = next((r for r in rs if r.get("fastgnn")), None)
+            if fg is None:
+                continue
+            base_name = fg.get("best_baseline_fwd_bwd")
+            base = next((r for r in rs if r["impl"] == base_name), None)
+            peak = (fg["peak_mib"] / base["peak_mib"]
+                    if base and fg.get("peak_mib") and base.get("peak_mib") else None)
+            sp = fg.get("speedup_fwd_bwd")
+            if sp is None and fg.get("status", {}).get("fwd_bwd") not in (None, "ok"):
+                parts.append(f"{case} {fg['status']['fwd_bwd']}")
+                continue
+            tail = f", peak {_x(peak)}" if peak is not None else ""
+            parts.append(f"{case} {_x(sp)} vs {base_name or '-'}{tail}")
+        if parts:
+            lines.append(f"- {g} {d} F={w}: " + "; ".join(parts))
+    if not lines:
+        return []
+    return ["## Attention family: fastgnn / fastest baseline", "",
+            "fwd+bwd speedup of fastgnn over the fastest baseline of each case, and fastgnn's "
+            "peak memory as a fraction of that baseline's (GPU runs only).", ""] + lines + [""]
+
+
+report.SUMMARIES.append(attention_summary)
