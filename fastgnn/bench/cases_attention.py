@@ -162,7 +162,8 @@ def _turbo_fn(tg, name):
 
 
 def _turbo_call(fn, g, score, ts, C):
-    """A () -> out callable fitted to fn's signature by parameter names (its
+    """A () -> out callable fitted to fn's signature by parameter names (a tuple
+    result gives its first element; its
     graph transformer: Q indexed by source, K by destination: Q = k, K = q)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -170,13 +171,13 @@ def _turbo_call(fn, g, score, ts, C):
         raise NotImplementedError(f"turbo_gnn {fn.__name__}: no signature ({exc})") from exc
     if score == "gatv2":
         xl, xr, att = ts
-        table = [(("graph", "adj", "g"), g), (("x_l", "xl", "x_src", "src", "left", "x"), xl),
+        table = [(("graph", "adj", "g", "adjacency", "adj_t"), g), (("x_l", "xl", "x_src", "src", "left", "x"), xl),
                  (("x_r", "xr", "x_dst", "dst", "right", "y"), xr),
                  (("att", "attn", "a", "attention", "att_weight", "weight"), att),
                  (("negative_slope", "slope", "neg_slope"), SLOPE)]
     else:
         q, k, v = ts
-        table = [(("graph", "adj", "g"), g), (("q", "query", "queries"), k),
+        table = [(("graph", "adj", "g", "adjacency", "adj_t"), g), (("q", "query", "queries"), k),
                  (("k", "key", "keys"), q), (("v", "value", "values"), v),
                  (("scale", "sm_scale", "softmax_scale"), 1.0 / math.sqrt(C))]
     kw, used = {}, set()
@@ -193,7 +194,10 @@ def _turbo_call(fn, g, score, ts, C):
             sig = ", ".join(q_.name for q_ in params)
             raise NotImplementedError(f"turbo_gnn {fn.__name__}({sig}): parameter {p.name!r} "
                                       "not understood by the bench")
-    return lambda: fn(**kw)
+    def call():
+        res = fn(**kw)
+        return res[0] if isinstance(res, (tuple, list)) else res
+    return call
 
 
 # ------------------------------------------------------------ op implementations
