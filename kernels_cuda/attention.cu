@@ -178,12 +178,12 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 }
 
 #define GROUP_PROLOGUE                                                              \
-    const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;          \
+    const i64 gid = group_index(group);                                             \
     const i64 t = gid / H;                                                          \
     const int h = (int)(gid % H);                                                   \
     if (t >= num_tasks) return;                                                     \
     Lanes<T, VEC> L;                                                                \
-    L.lane = threadIdx.x & (group - 1);                                             \
+    L.lane = group_lane(group);                                                     \
     L.group = group;                                                                \
     L.nch = nch;                                                                    \
     L.C = C;                                                                        \
@@ -296,11 +296,11 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
                              T* __restrict__ out, typename value_traits<T>::acc_t* __restrict__ lse,
                              i64 num_split, int H, int C, int group) {
     typedef typename value_traits<T>::acc_t A;
-    const i64 gid = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+    const i64 gid = group_index(group);
     const i64 sidx = gid / H;
     const int h = (int)(gid % H);
     if (sidx >= num_split) return;
-    const int lane = threadIdx.x & (group - 1);
+    const int lane = group_lane(group);
     const i64 row = (i64)split_row[sidx];
     const i64 k0 = (i64)slot_ptr[sidx], k1 = (i64)slot_ptr[sidx + 1];
     A M = neg_inf<A>();

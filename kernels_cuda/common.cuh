@@ -80,6 +80,14 @@ __device__ __forceinline__ A group_sum(A v, int group) {
     return v;
 }
 
+// Lane groups: `group` consecutive lanes (a power of two <= 32, aligned in the
+// warp) own one work unit; these give the unit's index and the lane in it.
+__device__ __forceinline__ i64 group_index(int group) {
+    return ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+}
+
+__device__ __forceinline__ int group_lane(int group) { return threadIdx.x & (group - 1); }
+
 // The CSR edge range [e0, e1) of task t (tasks cut rows into <= chunk edges;
 // see spmm.cu) and its row.
 template <typename I>

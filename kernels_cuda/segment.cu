@@ -94,9 +94,9 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
                             i64 num_tasks, int F, int chunk, int group, int stats,
                             int num_codes, int codes) {
     typedef typename value_traits<T>::acc_t A;
-    const i64 t = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+    const i64 t = group_index(group);
     if (t >= num_tasks) return;
-    const int lane = threadIdx.x & (group - 1);
+    const int lane = group_lane(group);
     i64 row, e0, e1;
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
     const i64 slot = (i64)task_slot[t];
@@ -170,9 +170,9 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
                                 I* __restrict__ argmin, i64 num_split, int F, int group,
                                 int stats, int num_codes, int codes) {
     typedef typename value_traits<T>::acc_t A;
-    const i64 sidx = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+    const i64 sidx = group_index(group);
     if (sidx >= num_split) return;
-    const int lane = threadIdx.x & (group - 1);
+    const int lane = group_lane(group);
     const i64 row = (i64)split_row[sidx];
     const i64 k0 = (i64)slot_ptr[sidx], k1 = (i64)slot_ptr[sidx + 1];
     const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
@@ -219,9 +219,9 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
                             typename value_traits<T>::acc_t* __restrict__ partial,      // [slots, F]
                             i64 num_tasks, int F, int chunk, int group, int terms) {
     typedef typename value_traits<T>::acc_t A;
-    const i64 t = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+    const i64 t = group_index(group);
     if (t >= num_tasks) return;
-    const int lane = threadIdx.x & (group - 1);
+    const int lane = group_lane(group);
     i64 j, e0, e1;
     task_range(task_row, task_begin, t_indptr, t, chunk, j, e0, e1);
     const i64 slot = (i64)task_slot[t];

@@ -41,9 +41,9 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
                          typename value_traits<T>::acc_t* __restrict__ partial,  // [slots, F]
                          i64 num_tasks, int F, int chunk, int group) {
     typedef typename value_traits<T>::acc_t A;
-    const i64 t = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+    const i64 t = group_index(group);
     if (t >= num_tasks) return;
-    const int lane = threadIdx.x & (group - 1);
+    const int lane = group_lane(group);
     i64 row, e0, e1;
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
     const i64 slot = (i64)task_slot[t];
@@ -104,9 +104,9 @@ __global__ void spmm_combine(const I* __restrict__ split_row,  // [num_split]
                              const typename value_traits<T>::acc_t* __restrict__ row_scale,  // or null
                              T* __restrict__ out, i64 num_split, int F, int group) {
     typedef typename value_traits<T>::acc_t A;
-    const i64 s = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+    const i64 s = group_index(group);
     if (s >= num_split) return;
-    const int lane = threadIdx.x & (group - 1);
+    const int lane = group_lane(group);
     const i64 row = (i64)split_row[s];
     const A r = row_scale != nullptr ? row_scale[row] : A(1);
     const i64 k0 = (i64)slot_ptr[s], k1 = (i64)slot_ptr[s + 1];
@@ -134,9 +134,9 @@ __global__ void sddmm(const I* __restrict__ task_row, const I* __restrict__ task
                       typename value_traits<T>::acc_t* __restrict__ out,  // [E]
                       i64 num_tasks, int F, int chunk, int group) {
     typedef typename value_traits<T>::acc_t A;
-    const i64 t = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / group;
+    const i64 t = group_index(group);
     if (t >= num_tasks) return;
-    const int lane = threadIdx.x & (group - 1);
+    const int lane = group_lane(group);
     i64 row, e0, e1;
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
     for (i64 e = e0; e < e1; ++e) {
