@@ -327,6 +327,20 @@ def _set_gat_options(layer, kwargs, **options):
         setattr(layer, name, value)
 
 
+def _add_residual_and_bias(layer, target_channels, residual, bias):
+    """GATConv/GATv2Conv's optional `res` (a glorot linear from the target
+    features) and `bias`, both of the layer's output width, under PyG's names."""
+    total = layer.out_channels * (layer.heads if layer.concat else 1)
+    if residual:
+        layer.res = _linear(target_channels, total, bias=False, weight_initializer="glorot")
+    else:
+        layer.register_parameter("res", None)
+    if bias:
+        layer.bias = torch.nn.Parameter(torch.empty(total))
+    else:
+        layer.register_parameter("bias", None)
+
+
 def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_index,
                        return_attention_weights):
     """The shared tail of GATConv and GATv2Conv: attention (dropout in
@@ -414,16 +428,8 @@ class GATConv(torch.nn.Module):
         else:
             self.lin_edge = None
             self.register_parameter("att_edge", None)
-        total = out_channels * (heads if concat else 1)
-        if residual:
-            res_in = in_channels if isinstance(in_channels, int) else in_channels[1]
-            self.res = _linear(res_in, total, bias=False, weight_initializer="glorot")
-        else:
-            self.register_parameter("res", None)
-        if bias:
-            self.bias = torch.nn.Parameter(torch.empty(total))
-        else:
-            self.register_parameter("bias", None)
+        _add_residual_and_bias(self, in_channels if isinstance(in_channels, int) else in_channels[1],
+                               residual, bias)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -544,15 +550,7 @@ class GATv2Conv(torch.nn.Module):
             self.lin_edge = _linear(edge_dim, HC, bias=False, weight_initializer="glorot")
         else:
             self.lin_edge = None
-        total = out_channels * (heads if concat else 1)
-        if residual:
-            self.res = _linear(ins[1], total, bias=False, weight_initializer="glorot")
-        else:
-            self.register_parameter("res", None)
-        if bias:
-            self.bias = torch.nn.Parameter(torch.empty(total))
-        else:
-            self.register_parameter("bias", None)
+        _add_residual_and_bias(self, ins[1], residual, bias)
         self.reset_parameters()
 
     def reset_parameters(self):
