@@ -39,7 +39,7 @@ import inspect
 import math
 
 from . import report
-from .cases_layers import _load, _prepared
+from .cases_layers import _load, _master_state, _prepared, layer_reference
 from .cases_spmm import clear_fastgnn_cache, turbo_gnn_reason, _turbo_graph
 from .core import Case, Impl, Prepared, register
 
@@ -280,16 +280,16 @@ def _layer(mod, name, ctx):
     return cls(ctx.width, C, heads=H)
 
 
-def _layer_state(ctx, name):
-    torch = ctx.torch
-    key = ("master", name)
-    if key not in ctx.state:
+def _pyg_maker(name):
+    """make(ctx) for cases_layers' shared state and reference: the PyG layer."""
+    def make(ctx):
         from torch_geometric import nn as pnn
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(ctx.seed)
-            layer = _layer(pnn, name, ctx)
-        ctx.state[key] = {k: v.detach().clone() for k, v in layer.state_dict().items()}
-    return ctx.state[key]
+        return _layer(pnn, name, ctx)
+    return make
+
+
+def _layer_state(ctx, name):
+    return _master_state(ctx, name, _pyg_maker(name))
 
 
 def attn_layer_impls(name):
@@ -322,27 +322,12 @@ def attn_layer_impls(name):
     return impls
 
 
-def attn_layer_reference(name):
-    def ref(ctx):
-        torch = ctx.torch
-        from torch_geometric import nn as pnn
-        m = _layer(pnn, name, ctx)
-        state = {k: (v.to(ctx.dtype).float() if v.is_floating_point() else v)
-                 for k, v in _layer_state(ctx, name).items()}
-        m.load_state_dict(state)
-        m.to(device=ctx.device, dtype=torch.float32)
-        x = ctx.leaf(ctx.x_ref)
-        ei = ctx.graph.edge_index
-        return Prepared(lambda: m(x, ei), [x])
-    return ref
-
-
 for _name, _desc in (
         ("GATConv", "GAT layer, H heads x F/H, concat, self-loops (PyG defaults)"),
         ("GATv2Conv", "GATv2 layer, H heads x F/H, concat, self-loops (PyG defaults)"),
         ("TransformerConv", "Graph Transformer layer, H heads x F/H, concat, root weight")):
     register(Case(_name, "layer", "attention", _desc, attn_layer_impls(_name),
-                  attn_layer_reference(_name)))
+                  layer_reference(_name, _pyg_maker(_name))))
 
 
 # ------------------------------------------------------------ report lines

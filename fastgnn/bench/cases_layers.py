@@ -52,14 +52,15 @@ def _fastgnn_layer(name, width):
     return cls(mlp)
 
 
-def _master_state(ctx, name):
-    """float32 parameters shared by every implementation (built once per ctx)."""
+def _master_state(ctx, name, make=None):
+    """float32 parameters shared by every implementation (built once per ctx).
+    make(ctx) builds the PyG layer (default: this module's `_pyg_layer`)."""
     torch = ctx.torch
     key = ("master", name)
     if key not in ctx.state:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(ctx.seed)
-            layer = _pyg_layer(name, ctx.width)
+            layer = make(ctx) if make is not None else _pyg_layer(name, ctx.width)
         ctx.state[key] = {k: v.detach().clone() for k, v in layer.state_dict().items()}
     return ctx.state[key]
 
@@ -129,13 +130,15 @@ def layer_impls(name, settings):
     return impls
 
 
-def layer_reference(name):
+def layer_reference(name, make=None):
+    """The float32 PyG layer on edge_index with the shared parameters;
+    make(ctx) builds the PyG layer (default: `_pyg_layer`)."""
     def ref(ctx):
         torch = ctx.torch
-        m = _pyg_layer(name, ctx.width)
+        m = make(ctx) if make is not None else _pyg_layer(name, ctx.width)
         # parameters rounded to the bench dtype, then computed in float32
         state = {k: (v.to(ctx.dtype).float() if v.is_floating_point() else v)
-                 for k, v in _master_state(ctx, name).items()}
+                 for k, v in _master_state(ctx, name, make).items()}
         m.load_state_dict(state)
         m.to(device=ctx.device, dtype=torch.float32)
         x = ctx.leaf(ctx.x_ref)
