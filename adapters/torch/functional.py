@@ -26,6 +26,14 @@ def _rows(x):
     return int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() == 2 else None
 
 
+def _resolve_for(edge_index_or_graph, x, num_nodes):
+    """(graph, adj_t values or None) for node features x [N, F]: a square
+    graph of x.size(0) nodes unless num_nodes says otherwise."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    return resolve(edge_index_or_graph, _rows(x) if num_nodes is None else num_nodes)
+
+
 def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None, path="auto",
          *, row_scale=None, col_scale=None):
     r"""Neighbour aggregation `out = A_w @ x`, differentiable in x and edge_weight.
@@ -54,11 +62,7 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
                  (constants: they take no gradient).
     Returns [num_dst, F] in x's dtype.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if num_nodes is None:
-        num_nodes = _rows(x)
-    graph, adj_w = resolve(edge_index_or_graph, num_nodes)
+    graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
     if adj_w is not None:
         if edge_weight is not None:
             raise ValueError("edge_weight must be None when the graph is a sparse adj_t: "
@@ -126,11 +130,7 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None):
     Returns [num_dst, F] for a single str, else [num_dst, R*F] with block r
     = reduce[r] (PyG MultiAggregation mode="cat" order), in x's dtype.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if num_nodes is None:
-        num_nodes = _rows(x)
-    graph, adj_w = resolve(edge_index_or_graph, num_nodes)
+    graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
     if adj_w is not None:
         raise ValueError("segment_reduce takes no edge weights, but the sparse adj_t has values "
                          "other than 1; pass an edge_index, a fastgnn.Graph or an adj_t of ones")
