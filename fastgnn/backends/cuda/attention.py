@@ -20,7 +20,7 @@ from ...graph import Graph
 from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
 from .loader import ATTENTION_NCH, C_INDEX, C_VALUE, VALUE_BYTES, attention_vecs, get_function
-from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, spmm_custom, task_plan
+from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, spmm_custom, task_plan
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 COLUMN_SUM_ROWS = 1024
@@ -29,10 +29,6 @@ COLUMN_SUM_ROWS = 1024
 def _drop_args(drop):
     return (np.uint64(drop.key), np.uint64(drop.offset), np.uint64(drop.threshold),
             np.float64(drop.scale), np.int32(1 if drop.active else 0))
-
-
-def _ptr(a):
-    return NULL if a is None else a
 
 
 def _acc(vtype):
@@ -127,12 +123,12 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
     fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH)
     common = (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-              caller_ids(graph), S, Dn, _ptr(Ed), _ptr(att), V)
+              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V)
     scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
                np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(Ed is not None),
                acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
     fwd(_grid(ntask * H, group), (BLOCK,),
-        common + (out, lse, NULL, _ptr(p_m), _ptr(p_l), _ptr(p_acc)) + scalars + (np.int32(0),))
+        common + (out, lse, NULL, _arg(p_m), _arg(p_l), _arg(p_acc)) + scalars + (np.int32(0),))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         comb = get_function("attention", vtype, itype,
@@ -254,8 +250,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-              caller_ids(graph), S, Dn, _ptr(Ed), _ptr(att), V, lse, _ptr(g), _ptr(ga), delta,
-              _ptr(gDn), _ptr(p_dn), _ptr(gEd), _ptr(gatt_part), np.int64(ntask)) + scalars)
+              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga), delta,
+              _arg(gDn), _arg(p_dn), _arg(gEd), _arg(gatt_part), np.int64(ntask)) + scalars)
         _combine(plan, p_dn, gDn, H * Cs, vtype, itype)
         if need_gDn:
             grads[d_name] = gDn
@@ -280,8 +276,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices,
-              transpose_caller_ids(graph), S, Dn, _ptr(Ed), _ptr(att), V, lse, _ptr(g), _ptr(ga),
-              delta, _ptr(gS), _ptr(p_s), _ptr(gV), _ptr(p_v), np.int64(ntask)) + scalars)
+              transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
+              delta, _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask)) + scalars)
         _combine(plan, p_s, gS, H * Cs, vtype, itype)
         _combine(plan, p_v, gV, H * C, vtype, itype)
         if need_gS:

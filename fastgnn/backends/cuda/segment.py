@@ -13,7 +13,7 @@ import cupy as cp
 import numpy as np
 
 from .loader import C_INDEX, C_VALUE, get_function
-from .spmm import _ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _grid, _launch_shape, _null, task_plan
+from .spmm import _ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape, task_plan
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN = 1, 2, 4, 8
@@ -47,16 +47,15 @@ def segment_fwd(graph, x, codes, vtype, chunk=DEFAULT_CHUNK):
     plan = task_plan(graph, chunk)
     acc = _acc_dtype(vtype)
     S = plan.num_slots
-    p = [cp.empty((S, F), dtype=acc) if S else _null(acc) for _ in range(4)]
-    pa = [cp.empty((S, F), dtype=idx) if S else _null(idx) for _ in range(2)]
+    p = [cp.empty((S, F), dtype=acc) if S else NULL for _ in range(4)]
+    pa = [cp.empty((S, F), dtype=idx) if S else NULL for _ in range(2)]
     vec, group = _launch_shape(vtype, F, x)
     T, I = C_VALUE[vtype], C_INDEX[itype]
     fwd = get_function("segment", vtype, itype, f"segment_fwd<{T}, {I}, {vec}>")
     num_tasks = int(plan.task_row.shape[0])
-    nul = _null(idx)
     fwd(_grid(num_tasks, group), (BLOCK,),
         (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices, x, out,
-         nul if argmax is None else argmax, nul if argmin is None else argmin,
+         _arg(argmax), _arg(argmin),
          *p, *pa, np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
          np.int32(stats), np.int32(R), np.int32(packed)))
     num_split = int(plan.split_row.shape[0])
@@ -65,7 +64,7 @@ def segment_fwd(graph, x, codes, vtype, chunk=DEFAULT_CHUNK):
         comb = get_function("segment", vtype, itype, f"segment_combine<{T}, {I}>")
         comb(_grid(num_split, group1), (BLOCK,),
              (plan.split_row, plan.slot_ptr, graph.indptr, *p, *pa, out,
-              nul if argmax is None else argmax, nul if argmin is None else argmin,
+              _arg(argmax), _arg(argmin),
               np.int64(num_split), np.int32(F), np.int32(group1), np.int32(stats),
               np.int32(R), np.int32(packed)))
     return out, argmax, argmin
@@ -86,19 +85,16 @@ def segment_bwd(graph, x, coef_a, coef_b, argmax, gmax, argmin, gmin, vtype,
     terms = ((coef_a is not None) | (coef_b is not None) << 1
              | (argmax is not None) << 2 | (argmin is not None) << 3)
     plan = task_plan(t, chunk)
-    partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else _null(acc)
+    partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else NULL
     arrays = [a for a in (x, coef_a, coef_b, gmax, gmin, grad) if a is not None]
     vec, group = _launch_shape(vtype, F, *arrays)
     T, I = C_VALUE[vtype], C_INDEX[itype]
     kern = get_function("segment", vtype, itype, f"segment_bwd<{T}, {I}, {vec}>")
     num_tasks = int(plan.task_row.shape[0])
-    na, ni, nx = _null(acc), _null(idx), _null(grad.dtype)
-    c = lambda a, n: n if a is None else a.astype(acc, copy=False)  # noqa: E731
     kern(_grid(num_tasks, group), (BLOCK,),
          (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, t.edge_ids,
-          nx if x is None else x, c(coef_a, na), c(coef_b, na),
-          ni if argmax is None else argmax, c(gmax, na), ni if argmin is None else argmin,
-          c(gmin, na), grad, partial, np.int64(num_tasks), np.int32(F), np.int32(chunk),
+          _arg(x), _arg(coef_a, acc), _arg(coef_b, acc), _arg(argmax), _arg(gmax, acc),
+          _arg(argmin), _arg(gmin, acc), grad, partial, np.int64(num_tasks), np.int32(F), np.int32(chunk),
           np.int32(group), np.int32(terms)))
     num_split = int(plan.split_row.shape[0])
     if num_split:

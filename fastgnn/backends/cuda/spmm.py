@@ -83,16 +83,6 @@ def _launch_shape(vtype, F, *arrays):
     return vec, group
 
 
-_EMPTY = {}
-
-
-def _null(dtype):
-    key = (cp.cuda.Device().id, np.dtype(dtype))
-    if key not in _EMPTY:
-        _EMPTY[key] = cp.empty(1, dtype=dtype)
-    return _EMPTY[key]
-
-
 def _grid(num_units, group):
     return (max(1, -(-num_units * group // BLOCK)),)
 
@@ -100,8 +90,13 @@ def _grid(num_units, group):
 NULL = np.uint64(0)   # a null device pointer as a kernel argument
 
 
-def _scale_arg(a, acc):
-    return NULL if a is None else a.astype(acc, copy=False)
+def _arg(a, dtype=None):
+    """A kernel pointer argument: the array (as dtype, copied only if it is
+    not already), or NULL for an absent one. Kernels read a pointer only
+    when its flag (HAS_W, stats, terms, ...) says it is there."""
+    if a is None:
+        return NULL
+    return a if dtype is None else a.astype(dtype, copy=False)
 
 
 def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_scale=None,
@@ -116,21 +111,19 @@ def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_
     vec, group = _launch_shape(vtype, F, x, out)
     T, I = C_VALUE[vtype], C_INDEX[itype]
     has_w = weight_csr is not None
-    partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else _null(acc)
+    partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else None
     fwd = get_function("spmm", vtype, itype, f"spmm_fwd<{T}, {I}, {vec}, {'true' if has_w else 'false'}>")
     num_tasks = int(plan.task_row.shape[0])
     fwd(_grid(num_tasks, group), (BLOCK,),
         (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-         weight_csr.astype(acc, copy=False) if has_w else _null(acc),
-         _scale_arg(row_scale, acc), _scale_arg(col_scale, acc), x, out, partial,
-         np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group)))
+         _arg(weight_csr, acc), _arg(row_scale, acc), _arg(col_scale, acc), x, out,
+         _arg(partial), np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
         combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, _scale_arg(row_scale, acc), out,
-                 np.int64(num_split),
-                 np.int32(F), np.int32(group)))
+                (plan.split_row, plan.slot_ptr, partial, _arg(row_scale, acc), out,
+                 np.int64(num_split), np.int32(F), np.int32(group)))
     return out
 
 
