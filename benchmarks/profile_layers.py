@@ -14,7 +14,16 @@ def main(layer="GCNConv", scale=20, F=128):
     ei, n = rmat_edge_index(scale, xp=cp)
     ei = torch.from_dlpack(ei)
     x = torch.randn(n, F, device="cuda", requires_grad=True)
-    mod = (ft.GCNConv(F, F, cached=True) if layer == "GCNConv" else ft.SAGEConv(F, F)).cuda()
+    heads = 4
+    make = {"GCNConv": lambda: ft.GCNConv(F, F, cached=True),
+            "SAGEConv": lambda: ft.SAGEConv(F, F),
+            "SAGEConv_max": lambda: ft.SAGEConv(F, F, aggr="max"),
+            "GATConv": lambda: ft.GATConv(F, F // heads, heads=heads),
+            "GATv2Conv": lambda: ft.GATv2Conv(F, F // heads, heads=heads),
+            "TransformerConv": lambda: ft.TransformerConv(F, F // heads, heads=heads)}
+    if layer not in make:
+        raise SystemExit(f"layer must be one of {sorted(make)}, got {layer!r}")
+    mod = make[layer]().cuda()
     g = torch.randn(n, F, device="cuda")
 
     def step():

@@ -17,8 +17,11 @@
 // group per (task, head). Lane l owns channels c = l*VEC + k*group*VEC,
 // k < nch (<= NCH, a template parameter: 1 when one pass of the group
 // covers the head, else 4), so a head of up to NCH*32*VEC channels sits in
-// registers. Per edge the group computes its score (a shuffle reduction for
-// gatv2/dot), then updates the running max m, sum l and accumulator. Hub
+// registers. The edges of a task go in steps of U (Unroll: 4, or 1 with
+// several chunks): the U edges' rows are gathered
+// first (U loads in flight per lane), then their scores (a shuffle reduction
+// per edge for gatv2/dot), then the running max m moves once per step and
+// the sum l and accumulator take the U weighted messages. Hub
 // rows are split; their (m, l, acc) partials are merged in slot order
 // (attn_combine), source-side backward partials by spmm_combine: no atomics.
 //
@@ -26,7 +29,9 @@
 // (C values each; one row for gatv2, whose S and V are both xl), the edge term
 // if any, the index and caller id; Dn[i] and att are loaded once per task.
 // The backward target pass adds g[i] (once per task) and writes per-edge
-// gradients; the source pass gathers Dn[i], g[i], lse and delta per edge.
+// gradients; the source pass keeps S[j], V[j] in registers and gathers
+// Dn[i], g[i], lse and delta per edge. So per edge and head: forward 1 row
+// (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source pass).
 
 #include "common.cuh"
 
@@ -90,75 +95,6 @@ struct Lanes {
     __device__ __forceinline__ bool has(int k) const { return k < nch && chan(k) < C; }
 };
 
-// Score of edge (j -> i, caller id ce), head h. dreg: Dn[i] slice (gatv2/dot)
-// or Dn[i, h, 0] in dreg[0][0] (gat); areg: att slice (gatv2).
-template <int KIND, typename T, int VEC, int NCH>
-__device__ __forceinline__ typename value_traits<T>::acc_t edge_score(
-        const Lanes<T, VEC>& L, const T* __restrict__ S, const T* __restrict__ Ed, bool has_e,
-        i64 j, i64 ce, int h, int H, const typename value_traits<T>::acc_t (*dreg)[VEC],
-        const typename value_traits<T>::acc_t (*areg)[VEC], typename value_traits<T>::acc_t slope,
-        typename value_traits<T>::acc_t scale) {
-    typedef typename value_traits<T>::acc_t A;
-    if (KIND == KIND_GAT) {
-        A u = value_traits<T>::to_acc(S[j * H + h]) + dreg[0][0];
-        if (has_e) u += value_traits<T>::to_acc(Ed[ce * H + h]);
-        return lrelu(u, slope);
-    }
-    A part = A(0);
-#pragma unroll
-    for (int k = 0; k < NCH; ++k) {
-        if (!L.has(k)) continue;
-        const int c0 = L.chan(k);
-        A sv[VEC], ev[VEC];
-        load_acc<T, VEC>(S + (j * H + h) * (i64)L.C + c0, sv);
-        if (has_e) load_acc<T, VEC>(Ed + (ce * H + h) * (i64)L.C + c0, ev);
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) {
-            const A e = has_e ? ev[q] : A(0);
-            if (KIND == KIND_GATV2) part += areg[k][q] * lrelu(sv[q] + dreg[k][q] + e, slope);
-            else part += dreg[k][q] * (sv[q] + e);
-        }
-    }
-    part = group_sum(part, L.group);
-    return KIND == KIND_DOT ? part * scale : part;
-}
-
-// Message slice of edge (j, ce): V[j] (+ Ed[ce] for "dot").
-template <int KIND, typename T, int VEC>
-__device__ __forceinline__ void edge_message(const Lanes<T, VEC>& L, const T* __restrict__ V,
-                                             const T* __restrict__ Ed, bool has_e, i64 j, i64 ce,
-                                             int h, int H, int k,
-                                             typename value_traits<T>::acc_t* m) {
-    typedef typename value_traits<T>::acc_t A;
-    const int c0 = L.chan(k);
-    load_acc<T, VEC>(V + (j * H + h) * (i64)L.C + c0, m);
-    if (KIND == KIND_DOT && has_e) {
-        A ev[VEC];
-        load_acc<T, VEC>(Ed + (ce * H + h) * (i64)L.C + c0, ev);
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) m[q] += ev[q];
-    }
-}
-
-// Target-side registers of task row i: Dn slice (or scalar) and att slice.
-template <int KIND, typename T, int VEC, int NCH>
-__device__ __forceinline__ void load_target(const Lanes<T, VEC>& L, const T* __restrict__ Dn,
-                                            const T* __restrict__ att, i64 i, int h, int H,
-                                            typename value_traits<T>::acc_t (*dreg)[VEC],
-                                            typename value_traits<T>::acc_t (*areg)[VEC]) {
-    typedef typename value_traits<T>::acc_t A;
-    if (KIND == KIND_GAT) {
-        dreg[0][0] = value_traits<T>::to_acc(Dn[i * H + h]);
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < NCH; ++k) {
-        if (!L.has(k)) continue;
-        load_acc<T, VEC>(Dn + (i * H + h) * (i64)L.C + L.chan(k), dreg[k]);
-        if (KIND == KIND_GATV2) load_acc<T, VEC>(att + (i64)h * L.C + L.chan(k), areg[k]);
-    }
-}
-
 // Write one lane's VEC values of a gradient row: to the output (direct rows)
 // or, for a split row, to its fp32/fp64 partial slot (summed by spmm_combine).
 template <typename T, int VEC>
@@ -190,9 +126,118 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     i64 row, e0, e1;                                                                \
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
 
+// Edges handled per step of a task's loop: U edges' gathers are issued
+// before any of their arithmetic, so U rows per lane are in flight (1 when a
+// lane holds several channel chunks, to stay within registers).
+template <int VEC, int NCH>
+struct Unroll {
+    static constexpr int U = NCH > 1 ? 1 : 4;
+};
+
+// One lane's values of one head of one row: NCH chunks of VEC channels
+// (zeros where the lane has no channel); a scalar in v[0][0] for gat's
+// per-head score inputs.
+template <typename T, int VEC, int NCH>
+struct Slice {
+    typename value_traits<T>::acc_t v[NCH][VEC];
+};
+
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ void zero_slice(Slice<T, VEC, NCH>& s) {
+#pragma unroll
+    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) s.v[k][q] = 0;
+}
+
+// Row r, head h of a [rows, H, C] array (SCALAR: of a [rows, H] array).
+template <bool SCALAR, typename T, int VEC, int NCH>
+__device__ __forceinline__ void load_slice(const Lanes<T, VEC>& L, const T* __restrict__ p, i64 r,
+                                           int h, int H, Slice<T, VEC, NCH>& s) {
+    if (SCALAR) {
+        s.v[0][0] = value_traits<T>::to_acc(p[r * H + h]);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) {
+        if (L.has(k)) {
+            load_acc<T, VEC>(p + (r * H + h) * (i64)L.C + L.chan(k), s.v[k]);
+        } else {
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) s.v[k][q] = 0;
+        }
+    }
+}
+
+// Score of one edge and head from the lane's slices (s: S[j], d: Dn[i],
+// e: Ed[ce] when has_e, a: att), reduced over the group:
+//   gat   lrelu(s + d (+ e))                (scalars)
+//   gatv2 sum_c a_c lrelu(s_c + d_c (+ e_c))
+//   dot   scale * sum_c d_c (s_c (+ e_c))
+template <int KIND, typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t score_of(
+        const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& d, const Slice<T, VEC, NCH>& e,
+        bool has_e, const Slice<T, VEC, NCH>& a, typename value_traits<T>::acc_t slope,
+        typename value_traits<T>::acc_t scale, int group) {
+    typedef typename value_traits<T>::acc_t A;
+    if (KIND == KIND_GAT) {
+        A u = s.v[0][0] + d.v[0][0];
+        if (has_e) u += e.v[0][0];
+        return lrelu(u, slope);
+    }
+    A part = A(0);
+#pragma unroll
+    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) {
+            const A ed = has_e ? e.v[k][q] : A(0);
+            if (KIND == KIND_GATV2) part += a.v[k][q] * lrelu(s.v[k][q] + d.v[k][q] + ed, slope);
+            else part += d.v[k][q] * (s.v[k][q] + ed);
+        }
+    part = group_sum(part, group);
+    return KIND == KIND_DOT ? part * scale : part;
+}
+
+// Message value (k, q) of an edge: gatv2 xl[j] (= s); dot v[j] (+ e); gat v[j].
+template <int KIND, typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t msg_of(
+        const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& v, const Slice<T, VEC, NCH>& e,
+        bool has_e, int k, int q) {
+    if (KIND == KIND_GATV2) return s.v[k][q];
+    if (KIND == KIND_DOT && has_e) return v.v[k][q] + e.v[k][q];
+    return v.v[k][q];
+}
+
+// <g, message> of an edge, reduced over the group.
+template <int KIND, typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
+        const Slice<T, VEC, NCH>& g, const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& v,
+        const Slice<T, VEC, NCH>& e, bool has_e, int group) {
+    typedef typename value_traits<T>::acc_t A;
+    A part = A(0);
+#pragma unroll
+    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) part += g.v[k][q] * msg_of<KIND, T, VEC, NCH>(s, v, e, has_e, k, q);
+    return group_sum(part, group);
+}
+
+// The U edges [eb, eb + U) of a task's range (positions past e1 repeat eb,
+// so their loads stay in bounds; `valid` masks them).
+#define EDGE_BATCH                                                                  \
+    i64 nb_[U], ce[U];                                                              \
+    bool valid[U];                                                                  \
+    _Pragma("unroll") for (int u = 0; u < U; ++u) {                                  \
+        valid[u] = eb + u < e1;                                                     \
+        const i64 ep = valid[u] ? eb + u : eb;                                      \
+        nb_[u] = (i64)indices[ep];                                                  \
+        ce[u] = (i64)cid[ep];                                                       \
+    }
+
 // Forward. alpha_mode = 0: online softmax; direct rows write out[i] and
 // lse[i], split rows their (m, l, acc) partials. alpha_mode = 1: with lse
-// known, write alpha[ce, h] = exp(s - lse[i, h]).
+// known, write alpha[ce, h] = exp(s - lse[i, h]). U edges per step: their
+// rows are gathered first, then the running max moves once per step.
 template <int KIND, typename T, typename I, int VEC, int NCH>
 __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                          const I* __restrict__ task_slot, const I* __restrict__ indptr,
@@ -211,50 +256,62 @@ __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ t
                          typename value_traits<T>::acc_t scale, DROP_PARAMS, int alpha_mode) {
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
+    typedef Slice<T, VEC, NCH> Sl;
+    constexpr int U = Unroll<VEC, NCH>::U;
+    constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
-    A dreg[NCH][VEC], areg[NCH][VEC], acc[NCH][VEC];
-    load_target<KIND, T, VEC, NCH>(L, Dn, att, row, h, H, dreg, areg);
-#pragma unroll
-    for (int k = 0; k < NCH; ++k)
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) acc[k][q] = A(0);
+    Sl d, a, acc;
+    load_slice<GAT>(L, Dn, row, h, H, d);
+    if (KIND == KIND_GATV2) load_slice<false>(L, att, 0, h, H, a);
+    zero_slice(acc);
     const A row_lse = alpha_mode ? lse[row * H + h] : A(0);
     A m = neg_inf<A>(), l = A(0);
-    for (i64 e = e0; e < e1; ++e) {
-        const i64 j = (i64)indices[e];
-        const i64 ce = (i64)cid[e];
-        const A s = edge_score<KIND, T, VEC, NCH>(L, S, Ed, has_e, j, ce, h, H, dreg, areg, slope,
-                                             scale);
+    for (i64 eb = e0; eb < e1; eb += U) {
+        EDGE_BATCH
+        Sl s[U], e[U], v[U];
+        A sc[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            load_slice<GAT>(L, S, nb_[u], h, H, s[u]);
+            if (has_e) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
+            if (KIND != KIND_GATV2 && !alpha_mode) load_slice<false>(L, V, nb_[u], h, H, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], has_e, a, slope, scale, group);
+            if (!valid[u]) sc[u] = neg_inf<A>();
+        }
         if (alpha_mode) {
-            if (L.lane == 0) alpha[ce * H + h] = value_traits<T>::from_acc(exp(s - row_lse));
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (valid[u] && L.lane == 0)
+                    alpha[ce[u] * H + h] = value_traits<T>::from_acc(exp(sc[u] - row_lse));
             continue;
         }
-        A w;
-        if (s > m) {                       // new running max: rescale what we have
-            const A corr = exp(m - s);
-            l = l * corr + A(1);
+        A M = m;
+#pragma unroll
+        for (int u = 0; u < U; ++u) M = sc[u] > M ? sc[u] : M;
+        if (M > m) {                       // new running max: rescale what we have
+            const A corr = exp(m - M);
+            l *= corr;
 #pragma unroll
             for (int k = 0; k < NCH; ++k)
 #pragma unroll
-                for (int q = 0; q < VEC; ++q) acc[k][q] *= corr;
-            m = s;
-            w = A(1);
-        } else if (s > neg_inf<A>()) {
-            w = exp(s - m);
-            l += w;
-        } else {
-            if (s != s) l = s;             // a NaN score makes the row NaN, as torch
-            w = A(0);
+                for (int q = 0; q < VEC; ++q) acc.v[k][q] *= corr;
+            m = M;
         }
-        w *= (A)drop_factor(drop, ce, H, h);
-        if (w != A(0)) {
 #pragma unroll
-            for (int k = 0; k < NCH; ++k) {
-                if (!L.has(k)) continue;
-                A msg[VEC];
-                edge_message<KIND, T, VEC>(L, V, Ed, has_e, j, ce, h, H, k, msg);
+        for (int u = 0; u < U; ++u) {
+            A w = sc[u] > neg_inf<A>() ? (sc[u] == m ? A(1) : exp(sc[u] - m)) : A(0);
+            l += w;
+            if (sc[u] != sc[u]) l = sc[u];       // a NaN score makes the row NaN, as torch
+            w *= (A)drop_factor(drop, ce[u], H, h);
+            if (w != A(0)) {
 #pragma unroll
-                for (int q = 0; q < VEC; ++q) acc[k][q] += w * msg[q];
+                for (int k = 0; k < NCH; ++k)
+#pragma unroll
+                    for (int q = 0; q < VEC; ++q)
+                        acc.v[k][q] += w * msg_of<KIND, T, VEC, NCH>(s[u], v[u], e[u], has_e, k, q);
             }
         }
     }
@@ -268,7 +325,7 @@ __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ t
             if (!L.has(k)) continue;
             pack_t<T, VEC> o;
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(acc[k][q] * inv);
+            for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv);
             store_pack<T, VEC>(out + (row * H + h) * (i64)C + L.chan(k), o);
         }
         if (L.lane == 0) lse[row * H + h] = empty ? neg_inf<A>() : m + log(l);
@@ -277,7 +334,7 @@ __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ t
         for (int k = 0; k < NCH; ++k) {
             if (!L.has(k)) continue;
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) p_acc[(slot * H + h) * C + L.chan(k) + q] = acc[k][q];
+            for (int q = 0; q < VEC; ++q) p_acc[(slot * H + h) * C + L.chan(k) + q] = acc.v[k][q];
         }
         if (L.lane == 0) {
             p_m[slot * H + h] = m;
@@ -325,7 +382,8 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 // Backward, target pass over the CSR: per edge ds_e = p (z <g_i, m_e> + ga_e
 // - delta_i); the target-side gradient summed over the task (direct rows
 // write gDn[i], split rows a partial slot), the per-edge gradient written at
-// the caller's id, and gatv2's grad_att as one partial row per task.
+// the caller's id, and gatv2's grad_att as one partial row per task. U edges
+// per step, their source rows gathered before any arithmetic.
 template <int KIND, typename T, typename I, int VEC, int NCH>
 __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
@@ -346,72 +404,73 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
+    typedef Slice<T, VEC, NCH> Sl;
+    constexpr int U = Unroll<VEC, NCH>::U;
+    constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
-    A dreg[NCH][VEC], areg[NCH][VEC], greg[NCH][VEC], dacc[NCH][VEC], patt[NCH][VEC];
-    load_target<KIND, T, VEC, NCH>(L, Dn, att, row, h, H, dreg, areg);
-#pragma unroll
-    for (int k = 0; k < NCH; ++k) {
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) greg[k][q] = dacc[k][q] = patt[k][q] = A(0);
-        if (g != nullptr && L.has(k)) load_acc<T, VEC>(g + (row * H + h) * (i64)C + L.chan(k), greg[k]);
-    }
+    Sl d, a, gr, dacc, patt;
+    load_slice<GAT>(L, Dn, row, h, H, d);
+    if (KIND == KIND_GATV2) load_slice<false>(L, att, 0, h, H, a);
+    if (g != nullptr) load_slice<false>(L, g, row, h, H, gr);
+    else zero_slice(gr);
+    zero_slice(dacc);
+    zero_slice(patt);
     const A row_lse = lse[row * H + h];
     const A D = delta[row * H + h];
     A dgat = A(0);                                  // gat's scalar target-side gradient
-    for (i64 e = e0; e < e1; ++e) {
-        const i64 j = (i64)indices[e];
-        const i64 ce = (i64)cid[e];
-        const A s = edge_score<KIND, T, VEC, NCH>(L, S, Ed, has_e, j, ce, h, H, dreg, areg, slope,
-                                             scale);
-        const A p = exp(s - row_lse);
-        const A z = (A)drop_factor(drop, ce, H, h);
-        A gm = A(0);
-        if (g != nullptr && z != A(0)) {
+    for (i64 eb = e0; eb < e1; eb += U) {
+        EDGE_BATCH
+        Sl s[U], e[U], v[U];
+        A sc[U], gm[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            load_slice<GAT>(L, S, nb_[u], h, H, s[u]);
+            if (has_e) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
+            if (KIND != KIND_GATV2 && g != nullptr) load_slice<false>(L, V, nb_[u], h, H, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], has_e, a, slope, scale, group);
+            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gr, s[u], v[u], e[u], has_e, group)
+                                 : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            const A p = exp(sc[u] - row_lse);
+            const A z = (A)drop_factor(drop, ce[u], H, h);
+            A dp = z != A(0) ? z * gm[u] : A(0);
+            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[ce[u] * H + h]);
+            const A ds = p * (dp - D);
+            if (KIND == KIND_GAT) {
+                A x = s[u].v[0][0] + d.v[0][0];
+                if (has_e) x += e[u].v[0][0];
+                const A du = ds * lrelu_grad(x, slope);
+                dgat += du;
+                if (gEd != nullptr && L.lane == 0) gEd[ce[u] * H + h] = value_traits<T>::from_acc(du);
+                continue;
+            }
 #pragma unroll
             for (int k = 0; k < NCH; ++k) {
-                if (!L.has(k)) continue;
-                A msg[VEC];
-                edge_message<KIND, T, VEC>(L, V, Ed, has_e, j, ce, h, H, k, msg);
+                pack_t<T, VEC> ge;
 #pragma unroll
-                for (int q = 0; q < VEC; ++q) gm += greg[k][q] * msg[q];
-            }
-            gm = group_sum(gm, L.group);
-        }
-        A dp = z * gm;
-        if (ga != nullptr) dp += value_traits<T>::to_acc(ga[ce * H + h]);
-        const A ds = p * (dp - D);
-        if (KIND == KIND_GAT) {
-            A u = value_traits<T>::to_acc(S[j * H + h]) + dreg[0][0];
-            if (has_e) u += value_traits<T>::to_acc(Ed[ce * H + h]);
-            const A du = ds * lrelu_grad(u, slope);
-            dgat += du;
-            if (gEd != nullptr && L.lane == 0) gEd[ce * H + h] = value_traits<T>::from_acc(du);
-            continue;
-        }
-#pragma unroll
-        for (int k = 0; k < NCH; ++k) {
-            if (!L.has(k)) continue;
-            const int c0 = L.chan(k);
-            A sv[VEC], ev[VEC];
-            load_acc<T, VEC>(S + (j * H + h) * (i64)C + c0, sv);
-            if (has_e) load_acc<T, VEC>(Ed + (ce * H + h) * (i64)C + c0, ev);
-            pack_t<T, VEC> ge;
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) {
-                const A ed = has_e ? ev[q] : A(0);
-                A d;
-                if (KIND == KIND_GATV2) {
-                    const A tt = sv[q] + dreg[k][q] + ed;
-                    d = ds * areg[k][q] * lrelu_grad(tt, slope);
-                    patt[k][q] += ds * lrelu(tt, slope);
-                    dacc[k][q] += d;
-                } else {                              // dot
-                    dacc[k][q] += scale * ds * (sv[q] + ed);
-                    d = scale * ds * dreg[k][q] + p * z * greg[k][q];
+                for (int q = 0; q < VEC; ++q) {
+                    const A ed = has_e ? e[u].v[k][q] : A(0);
+                    A dv;
+                    if (KIND == KIND_GATV2) {
+                        const A tt = s[u].v[k][q] + d.v[k][q] + ed;
+                        dv = ds * a.v[k][q] * lrelu_grad(tt, slope);
+                        patt.v[k][q] += ds * lrelu(tt, slope);
+                        dacc.v[k][q] += dv;
+                    } else {                              // dot
+                        dacc.v[k][q] += scale * ds * (s[u].v[k][q] + ed);
+                        dv = scale * ds * d.v[k][q] + p * z * gr.v[k][q];
+                    }
+                    ge.v[q] = value_traits<T>::from_acc(dv);
                 }
-                ge.v[q] = value_traits<T>::from_acc(d);
+                if (gEd != nullptr && L.has(k))
+                    store_pack<T, VEC>(gEd + (ce[u] * H + h) * (i64)C + L.chan(k), ge);
             }
-            if (gEd != nullptr) store_pack<T, VEC>(gEd + (ce * H + h) * (i64)C + c0, ge);
         }
     }
     const i64 slot = (i64)task_slot[t];
@@ -428,17 +487,19 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
         const int c0 = L.chan(k);
         if (gDn != nullptr)
             store_row<T, VEC>(gDn, p_dn, slot, (row * H + h) * (i64)C + c0,
-                              (slot * H + h) * C + c0, dacc[k]);
+                              (slot * H + h) * C + c0, dacc.v[k]);
         if (KIND == KIND_GATV2 && gatt_part != nullptr) {
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) gatt_part[(t * H + h) * C + c0 + q] = patt[k][q];
+            for (int q = 0; q < VEC; ++q) gatt_part[(t * H + h) * C + c0 + q] = patt.v[k][q];
         }
     }
 }
 
 // Backward, source pass over the transpose (task rows are sources j, t_indices
 // targets i, t_cid caller ids): grad of the source-side score input and of
-// the message (gatv2: both are xl, summed into gS).
+// the message (gatv2: both are xl, summed into gS). The task's own S[j] and
+// V[j] stay in registers; per edge the target rows Dn[i], g[i] (U edges in
+// flight) and lse, delta are gathered.
 template <int KIND, typename T, typename I, int VEC, int NCH>
 __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
@@ -458,77 +519,64 @@ __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
+    typedef Slice<T, VEC, NCH> Sl;
+    constexpr int U = Unroll<VEC, NCH>::U;
+    constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
     const i64 j = row;
-    A dreg[NCH][VEC], areg[NCH][VEC], sacc[NCH][VEC], vacc[NCH][VEC];
-#pragma unroll
-    for (int k = 0; k < NCH; ++k)
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) sacc[k][q] = vacc[k][q] = areg[k][q] = A(0);
-    if (KIND == KIND_GATV2) {
-#pragma unroll
-        for (int k = 0; k < NCH; ++k)
-            if (L.has(k)) load_acc<T, VEC>(att + (i64)h * C + L.chan(k), areg[k]);
-    }
+    Sl sj, vj, a, sacc, vacc;
+    load_slice<GAT>(L, S, j, h, H, sj);
+    if (KIND != KIND_GATV2 && g != nullptr) load_slice<false>(L, V, j, h, H, vj);
+    else zero_slice(vj);
+    if (KIND == KIND_GATV2) load_slice<false>(L, att, 0, h, H, a);
+    zero_slice(sacc);
+    zero_slice(vacc);
     A sgat = A(0);
-    for (i64 e = e0; e < e1; ++e) {
-        const i64 i = (i64)indices[e];
-        const i64 ce = (i64)cid[e];
-        if (KIND == KIND_GAT) {
-            dreg[0][0] = value_traits<T>::to_acc(Dn[i * H + h]);
-        } else {
+    for (i64 eb = e0; eb < e1; eb += U) {
+        EDGE_BATCH
+        Sl dv[U], gv[U], e[U];
+        A sc[U], gm[U], row_lse[U], D[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            load_slice<GAT>(L, Dn, nb_[u], h, H, dv[u]);
+            if (has_e) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
+            if (g != nullptr) load_slice<false>(L, g, nb_[u], h, H, gv[u]);
+            else zero_slice(gv[u]);
+            row_lse[u] = lse[nb_[u] * H + h];
+            D[u] = delta[nb_[u] * H + h];
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            sc[u] = score_of<KIND, T, VEC, NCH>(sj, dv[u], e[u], has_e, a, slope, scale, group);
+            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gv[u], sj, vj, e[u], has_e, group)
+                                 : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (!valid[u]) continue;
+            const A p = exp(sc[u] - row_lse[u]);
+            const A z = (A)drop_factor(drop, ce[u], H, h);
+            A dp = z != A(0) ? z * gm[u] : A(0);
+            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[ce[u] * H + h]);
+            const A ds = p * (dp - D[u]);
+            const A w = p * z;
+            if (KIND == KIND_GAT) {
+                A x = sj.v[0][0] + dv[u].v[0][0];
+                if (has_e) x += e[u].v[0][0];
+                sgat += ds * lrelu_grad(x, slope);
+            }
 #pragma unroll
             for (int k = 0; k < NCH; ++k)
-                if (L.has(k)) load_acc<T, VEC>(Dn + (i * H + h) * (i64)C + L.chan(k), dreg[k]);
-        }
-        const A s = edge_score<KIND, T, VEC, NCH>(L, S, Ed, has_e, j, ce, h, H, dreg, areg, slope,
-                                             scale);
-        const A p = exp(s - lse[i * H + h]);
-        const A z = (A)drop_factor(drop, ce, H, h);
-        A greg[NCH][VEC];
-        A gm = A(0);
-#pragma unroll
-        for (int k = 0; k < NCH; ++k) {
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) greg[k][q] = A(0);
-            if (g == nullptr || !L.has(k)) continue;
-            load_acc<T, VEC>(g + (i * H + h) * (i64)C + L.chan(k), greg[k]);
-            if (z != A(0)) {
-                A msg[VEC];
-                edge_message<KIND, T, VEC>(L, V, Ed, has_e, j, ce, h, H, k, msg);
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) gm += greg[k][q] * msg[q];
-            }
-        }
-        if (g != nullptr) gm = group_sum(gm, L.group);
-        A dp = z * gm;
-        if (ga != nullptr) dp += value_traits<T>::to_acc(ga[ce * H + h]);
-        const A ds = p * (dp - delta[i * H + h]);
-        const A w = p * z;
-        if (KIND == KIND_GAT) {
-            A u = value_traits<T>::to_acc(S[j * H + h]) + dreg[0][0];
-            if (has_e) u += value_traits<T>::to_acc(Ed[ce * H + h]);
-            sgat += ds * lrelu_grad(u, slope);
-        }
-#pragma unroll
-        for (int k = 0; k < NCH; ++k) {
-            if (!L.has(k)) continue;
-            if (KIND == KIND_GATV2) {
-                A sv[VEC], ev[VEC];
-                load_acc<T, VEC>(S + (j * H + h) * (i64)C + L.chan(k), sv);
-                if (has_e) load_acc<T, VEC>(Ed + (ce * H + h) * (i64)C + L.chan(k), ev);
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) {
-                    const A tt = sv[q] + dreg[k][q] + (has_e ? ev[q] : A(0));
-                    sacc[k][q] += ds * areg[k][q] * lrelu_grad(tt, slope) + w * greg[k][q];
+                    if (KIND == KIND_GATV2) {
+                        const A tt = sj.v[k][q] + dv[u].v[k][q] + (has_e ? e[u].v[k][q] : A(0));
+                        sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u].v[k][q];
+                    } else {
+                        if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u].v[k][q];
+                        vacc.v[k][q] += w * gv[u].v[k][q];
+                    }
                 }
-            } else {
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) {
-                    if (KIND == KIND_DOT) sacc[k][q] += scale * ds * dreg[k][q];
-                    vacc[k][q] += w * greg[k][q];
-                }
-            }
         }
     }
     const i64 slot = (i64)task_slot[t];
@@ -542,10 +590,10 @@ __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict
         const int c0 = L.chan(k);
         if (KIND != KIND_GAT && gS != nullptr)
             store_row<T, VEC>(gS, p_s, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
-                              sacc[k]);
+                              sacc.v[k]);
         if (KIND != KIND_GATV2 && gV != nullptr)
             store_row<T, VEC>(gV, p_v, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
-                              vacc[k]);
+                              vacc.v[k]);
     }
 }
 

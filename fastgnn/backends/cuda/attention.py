@@ -7,9 +7,6 @@ the forward's (m, l, acc) states, spmm_combine for backward sums), grad_att
 summed from per-task partial rows by a fixed-order column sum. Per-edge
 arrays stay in the caller's order. No float atomics: bitwise repeatable.
 
-NOT YET RUN ON A GPU: written and compile-checked (NVRTC, sm_90) in a session
-without device time; the GPU tests in tests/test_attention.py are its first
-check.
 """
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ import numpy as np
 from ...graph import Graph
 from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
-from .loader import ATTENTION_NCH, C_INDEX, C_VALUE, VALUE_BYTES, attention_vecs, get_function
+from .loader import C_INDEX, C_VALUE, VALUE_BYTES, attention_nchs, attention_vecs, get_function
 from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, spmm_custom, task_plan
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
@@ -48,10 +45,10 @@ def _shape(vtype, C, arrays):
     while group < min(lanes, 32):
         group *= 2
     nch = -(-lanes // group)
-    NCH = next((n for n in ATTENTION_NCH if n >= nch), None)
+    NCH = next((n for n in attention_nchs(vec) if n >= nch), None)
     if NCH is None:
         raise NotImplementedError(
-            f"the CUDA attention kernels hold at most {ATTENTION_NCH[-1] * 32 * vec} channels "
+            f"the CUDA attention kernels hold at most {attention_nchs(vec)[-1] * 32 * vec} channels "
             f"per head for this layout (got C={C}); use fewer channels per head")
     return vec, NCH, group, nch
 

@@ -46,7 +46,10 @@ def _segment_names(vt, it):
     return names
 
 
-ATTENTION_NCH = (1, 4)   # channel chunks per lane held in registers
+def attention_nchs(vec):
+    """Channel chunks per lane held in registers (the NCH template values):
+    1 and 4, or 1 and 2 with 8-wide vectors (to stay within 255 registers)."""
+    return (1, 4) if vec <= 4 else (1, 2)
 
 
 def attention_vecs(vtype):
@@ -61,7 +64,7 @@ def _attention_names(vt, it):
              f"column_sum<{A}>"]
     for kind in (0, 1, 2):
         for vec in attention_vecs(vt):
-            for nch in ATTENTION_NCH:
+            for nch in attention_nchs(vec):
                 for k in ("attn_fwd", "attn_bwd_dst", "attn_bwd_src"):
                     names.append(f"{k}<{kind}, {T}, {I}, {vec}, {nch}>")
     return names
