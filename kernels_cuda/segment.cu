@@ -1,18 +1,24 @@
 // Reduction family kernels: several neighbour reductions in one pass
-// (sum, mean, max, min, var, std, any subset), and one fused backward pass.
+// (sum, mean, max, min, var, std, any subset), one fused pass building the
+// backward coefficients, and one fused backward pass.
 //
 // Forward mapping: the task list of spmm.cu (rows cut into tasks of at most
 // `chunk` edges; hubs split, their partial states merged in slot order by
 // segment_combine: deterministic, no atomics). A group of `group` lanes per
 // task; lane l owns features [f0, f0 + VEC), f0 = l*VEC + k*group*VEC.
-// Each neighbour row slice is read ONCE and feeds every requested statistic
-// (sum, sum of squares, max + arg, min + arg), four gathers in flight; the
-// epilogue writes every requested reduction into its block of the
-// [num_rows, R*F] output.
+// Each neighbour row slice is read ONCE (one VEC-wide load, four gathers in
+// flight) and feeds the statistics of the compile-time set STATS (sum, sum
+// of squares, max + arg, min + arg); args are CSR positions kept in the index
+// type I. The launcher picks the smallest instantiated STATS covering the
+// request (SEGMENT_STATS in loader.py); the epilogue writes only the
+// requested reductions (`codes`) as VEC-wide stores into their blocks of the
+// [num_rows, R*F] output, the args when asked (training), and the mean / std
+// residuals of the backward (acc_t) when asked.
 //
 // Forward traffic per task of n edges: n*sizeof(I) + n*F*sizeof(T) gathered,
-// R*F*sizeof(T) written (+ F*sizeof(I) per arg array); split rows write
-// their partial states (up to 4 x F x 4 B + 2 x F x sizeof(I)) once.
+// R*F*sizeof(T) written, + F*sizeof(I) per arg array and F*sizeof(acc_t) per
+// residual when training; split rows write their partial states (only the
+// statistics of STATS) once.
 //
 // Reductions are coded 0 sum, 1 mean, 2 max, 3 min, 4 var, 5 std, packed 3
 // bits each in `codes` (reduction r at bits 3r..3r+2). Semantics follow PyG:
@@ -27,58 +33,104 @@
 #define STAT_MAX 4
 #define STAT_MIN 8
 
-template <typename A>
-__device__ __forceinline__ bool takes_max(A v, A m, i64 arg) {
+template <typename A, typename I>
+__device__ __forceinline__ bool takes_max(A v, A m, I arg) {
     return arg < 0 || v > m || (v != v && m == m);
 }
 
-template <typename A>
-__device__ __forceinline__ bool takes_min(A v, A m, i64 arg) {
+template <typename A, typename I>
+__device__ __forceinline__ bool takes_min(A v, A m, I arg) {
     return arg < 0 || v < m || (v != v && m == m);
 }
 
-// Fold one neighbour value (CSR position e) into the running statistics.
-template <typename A>
-__device__ __forceinline__ void accumulate(A val, i64 e, int stats, A& s, A& sq, A& mx, A& mn,
-                                           i64& amx, i64& amn) {
-    s += val;
-    if (stats & STAT_SQ) sq += val * val;
-    if ((stats & STAT_MAX) && takes_max(val, mx, amx)) { mx = val; amx = e; }
-    if ((stats & STAT_MIN) && takes_min(val, mn, amn)) { mn = val; amn = e; }
-}
+// Running statistics of VEC features (only those of STATS are touched).
+template <typename A, typename I, int VEC, int STATS>
+struct seg_state {
+    A s[VEC], sq[VEC], mx[VEC], mn[VEC];
+    I amx[VEC], amn[VEC];
 
-// Final values of every requested reduction for one (row, feature).
-template <typename T, typename I>
-__device__ __forceinline__ void write_reductions(T* __restrict__ out, i64 row, int f, int F,
-                                                 int num_codes, int codes, i64 deg,
-                                                 typename value_traits<T>::acc_t s,
-                                                 typename value_traits<T>::acc_t sq,
-                                                 typename value_traits<T>::acc_t mx,
-                                                 typename value_traits<T>::acc_t mn) {
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            s[v] = sq[v] = mx[v] = mn[v] = A(0);
+            amx[v] = amn[v] = I(-1);
+        }
+    }
+
+    // fold one value (CSR position e) of feature v
+    __device__ __forceinline__ void add(int v, A val, I e) {
+        if (STATS & STAT_SUM) s[v] += val;
+        if (STATS & STAT_SQ) sq[v] += val * val;
+        if ((STATS & STAT_MAX) && takes_max(val, mx[v], amx[v])) { mx[v] = val; amx[v] = e; }
+        if ((STATS & STAT_MIN) && takes_min(val, mn[v], amn[v])) { mn[v] = val; amn[v] = e; }
+    }
+
+    // U consecutive edges from e: U gathers in flight, then the updates in
+    // edge order (ties keep the first CSR position)
+    template <typename T, int U>
+    __device__ __forceinline__ void gather(const I* __restrict__ indices, const T* __restrict__ x,
+                                           int F, int f0, i64 e) {
+        i64 j[U];
+        pack_t<T, VEC> p[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) j[u] = (i64)indices[e + u];
+#pragma unroll
+        for (int u = 0; u < U; ++u) p[u] = load_pack<T, VEC>(x + j[u] * F + f0);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                add(v, value_traits<T>::to_acc(p[u].v[v]), (I)(e + u));
+    }
+};
+
+// Final values of the requested reductions for features [f0, f0 + VEC) of
+// one row, as VEC-wide stores; plus the backward's mean / std residuals
+// (acc_t, [num_rows, F]) where those pointers are set.
+template <typename T, typename I, int VEC, int STATS>
+__device__ __forceinline__ void write_reductions(
+        const seg_state<typename value_traits<T>::acc_t, I, VEC, STATS>& st,
+        T* __restrict__ out, typename value_traits<T>::acc_t* __restrict__ res_mean,
+        typename value_traits<T>::acc_t* __restrict__ res_std,
+        i64 row, int f0, int F, int num_codes, int codes, i64 deg) {
     typedef typename value_traits<T>::acc_t A;
     const A inv = deg > 0 ? A(1) / A(deg) : A(0);
-    const i64 base = row * (i64)num_codes * F + f;
+    const A eps = A(1e-5);
+    pack_t<A, VEC> mean, var, sd;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        mean.v[v] = st.s[v] * inv;
+        var.v[v] = sd.v[v] = A(0);
+        if (STATS & STAT_SQ) {
+            var.v[v] = st.sq[v] * inv - mean.v[v] * mean.v[v];
+            sd.v[v] = sqrt(var.v[v] < eps ? eps : var.v[v]);   // NaN stays NaN, as torch.clamp
+            if (sd.v[v] <= sqrt(eps)) sd.v[v] = A(0);
+        }
+    }
+    const i64 base = row * (i64)num_codes * F + f0;
     for (int r = 0; r < num_codes; ++r) {
         const int code = (codes >> (3 * r)) & 7;
-        A v;
-        if (code == 0) v = s;
-        else if (code == 1) v = s * inv;
-        else if (code == 2) v = deg > 0 ? mx : A(0);
-        else if (code == 3) v = deg > 0 ? mn : A(0);
-        else {
-            const A mean = s * inv;
-            v = sq * inv - mean * mean;
-            if (code == 5) {
-                const A eps = A(1e-5);
-                v = sqrt(v > eps ? v : eps);
-                if (v <= sqrt(eps)) v = A(0);
-            }
+        pack_t<T, VEC> o;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A val;
+            if (code == 0) val = st.s[v];
+            else if (code == 1) val = mean.v[v];
+            else if (code == 2) val = deg > 0 ? st.mx[v] : A(0);
+            else if (code == 3) val = deg > 0 ? st.mn[v] : A(0);
+            else if (code == 4) val = var.v[v];
+            else val = sd.v[v];
+            o.v[v] = value_traits<T>::from_acc(val);
         }
-        out[base + (i64)r * F] = value_traits<T>::from_acc(v);
+        store_pack<T, VEC>(out + base + (i64)r * F, o);
+    }
+    if (STATS & STAT_SQ) {
+        if (res_mean != nullptr) store_pack<A, VEC>(res_mean + row * F + f0, mean);
+        if (res_std != nullptr) store_pack<A, VEC>(res_std + row * F + f0, sd);
     }
 }
 
-template <typename T, typename I, int VEC>
+template <typename T, typename I, int VEC, int STATS>
 __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                             const I* __restrict__ task_slot, const I* __restrict__ indptr,
                             const I* __restrict__ indices,
@@ -86,13 +138,15 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
                             T* __restrict__ out,              // [num_rows, R*F]
                             I* __restrict__ argmax,           // [num_rows, F] or null
                             I* __restrict__ argmin,           // [num_rows, F] or null
+                            typename value_traits<T>::acc_t* __restrict__ res_mean,  // [num_rows, F] or null
+                            typename value_traits<T>::acc_t* __restrict__ res_std,   // [num_rows, F] or null
                             typename value_traits<T>::acc_t* __restrict__ p_sum,  // [slots, F] x4
-                            typename value_traits<T>::acc_t* __restrict__ p_sq,
+                            typename value_traits<T>::acc_t* __restrict__ p_sq,   // (those of STATS)
                             typename value_traits<T>::acc_t* __restrict__ p_max,
                             typename value_traits<T>::acc_t* __restrict__ p_min,
                             I* __restrict__ p_argmax, I* __restrict__ p_argmin,   // [slots, F]
-                            i64 num_tasks, int F, int chunk, int group, int stats,
-                            int num_codes, int codes) {
+                            i64 num_tasks, int F, int chunk, int group, int num_codes,
+                            int codes) {
     typedef typename value_traits<T>::acc_t A;
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
@@ -102,55 +156,29 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
     const i64 slot = (i64)task_slot[t];
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
-        A s[VEC], sq[VEC], mx[VEC], mn[VEC];
-        i64 amx[VEC], amn[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            s[v] = sq[v] = mx[v] = mn[v] = A(0);
-            amx[v] = amn[v] = -1;
-        }
-        // four gathers in flight, then the updates in edge order (ties keep
-        // the first CSR position)
+        seg_state<A, I, VEC, STATS> st;
+        st.init();
         i64 e = e0;
-        for (; e + 4 <= e1; e += 4) {
-            i64 j[4];
-            pack_t<T, VEC> p[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) j[u] = (i64)indices[e + u];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) p[u] = load_pack<T, VEC>(x + j[u] * F + f0);
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v)
-                    accumulate(value_traits<T>::to_acc(p[u].v[v]), e + u, stats,
-                               s[v], sq[v], mx[v], mn[v], amx[v], amn[v]);
-        }
-        for (; e < e1; ++e) {
-            const i64 j = (i64)indices[e];
-            const pack_t<T, VEC> p = load_pack<T, VEC>(x + j * F + f0);
-#pragma unroll
-            for (int v = 0; v < VEC; ++v)
-                accumulate(value_traits<T>::to_acc(p.v[v]), e, stats,
-                           s[v], sq[v], mx[v], mn[v], amx[v], amn[v]);
-        }
+        for (; e + 4 <= e1; e += 4) st.template gather<T, 4>(indices, x, F, f0, e);
+        for (; e < e1; ++e) st.template gather<T, 1>(indices, x, F, f0, e);
         if (slot < 0) {
             const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
+            write_reductions<T, I, VEC, STATS>(st, out, res_mean, res_std, row, f0, F, num_codes,
+                                               codes, deg);
+            const i64 k = row * F + f0;
+            pack_t<I, VEC> amx, amn;
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                write_reductions<T, I>(out, row, f0 + v, F, num_codes, codes, deg,
-                                       s[v], sq[v], mx[v], mn[v]);
-                if (stats & STAT_MAX) argmax[row * F + f0 + v] = (I)amx[v];
-                if (stats & STAT_MIN) argmin[row * F + f0 + v] = (I)amn[v];
-            }
+            for (int v = 0; v < VEC; ++v) { amx.v[v] = st.amx[v]; amn.v[v] = st.amn[v]; }
+            if ((STATS & STAT_MAX) && argmax != nullptr) store_pack<I, VEC>(argmax + k, amx);
+            if ((STATS & STAT_MIN) && argmin != nullptr) store_pack<I, VEC>(argmin + k, amn);
         } else {
+            const i64 k = slot * F + f0;
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
-                const i64 k = slot * F + f0 + v;
-                p_sum[k] = s[v];
-                if (stats & STAT_SQ) p_sq[k] = sq[v];
-                if (stats & STAT_MAX) { p_max[k] = mx[v]; p_argmax[k] = (I)amx[v]; }
-                if (stats & STAT_MIN) { p_min[k] = mn[v]; p_argmin[k] = (I)amn[v]; }
+                if (STATS & STAT_SUM) p_sum[k + v] = st.s[v];
+                if (STATS & STAT_SQ) p_sq[k + v] = st.sq[v];
+                if (STATS & STAT_MAX) { p_max[k + v] = st.mx[v]; p_argmax[k + v] = st.amx[v]; }
+                if (STATS & STAT_MIN) { p_min[k + v] = st.mn[v]; p_argmin[k + v] = st.amn[v]; }
             }
         }
     }
@@ -158,6 +186,7 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
 
 // Merge the partial states of each split row in slot order, then write its
 // reductions. Mapping: a lane group per split row, one feature per lane step.
+// `stats` is the STATS of the segment_fwd instantiation that wrote them.
 template <typename T, typename I>
 __global__ void segment_combine(const I* __restrict__ split_row, const I* __restrict__ slot_ptr,
                                 const I* __restrict__ indptr,
@@ -167,8 +196,11 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
                                 const typename value_traits<T>::acc_t* __restrict__ p_min,
                                 const I* __restrict__ p_argmax, const I* __restrict__ p_argmin,
                                 T* __restrict__ out, I* __restrict__ argmax,
-                                I* __restrict__ argmin, i64 num_split, int F, int group,
-                                int stats, int num_codes, int codes) {
+                                I* __restrict__ argmin,
+                                typename value_traits<T>::acc_t* __restrict__ res_mean,
+                                typename value_traits<T>::acc_t* __restrict__ res_std,
+                                i64 num_split, int F, int group, int stats, int num_codes,
+                                int codes) {
     typedef typename value_traits<T>::acc_t A;
     const i64 sidx = group_index(group);
     if (sidx >= num_split) return;
@@ -177,71 +209,154 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
     const i64 k0 = (i64)slot_ptr[sidx], k1 = (i64)slot_ptr[sidx + 1];
     const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
     for (int f = lane; f < F; f += group) {
-        A s = 0, sq = 0, mx = 0, mn = 0;
-        i64 amx = -1, amn = -1;
+        seg_state<A, I, 1, STAT_SUM | STAT_SQ | STAT_MAX | STAT_MIN> st;
+        st.init();
         for (i64 k = k0; k < k1; ++k) {
             const i64 q = k * F + f;
-            s += p_sum[q];
-            if (stats & STAT_SQ) sq += p_sq[q];
-            if ((stats & STAT_MAX) && p_argmax[q] >= 0 && takes_max(p_max[q], mx, amx)) {
-                mx = p_max[q];
-                amx = (i64)p_argmax[q];
+            if (stats & STAT_SUM) st.s[0] += p_sum[q];
+            if (stats & STAT_SQ) st.sq[0] += p_sq[q];
+            if ((stats & STAT_MAX) && p_argmax[q] >= 0 && takes_max(p_max[q], st.mx[0], st.amx[0])) {
+                st.mx[0] = p_max[q];
+                st.amx[0] = p_argmax[q];
             }
-            if ((stats & STAT_MIN) && p_argmin[q] >= 0 && takes_min(p_min[q], mn, amn)) {
-                mn = p_min[q];
-                amn = (i64)p_argmin[q];
+            if ((stats & STAT_MIN) && p_argmin[q] >= 0 && takes_min(p_min[q], st.mn[0], st.amn[0])) {
+                st.mn[0] = p_min[q];
+                st.amn[0] = p_argmin[q];
             }
         }
-        write_reductions<T, I>(out, row, f, F, num_codes, codes, deg, s, sq, mx, mn);
-        if (stats & STAT_MAX) argmax[row * F + f] = (I)amx;
-        if (stats & STAT_MIN) argmin[row * F + f] = (I)amn;
+        write_reductions<T, I, 1>(st, out, res_mean, res_std, row, f, F, num_codes, codes, deg);
+        if (argmax != nullptr) argmax[row * F + f] = st.amx[0];
+        if (argmin != nullptr) argmin[row * F + f] = st.amn[0];
     }
 }
 
+// Backward coefficients of the linear reductions, one pass over the cotangent
+// (see fastgnn/ops/segment.py): for each (row i, feature f), from the block
+// g_r of every requested reduction r, d_i = deg_in(i), m = mean, s = std:
+//   sum: a += g   mean: a += g/d   var: a += -2 g m/d, b += 2 g/d
+//   std: as var with g * 0.5/s (0 where s == 0)
+// Mapping: one thread per (row, feature). Traffic per element: R reads of T,
+// the mean/std residuals (acc_t) when var/std are requested, 1-2 acc_t writes.
+template <typename T, typename I>
+__global__ void segment_coef(const I* __restrict__ indptr,
+                             const T* __restrict__ g,          // [num_rows, R*F]
+                             const typename value_traits<T>::acc_t* __restrict__ mean,  // [num_rows, F] or null
+                             const typename value_traits<T>::acc_t* __restrict__ sd,    // [num_rows, F] or null
+                             typename value_traits<T>::acc_t* __restrict__ coef_a,     // [num_rows, F] or null
+                             typename value_traits<T>::acc_t* __restrict__ coef_b,     // [num_rows, F] or null
+                             i64 num_rows, int F, int num_codes, int codes) {
+    typedef typename value_traits<T>::acc_t A;
+    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= num_rows * F) return;
+    const i64 row = k / F;
+    const int f = (int)(k - row * F);
+    const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
+    const A inv = deg > 0 ? A(1) / A(deg) : A(0);
+    A a = A(0), b = A(0);
+    for (int r = 0; r < num_codes; ++r) {
+        const int code = (codes >> (3 * r)) & 7;
+        if (code == 2 || code == 3) continue;     // max/min: read by segment_bwd itself
+        A gv = value_traits<T>::to_acc(g[row * (i64)num_codes * F + (i64)r * F + f]);
+        if (code == 0) a += gv;
+        else if (code == 1) a += gv * inv;
+        else {
+            if (code == 5) {
+                const A s = sd[k];
+                gv = s != A(0) ? gv * A(0.5) / s : A(0);   // NaN std keeps its NaN gradient
+            }
+            const A gi = gv * inv;
+            a += A(-2) * gi * mean[k];
+            b += A(2) * gi;
+        }
+    }
+    if (coef_a != nullptr) coef_a[k] = a;
+    if (coef_b != nullptr) coef_b[k] = b;
+}
+
 // grad_x[j,f] = sum_{e=(j->i)} coef_a[i,f] + coef_b[i,f]*x[j,f]
-//               + [argmax[i,f] == e] gmax[i,f] + [argmin[i,f] == e] gmin[i,f]
-// Walks the transpose: tasks over source rows j, `t_indices` = targets i,
-// `t_edge` = forward CSR position e. Split source rows write fp32 partials
-// (combined by spmm_combine). Traffic per edge: up to 4 gathered rows of F
-// (coef_a, coef_b, gmax/argmax, gmin/argmin) as the requested terms need.
-template <typename T, typename I, int VEC>
+//               + [arg0[i,f] == e] g0[i,f] + [arg1[i,f] == e] g1[i,f]
+// (arg0/g0, arg1/g1: the argmax / argmin positions and the max / min blocks
+// of the cotangent, row stride ldg). Walks the transpose: tasks over source
+// rows j, `t_indices` = targets i, `t_edge` = forward CSR position e; same
+// lane mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
+// and coef_b) and NARG (arg terms, 0-2) are compile-time upper bounds; a null
+// pointer switches a term off at run time (uniform branch). Split source rows
+// write fp32 partials (combined by spmm_combine).
+//
+// Traffic per edge: 2*sizeof(I) + F*(LIN*sizeof(acc_t) + NARG*sizeof(I))
+// gathered as VEC-wide loads, UNROLL edges in flight; g0/g1 are read only
+// for the features whose arg matches the edge (~1/deg of them), so a max
+// backward moves one gathered row of I per edge, like the SpMM backward.
+template <typename T, typename I, int VEC, int LIN, int NARG>
 __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                             const I* __restrict__ task_slot, const I* __restrict__ t_indptr,
                             const I* __restrict__ t_indices, const I* __restrict__ t_edge,
                             const T* __restrict__ x,                                   // [num_cols_fwd, F]
                             const typename value_traits<T>::acc_t* __restrict__ coef_a,  // [num_rows_fwd, F]
                             const typename value_traits<T>::acc_t* __restrict__ coef_b,
-                            const I* __restrict__ argmax,
-                            const typename value_traits<T>::acc_t* __restrict__ gmax,
-                            const I* __restrict__ argmin,
-                            const typename value_traits<T>::acc_t* __restrict__ gmin,
+                            const I* __restrict__ arg0, const T* __restrict__ g0,       // [num_rows_fwd, F] / ldg
+                            const I* __restrict__ arg1, const T* __restrict__ g1,
                             T* __restrict__ grad_x,                                     // [num_cols_fwd, F]
                             typename value_traits<T>::acc_t* __restrict__ partial,      // [slots, F]
-                            i64 num_tasks, int F, int chunk, int group, int terms) {
+                            i64 num_tasks, int F, i64 ldg, int chunk, int group) {
     typedef typename value_traits<T>::acc_t A;
+    // edges in flight: about 32 registers of gathered data per lane
+    constexpr int EDGE_REGS = VEC * (LIN * (int)sizeof(A) + NARG * (int)sizeof(I)) / 4;
+    constexpr int UNROLL = EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : 4;
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
     const int lane = group_lane(group);
     i64 j, e0, e1;
     task_range(task_row, task_begin, t_indptr, t, chunk, j, e0, e1);
     const i64 slot = (i64)task_slot[t];
-    const bool has_a = terms & 1, has_b = terms & 2, has_max = terms & 4, has_min = terms & 8;
+    const bool has_a = LIN >= 1 && coef_a != nullptr;
+    const bool has_b = LIN >= 2 && coef_b != nullptr;
+    const bool has_0 = NARG >= 1 && arg0 != nullptr;
+    const bool has_1 = NARG >= 2 && arg1 != nullptr;
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
         A acc_a[VEC], acc_b[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; ++v) acc_a[v] = acc_b[v] = A(0);
-        for (i64 e = e0; e < e1; ++e) {
-            const i64 i = (i64)t_indices[e];
-            const i64 fe = (i64)t_edge[e];
-            const i64 base = i * F + f0;
+        i64 e = e0;
+        while (e < e1) {
+            const int n = e + UNROLL <= e1 ? UNROLL : 1;   // full steps, then one edge at a time
+            i64 i[UNROLL];
+            I fe[UNROLL];
+            pack_t<A, VEC> ca[UNROLL], cb[UNROLL];
+            pack_t<I, VEC> a0[UNROLL], a1[UNROLL];
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                if (has_a) acc_a[v] += coef_a[base + v];
-                if (has_b) acc_b[v] += coef_b[base + v];
-                if (has_max && (i64)argmax[base + v] == fe) acc_a[v] += gmax[base + v];
-                if (has_min && (i64)argmin[base + v] == fe) acc_a[v] += gmin[base + v];
+            for (int u = 0; u < UNROLL; ++u) {
+                if (u < n) {
+                    i[u] = (i64)t_indices[e + u];
+                    fe[u] = t_edge[e + u];
+                }
             }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (u < n) {
+                    const i64 base = i[u] * F + f0;
+                    if (has_a) ca[u] = load_pack<A, VEC>(coef_a + base);
+                    if (has_b) cb[u] = load_pack<A, VEC>(coef_b + base);
+                    if (has_0) a0[u] = load_pack<I, VEC>(arg0 + base);
+                    if (has_1) a1[u] = load_pack<I, VEC>(arg1 + base);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (u < n) {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        if (has_a) acc_a[v] += ca[u].v[v];
+                        if (has_b) acc_b[v] += cb[u].v[v];
+                        if (has_0 && a0[u].v[v] == fe[u])
+                            acc_a[v] += value_traits<T>::to_acc(g0[i[u] * ldg + f0 + v]);
+                        if (has_1 && a1[u].v[v] == fe[u])
+                            acc_a[v] += value_traits<T>::to_acc(g1[i[u] * ldg + f0 + v]);
+                    }
+                }
+            }
+            e += n;
         }
         A res[VEC];
         if (has_b) {

@@ -80,6 +80,23 @@ def test_hub_row(device, dtype, bipartite):
     _check(device, ei, g, x, go, reduce, dtype)
 
 
+# combinations that run a larger statistic set (forward) or term bound
+# (backward) than they need, with hub rows so split partial states are merged
+SUPERSETS = [["max"], ["min"], ["mean", "max"], ["sum", "min"], ["max", "min"],
+             ["var", "max"], ["std", "min", "sum"], ["var"]]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", SUPERSETS, ids=_id)
+@pytest.mark.parametrize("width", [37, 64])
+def test_statistic_supersets_with_hub(device, reduce, width):
+    ei, g, x, go = _case(device, width, hub=3000, reduce=reduce)
+    out = _check(device, ei, g, x, go, reduce, "float32")
+    # inference (no residuals written) gives the same values
+    inf = to_numpy(segment_reduce(g, to_device(x.astype("float32"), device), reduce))
+    np.testing.assert_array_equal(inf, out)
+
+
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("reduce", MULTI + [["max"], ["min", "var"]], ids=_id)
 def test_bipartite_and_int64(device, reduce):
@@ -111,6 +128,19 @@ def test_nan_propagates_through_max_min(device):
     gx = to_numpy(segment_reduce_bwd(g, res, to_device(go, device)))
     np.testing.assert_allclose(gx, ref.segment_reduce_vjp(ei, x, ["max", "min"], 300, go),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_nan_propagates_through_var_std(device):
+    """A NaN input makes var and std NaN (torch.clamp keeps NaN), not 0."""
+    reduce = ["var", "std", "mean"]
+    ei, g, x, _ = _case(device, 5, reduce=reduce)
+    rng = np.random.default_rng(_seed())
+    x[rng.integers(0, 300, 40), rng.integers(0, 5, 40)] = np.nan
+    out = to_numpy(segment_reduce(g, to_device(x, device), reduce))
+    r = ref.segment_reduce(ei, x, reduce, 300)
+    assert np.isnan(r).any()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(r))
 
 
 @pytest.mark.parametrize("device", devices())

@@ -20,15 +20,19 @@ atomics (so bitwise repeatable):
     grad_x[j] = sum_{e=(j->i)} coef_a[i] + coef_b[i] * x[j]
                 + [argmax[i] == e] g_max[i] + [argmin[i] == e] g_min[i]
 
-with, from the cotangent block g of each reduction (m_i = mean, s_i = std):
+with g_max, g_min the max/min blocks of the cotangent (read where they are,
+only for the winning edge), and, from the cotangent block g of each other
+reduction (m_i = mean, s_i = std):
 
     sum:  coef_a += g                mean: coef_a += g / d_i
     var:  coef_a += -2 g m_i / d_i,  coef_b += 2 g / d_i
     std:  as var with g_var = g * 0.5 / s_i where s_i != 0, else 0 (the
           gradient of PyG's clamp + masked_fill)
 
-The residuals hold only what that needs: the argmax/argmin positions, the
-mean and std blocks for var/std, and x for var/std.
+coef_a/coef_b are built in one fused pass over the cotangent (float32, or
+float64 for float64 inputs). The residuals hold only what the VJP needs: the
+argmax/argmin positions, the mean (and std) written by the forward kernel for
+var/std, in that accumulation precision, and x for var/std.
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ import numpy as np
 from .._array import as_backend_array, xp_of
 from ..backends import backend_for
 from ..graph import Graph, as_graph
-from .spmm import _inv_in_degree, validate_features
+from .spmm import validate_features
 
 REDUCES = ("sum", "mean", "max", "min", "var", "std")
 
@@ -52,8 +56,8 @@ class SegmentResiduals:
     width: int               # F
     num_src: int
     x: object                # [num_src, F] features, only with var/std
-    mean: object             # [num_dst, F] coef dtype, only with var/std
-    std: object              # [num_dst, F] coef dtype, only with std
+    mean: object             # [num_dst, F] float32 (float64 for float64), only with var/std
+    std: object              # [num_dst, F] float32 (float64 for float64), only with std
     argmax: object           # [num_dst, F] CSR positions (index dtype), only with max
     argmin: object           # [num_dst, F] CSR positions (index dtype), only with min
     has_grad: bool           # False when the forward ran with needs_x_grad=False
@@ -79,18 +83,6 @@ def parse_reduce(reduce):
     return names, single
 
 
-def _coef_dtype(vtype):
-    return np.float64 if vtype == "float64" else np.float32
-
-
-def _as_float(xp, a, vtype, dtype):
-    """Values of `a` (value type vtype; bf16 as 16-bit bit patterns) as `dtype`."""
-    if vtype == "bfloat16":
-        bits = a.view(np.uint16).astype(np.uint32) << 16
-        return bits.view(np.float32).astype(dtype, copy=False)
-    return a.astype(dtype, copy=False)
-
-
 def segment_reduce_fwd(graph, x, reduce="sum", *, vtype=None, needs_x_grad=True):
     """Forward of `segment_reduce`; returns (out, SegmentResiduals)."""
     return _fwd(as_graph(graph), x, reduce, vtype, needs_x_grad, "x")
@@ -99,28 +91,12 @@ def segment_reduce_fwd(graph, x, reduce="sum", *, vtype=None, needs_x_grad=True)
 def _fwd(graph, x, reduce, vtype, needs_x_grad, name):
     codes, _ = parse_reduce(reduce)
     x, vt = validate_features(graph, x, vtype, name=name)
-    xp = graph.xp
-    f = x.shape[1]
-    nr = len(codes)
-    needs_var = "var" in codes or "std" in codes
-    # var/std backward needs the mean: compute it in the same pass as an extra block
-    extra_mean = needs_x_grad and needs_var and "mean" not in codes
-    run_codes = codes + ("mean",) if extra_mean else codes
-    out, argmax, argmin = backend_for(x).segment_fwd(graph, x, run_codes, vt)
-    blocks = {c: out[:, r * f:(r + 1) * f] for r, c in enumerate(run_codes)}
-    if extra_mean:
-        out = xp.ascontiguousarray(out[:, :nr * f])
-    cdt = _coef_dtype(vt)
-    mean = std = keep_x = None
-    if needs_x_grad and needs_var:
-        # copies (never views of the returned array, which the caller may overwrite)
-        mean = _as_float(xp, blocks["mean"], vt, cdt).copy()
-        keep_x = x
-        if "std" in codes:
-            std = _as_float(xp, blocks["std"], vt, cdt).copy()
-    res = SegmentResiduals(codes, vt, f, graph.num_src, keep_x, mean, std,
-                           argmax if needs_x_grad else None, argmin if needs_x_grad else None,
-                           bool(needs_x_grad))
+    needs_x_grad = bool(needs_x_grad)
+    out, argmax, argmin, mean, std = backend_for(x).segment_fwd(graph, x, codes, vt,
+                                                               residuals=needs_x_grad)
+    keep_x = x if mean is not None else None
+    res = SegmentResiduals(codes, vt, x.shape[1], graph.num_src, keep_x, mean, std,
+                           argmax, argmin, needs_x_grad)
     return out, res
 
 
@@ -139,38 +115,8 @@ def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out):
     if g.shape[1] != nr * f:
         raise ValueError(f"grad_out must have shape [num_dst, {nr * f}] = [{graph.num_dst}, "
                          f"{nr} reductions x {f}], got {tuple(g.shape)}")
-    xp = graph.xp
-    cdt = _coef_dtype(res.vtype)
-    inv = _inv_in_degree(graph, cdt)[:, None]
-    coef_a = coef_b = gmax = gmin = None
-
-    def add(acc, term):
-        return term if acc is None else acc + term
-
-    for r, code in enumerate(res.codes):
-        gr = _as_float(xp, g[:, r * f:(r + 1) * f], res.vtype, cdt)
-        if code == "sum":
-            coef_a = add(coef_a, gr)
-        elif code == "mean":
-            coef_a = add(coef_a, gr * inv)
-        elif code == "max":
-            gmax = xp.ascontiguousarray(gr)
-        elif code == "min":
-            gmin = xp.ascontiguousarray(gr)
-        else:
-            if code == "std":
-                s = res.std
-                nz = s != 0                       # NaN std keeps its NaN gradient, as PyG
-                gr = xp.where(nz, gr * cdt(0.5) / xp.where(nz, s, cdt(1)), cdt(0))
-            gi = gr * inv
-            coef_a = add(coef_a, cdt(-2) * gi * res.mean)
-            coef_b = add(coef_b, cdt(2) * gi)
-    if coef_a is not None:
-        coef_a = xp.ascontiguousarray(coef_a, dtype=cdt)
-    if coef_b is not None:
-        coef_b = xp.ascontiguousarray(coef_b, dtype=cdt)
-    return backend_for(g).segment_bwd(graph, res.x, coef_a, coef_b, res.argmax, gmax,
-                                      res.argmin, gmin, res.vtype)
+    return backend_for(g).segment_bwd(graph, res.x, g, res.codes, res.mean, res.std,
+                                      res.argmax, res.argmin, res.vtype)
 
 
 def segment_reduce(graph, x, reduce="sum", *, vtype=None):

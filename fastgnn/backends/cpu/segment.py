@@ -5,13 +5,17 @@ segment_fwd: one parallel task per chunk of target rows; each row walks its
     requested reductions need (sum, sum of squares, max + CSR position, min +
     CSR position), then writes every requested block of the [num_dst, R*F]
     output. Max/min: the first CSR position wins ties; a NaN, once seen, stays.
-segment_bwd: one parallel task per chunk of source rows of the transpose (no
-    atomics, bitwise repeatable); for each out-edge e = (j -> i)
+    When training it also writes the argmax/argmin positions and the mean/std
+    residuals of the backward.
+segment_bwd: one fused pass over the target rows building coef_a/coef_b from
+    the cotangent blocks (see fastgnn/ops/segment.py), then one parallel task
+    per chunk of source rows of the transpose (no atomics, bitwise
+    repeatable); for each out-edge e = (j -> i)
 
         grad_x[j] += coef_a[i] + coef_b[i] * x[j]
-                     + [argmax[i] == e] gmax[i] + [argmin[i] == e] gmin[i]
+                     + [argmax[i] == e] g_max[i] + [argmin[i] == e] g_min[i]
 
-    accumulated in float64.
+    accumulated in float64 (g_max, g_min: the max/min blocks of the cotangent).
 
 Reduction codes (shared with kernels_cuda/segment.cu): 0 sum, 1 mean, 2 max,
 3 min, 4 var, 5 std.
@@ -36,7 +40,8 @@ def _chunk(c, nchunks, n):
 
 @numba.njit(parallel=True, cache=True)
 def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
-                      out, argmax, argmin, nchunks):
+                      out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
+                      nchunks):
     n = indptr.shape[0] - 1
     f = x.shape[1]
     for c in numba.prange(nchunks):
@@ -97,17 +102,60 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
                             if val <= _STD_MIN:
                                 val = 0.0
                     out[i, base + k] = val
-            if need_max:
+            if has_args and need_max:
                 for k in range(f):
                     argmax[i, k] = amx[k]
-            if need_min:
+            if has_args and need_min:
                 for k in range(f):
                     argmin[i, k] = amn[k]
+            for k in range(f if has_mean or has_std else 0):
+                m = s[k] * inv
+                if has_mean:
+                    res_mean[i, k] = m
+                if has_std:
+                    val = q[k] * inv - m * m
+                    if val < _STD_EPS:
+                        val = _STD_EPS
+                    val = np.sqrt(val)
+                    res_std[i, k] = 0.0 if val <= _STD_MIN else val
+
+
+@numba.njit(parallel=True, cache=True)
+def _segment_coef_rows(indptr, g, ops, mean, std, coef_a, coef_b, has_b, nchunks):
+    """coef_a/coef_b of the linear reductions, one pass over g (see ops/segment.py)."""
+    n, f = coef_a.shape
+    for c in numba.prange(nchunks):
+        r0, r1 = _chunk(c, nchunks, n)
+        for i in range(r0, r1):
+            deg = indptr[i + 1] - indptr[i]
+            inv = 1.0 / deg if deg > 0 else 0.0
+            for k in range(f):
+                a = 0.0
+                b = 0.0
+                for r in range(ops.shape[0]):
+                    op = ops[r]
+                    if op == 2 or op == 3:
+                        continue
+                    gv = np.float64(g[i, r * f + k])
+                    if op == 0:
+                        a += gv
+                    elif op == 1:
+                        a += gv * inv
+                    else:
+                        if op == 5:
+                            s = np.float64(std[i, k])
+                            gv = gv * 0.5 / s if s != 0 else 0.0   # NaN std keeps NaN
+                        gi = gv * inv
+                        a += -2.0 * gi * mean[i, k]
+                        b += 2.0 * gi
+                coef_a[i, k] = a
+                if has_b:
+                    coef_b[i, k] = b
 
 
 @numba.njit(parallel=True, cache=True)
 def _segment_bwd_rows(t_indptr, t_indices, t_edge, x, a, has_a, b, has_b,
-                      argmax, gmax, has_max, argmin, gmin, has_min, grad_x, nchunks):
+                      g, argmax, off_max, has_max, argmin, off_min, has_min, grad_x, nchunks):
     n, f = grad_x.shape
     for c in numba.prange(nchunks):
         r0, r1 = _chunk(c, nchunks, n)
@@ -126,9 +174,9 @@ def _segment_bwd_rows(t_indptr, t_indices, t_edge, x, a, has_a, b, has_b,
                     if has_b:
                         acc_b[k] += b[i, k]
                     if has_max and argmax[i, k] == e:
-                        acc_a[k] += gmax[i, k]
+                        acc_a[k] += g[i, off_max + k]
                     if has_min and argmin[i, k] == e:
-                        acc_a[k] += gmin[i, k]
+                        acc_a[k] += g[i, off_min + k]
             for k in range(f):
                 if has_b:
                     grad_x[j, k] = acc_a[k] + acc_b[k] * np.float64(x[j, k])
@@ -136,48 +184,61 @@ def _segment_bwd_rows(t_indptr, t_indices, t_edge, x, a, has_a, b, has_b,
                     grad_x[j, k] = acc_a[k]
 
 
-def segment_fwd(graph, x, codes, vtype):
-    """(out [num_dst, len(codes)*F] in x's dtype, argmax, argmin): see module
-    docstring. argmax/argmin are [num_dst, F] CSR positions of the winners
-    (index dtype, -1 for empty rows), or None when not requested."""
-    f = x.shape[1]
+def _coef_dtype(vtype):
+    return np.float64 if vtype == "float64" else np.float32
+
+
+def segment_fwd(graph, x, codes, vtype, residuals=True):
+    """(out, argmax, argmin, mean, std): out [num_dst, len(codes)*F] in x's
+    dtype (see module docstring); with residuals (training) also argmax /
+    argmin [num_dst, F] CSR positions of the winners (index dtype, -1 for
+    empty rows) when max / min are requested, and the mean / std [num_dst, F]
+    (float32, float64 for float64) when var / std are; None otherwise."""
+    f, n = x.shape[1], graph.num_dst
     ops = np.array([CODES[c] for c in codes], dtype=np.int64)
     need_max, need_min = "max" in codes, "min" in codes
     need_sq = "var" in codes or "std" in codes
-    out = np.empty((graph.num_dst, len(codes) * f), dtype=x.dtype)
-    idx = graph.index_dtype
-    argmax = np.empty((graph.num_dst, f), dtype=idx) if need_max else np.empty((0, 0), dtype=idx)
-    argmin = np.empty((graph.num_dst, f), dtype=idx) if need_min else np.empty((0, 0), dtype=idx)
+    out = np.empty((n, len(codes) * f), dtype=x.dtype)
+    idx, cdt = graph.index_dtype, _coef_dtype(vtype)
+
+    def alloc(flag, dtype):
+        return np.empty((n, f) if flag else (0, 0), dtype=dtype)
+
+    flags = (residuals and need_max, residuals and need_min, residuals and need_sq,
+             residuals and "std" in codes)
+    argmax, argmin, mean, std = (alloc(fl, dt) for fl, dt in zip(flags, (idx, idx, cdt, cdt)))
     _segment_fwd_rows(graph.indptr, graph.indices, x, ops, need_sq, need_max, need_min,
-                      out, argmax, argmin, _num_chunks(graph.num_dst))
-    return out, (argmax if need_max else None), (argmin if need_min else None)
+                      out, argmax, argmin, residuals, mean, flags[2], std, flags[3],
+                      _num_chunks(n))
+    return (out,) + tuple(a if fl else None for a, fl in zip((argmax, argmin, mean, std), flags))
 
 
-def segment_bwd(graph, x, coef_a, coef_b, argmax, gmax, argmin, gmin, vtype):
+def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype):
     """grad_x [num_src, F] in the value type `vtype`; see module docstring.
-    coef_a, coef_b, gmax, gmin: [num_dst, F] float32/float64 or None;
-    argmax, argmin: [num_dst, F] CSR positions or None; x is needed only with coef_b."""
-    present = [a for a in (coef_a, coef_b, gmax, gmin) if a is not None]
-    if not present:
-        raise ValueError("segment_bwd needs at least one of coef_a, coef_b, gmax, gmin")
-    if coef_b is not None and x is None:
-        raise ValueError("segment_bwd: x is required when coef_b is given")
-    if (argmax is None) != (gmax is None) or (argmin is None) != (gmin is None):
-        raise ValueError("segment_bwd: argmax/gmax and argmin/gmin come in pairs")
-    f = present[0].shape[1]
-    cdt = present[0].dtype
-    t = graph.transpose()
-    idx = graph.index_dtype
+    g: [num_dst, R*F] cotangent (block r for codes[r]); mean, std, argmax,
+    argmin: the residuals of segment_fwd (None when not needed); x [num_src,
+    F] is needed only with var/std."""
+    R = len(codes)
+    f = g.shape[1] // R
+    n = graph.num_dst
+    cdt = _coef_dtype(vtype)
+    ops = np.array([CODES[c] for c in codes], dtype=np.int64)
+    has_a = any(c not in ("max", "min") for c in codes)
+    has_b = any(c in ("var", "std") for c in codes)
     none_f = np.zeros((0, 0), dtype=cdt)
-    none_i = np.zeros((0, 0), dtype=idx)
+    none_i = np.zeros((0, 0), dtype=graph.index_dtype)
+    coef_a = np.empty((n, f), dtype=cdt) if has_a else none_f
+    coef_b = np.empty((n, f), dtype=cdt) if has_b else none_f
+    if has_a:
+        _segment_coef_rows(graph.indptr, g, ops, none_f if mean is None else mean,
+                           none_f if std is None else std, coef_a, coef_b, has_b,
+                           _num_chunks(n))
+    t = graph.transpose()
     grad_x = np.empty((graph.num_src, f), dtype=np.dtype(vtype))
+    off = {c: r * f for r, c in enumerate(codes)}
     _segment_bwd_rows(t.indptr, t.indices, t.edge_ids,
-                      none_f if x is None else x,
-                      none_f if coef_a is None else coef_a, coef_a is not None,
-                      none_f if coef_b is None else coef_b, coef_b is not None,
-                      none_i if argmax is None else argmax,
-                      none_f if gmax is None else gmax, gmax is not None,
-                      none_i if argmin is None else argmin,
-                      none_f if gmin is None else gmin, gmin is not None,
+                      x if has_b else none_f, coef_a, has_a, coef_b, has_b, g,
+                      none_i if argmax is None else argmax, off.get("max", 0), argmax is not None,
+                      none_i if argmin is None else argmin, off.get("min", 0), argmin is not None,
                       grad_x, _num_chunks(graph.num_src))
     return grad_x

@@ -37,12 +37,20 @@ def _spmm_names(vt, it):
     return names
 
 
+# Statistic sets (bits: 1 sum, 2 sum of squares, 4 max, 8 min) of the
+# segment_fwd instantiations; a request runs the smallest superset.
+SEGMENT_STATS = (1, 3, 4, 8, 12, 13, 15)
+# (LIN, NARG) bounds of the segment_bwd instantiations (linear terms: 1 coef_a,
+# 2 coef_a + coef_b; NARG argmax/argmin terms); a request runs the first cover.
+SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2))
+
+
 def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
-    names = [f"segment_combine<{T}, {I}>"]
+    names = [f"segment_combine<{T}, {I}>", f"segment_coef<{T}, {I}>"]
     for vec in vec_widths(vt):
-        names.append(f"segment_fwd<{T}, {I}, {vec}>")
-        names.append(f"segment_bwd<{T}, {I}, {vec}>")
+        names += [f"segment_fwd<{T}, {I}, {vec}, {s}>" for s in SEGMENT_STATS]
+        names += [f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}>" for lin, narg in SEGMENT_TERMS]
     return names
 
 

@@ -1,18 +1,21 @@
 """CUDA launchers of the reduction family (kernels_cuda/segment.cu).
 
 Forward: one pass per row task (the task list of the SpMM family: hub rows
-split, partial states merged in slot order) computing the union of the
-statistics the requested reductions need and writing each reduction's block.
-Backward: one pass over the cached transpose, summing the linear terms
-(sum/mean/var/std) and the arg-selected max/min terms; no atomics.
-Interface as the CPU backend (fastgnn/backends/cpu/segment.py).
+split, partial states merged in slot order) computing the statistics the
+requested reductions need (the smallest instantiated superset) and writing
+each reduction's block, plus, when training, the argmax/argmin positions and
+the mean/std residuals of the backward.
+Backward: one fused pass building coef_a/coef_b from the cotangent
+(segment_coef), then one pass over the cached transpose summing the linear
+terms and the arg-selected max/min terms (read straight from the cotangent's
+blocks); no atomics. Interface as the CPU backend (fastgnn/backends/cpu/segment.py).
 """
 from __future__ import annotations
 
 import cupy as cp
 import numpy as np
 
-from .loader import C_INDEX, C_VALUE, get_function
+from .loader import C_INDEX, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function
 from .spmm import _ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape, task_plan
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
@@ -20,82 +23,115 @@ STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN = 1, 2, 4, 8
 
 
 def _stats(codes):
-    stats = STAT_SUM
+    """The smallest instantiated statistic set covering `codes`."""
+    need = 0
+    if any(c in ("sum", "mean", "var", "std") for c in codes):
+        need |= STAT_SUM
     if any(c in ("var", "std") for c in codes):
-        stats |= STAT_SQ
+        need |= STAT_SQ
     if "max" in codes:
-        stats |= STAT_MAX
+        need |= STAT_MAX
     if "min" in codes:
-        stats |= STAT_MIN
-    return stats
+        need |= STAT_MIN
+    return min((s for s in SEGMENT_STATS if s & need == need), key=lambda s: (bin(s).count("1"), s))
 
 
-def segment_fwd(graph, x, codes, vtype, chunk=DEFAULT_CHUNK):
-    """(out [num_dst, R*F], argmax [num_dst, F] or None, argmin or None)."""
-    F, R = x.shape[1], len(codes)
-    idx = graph.index_dtype
-    itype = _ITYPE[np.dtype(idx)]
-    stats = _stats(codes)
-    out = cp.empty((graph.num_dst, R * F), dtype=x.dtype)
-    argmax = cp.empty((graph.num_dst, F), dtype=idx) if stats & STAT_MAX else None
-    argmin = cp.empty((graph.num_dst, F), dtype=idx) if stats & STAT_MIN else None
-    if F == 0 or graph.num_dst == 0:
-        return out, argmax, argmin
+def _packed(codes):
     packed = 0
     for r, c in enumerate(codes):
         packed |= CODES[c] << (3 * r)
-    plan = task_plan(graph, chunk)
+    return packed
+
+
+def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
+    """(out [num_dst, R*F], argmax, argmin, mean, std): see the CPU backend."""
+    F, R = x.shape[1], len(codes)
+    idx = graph.index_dtype
+    itype = _ITYPE[np.dtype(idx)]
     acc = _acc_dtype(vtype)
+    stats = _stats(codes)
+    n = graph.num_dst
+    out = cp.empty((n, R * F), dtype=x.dtype)
+    argmax = cp.empty((n, F), dtype=idx) if residuals and "max" in codes else None
+    argmin = cp.empty((n, F), dtype=idx) if residuals and "min" in codes else None
+    var = residuals and ("var" in codes or "std" in codes)
+    mean = cp.empty((n, F), dtype=acc) if var else None
+    std = cp.empty((n, F), dtype=acc) if var and "std" in codes else None
+    if F == 0 or n == 0:
+        return out, argmax, argmin, mean, std
+    packed = _packed(codes)
+    plan = task_plan(graph, chunk)
     S = plan.num_slots
-    p = [cp.empty((S, F), dtype=acc) if S else NULL for _ in range(4)]
-    pa = [cp.empty((S, F), dtype=idx) if S else NULL for _ in range(2)]
-    vec, group = _launch_shape(vtype, F, x)
+    # partial states of split rows: only those of the statistics computed
+    p = [cp.empty((S, F), dtype=acc) if S and stats & bit else NULL
+         for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN)]
+    pa = [cp.empty((S, F), dtype=idx) if S and stats & bit else NULL for bit in (STAT_MAX, STAT_MIN)]
+    resid = (_arg(argmax), _arg(argmin), _arg(mean), _arg(std))
+    vec, group = _launch_shape(vtype, F, x, out)
     T, I = C_VALUE[vtype], C_INDEX[itype]
-    fwd = get_function("segment", vtype, itype, f"segment_fwd<{T}, {I}, {vec}>")
+    fwd = get_function("segment", vtype, itype, f"segment_fwd<{T}, {I}, {vec}, {stats}>")
     num_tasks = int(plan.task_row.shape[0])
     fwd(_grid(num_tasks, group), (BLOCK,),
         (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices, x, out,
-         _arg(argmax), _arg(argmin),
-         *p, *pa, np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
-         np.int32(stats), np.int32(R), np.int32(packed)))
+         *resid, *p, *pa, np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
+         np.int32(R), np.int32(packed)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         _, group1 = _launch_shape(vtype, F)
         comb = get_function("segment", vtype, itype, f"segment_combine<{T}, {I}>")
         comb(_grid(num_split, group1), (BLOCK,),
-             (plan.split_row, plan.slot_ptr, graph.indptr, *p, *pa, out,
-              _arg(argmax), _arg(argmin),
+             (plan.split_row, plan.slot_ptr, graph.indptr, *p, *pa, out, *resid,
               np.int64(num_split), np.int32(F), np.int32(group1), np.int32(stats),
               np.int32(R), np.int32(packed)))
-    return out, argmax, argmin
+    return out, argmax, argmin, mean, std
 
 
-def segment_bwd(graph, x, coef_a, coef_b, argmax, gmax, argmin, gmin, vtype,
-                chunk=DEFAULT_CHUNK):
-    """grad_x [num_src, F] (see kernels_cuda/segment.cu, segment_bwd)."""
+def _terms(lin, narg):
+    """The first instantiated (LIN, NARG) bound covering the request."""
+    return next(t for t in SEGMENT_TERMS if t[0] >= lin and t[1] >= narg)
+
+
+def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFAULT_CHUNK):
+    """grad_x [num_src, F] (see kernels_cuda/segment.cu, segment_coef and segment_bwd)."""
     t = graph.transpose()
-    F = next(a.shape[1] for a in (coef_a, coef_b, gmax, gmin) if a is not None)
-    dtype = x.dtype if x is not None else _value_dtype(vtype)
+    R = len(codes)
+    F = g.shape[1] // R
+    dtype = g.dtype
     grad = cp.empty((graph.num_src, F), dtype=dtype)
     if F == 0 or graph.num_src == 0:
         return grad
     idx = graph.index_dtype
     itype = _ITYPE[np.dtype(idx)]
     acc = _acc_dtype(vtype)
-    terms = ((coef_a is not None) | (coef_b is not None) << 1
-             | (argmax is not None) << 2 | (argmin is not None) << 3)
+    T, I = C_VALUE[vtype], C_INDEX[itype]
+    n = graph.num_dst
+    has_a = any(c not in ("max", "min") for c in codes)
+    has_b = any(c in ("var", "std") for c in codes)
+    coef_a = cp.empty((n, F), dtype=acc) if has_a else None
+    coef_b = cp.empty((n, F), dtype=acc) if has_b else None
+    if has_a and n:
+        coef = get_function("segment", vtype, itype, f"segment_coef<{T}, {I}>")
+        coef(_grid(n * F, 1), (BLOCK,),
+             (graph.indptr, g, _arg(mean, acc), _arg(std, acc), coef_a, _arg(coef_b),
+              np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
+    # max/min terms: the arg arrays and the cotangent's blocks (row stride R*F)
+    args = [(a, g[:, codes.index(c) * F:]) for c, a in (("max", argmax), ("min", argmin))
+            if a is not None]
+    lin, narg = _terms(2 if has_b else int(has_a), len(args))
+    args += [(None, None)] * (2 - len(args))
     plan = task_plan(t, chunk)
     partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else NULL
-    arrays = [a for a in (x, coef_a, coef_b, gmax, gmin, grad) if a is not None]
+    arrays = [a for a in (x if has_b else None, coef_a, coef_b, argmax, argmin, grad)
+              if a is not None]
     vec, group = _launch_shape(vtype, F, *arrays)
-    T, I = C_VALUE[vtype], C_INDEX[itype]
-    kern = get_function("segment", vtype, itype, f"segment_bwd<{T}, {I}, {vec}>")
+    kern = get_function("segment", vtype, itype, f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}>")
     num_tasks = int(plan.task_row.shape[0])
     kern(_grid(num_tasks, group), (BLOCK,),
          (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, t.edge_ids,
-          _arg(x), _arg(coef_a, acc), _arg(coef_b, acc), _arg(argmax), _arg(gmax, acc),
-          _arg(argmin), _arg(gmin, acc), grad, partial, np.int64(num_tasks), np.int32(F), np.int32(chunk),
-          np.int32(group), np.int32(terms)))
+          _arg(x if has_b else None), _arg(coef_a), _arg(coef_b),
+          _arg(args[0][0]), _arg(args[0][1]), _arg(args[1][0]), _arg(args[1][1]),
+          grad, partial, np.int64(num_tasks), np.int32(F), np.int64(R * F), np.int32(chunk),
+          np.int32(group)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
@@ -103,7 +139,3 @@ def segment_bwd(graph, x, coef_a, coef_b, argmax, gmax, argmin, gmin, vtype,
                 (plan.split_row, plan.slot_ptr, partial, NULL, grad, np.int64(num_split),
                  np.int32(F), np.int32(group)))
     return grad
-
-
-def _value_dtype(vtype):
-    return np.uint16 if vtype == "bfloat16" else np.dtype(vtype)

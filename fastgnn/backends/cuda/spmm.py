@@ -22,7 +22,7 @@ import dataclasses
 import cupy as cp
 import numpy as np
 
-from .loader import C_INDEX, C_VALUE, VALUE_BYTES, get_function, vec_widths
+from .loader import C_INDEX, C_VALUE, get_function, vec_widths
 
 BLOCK = 256
 CHUNKS = (64, 256, 1024)     # custom-kernel task sizes tried by "auto"
@@ -70,11 +70,12 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK) -> TaskPlan:
 
 
 def _launch_shape(vtype, F, *arrays):
-    """(VEC, group): the widest vector (<= 16 bytes) dividing F at which every
-    array is aligned, and the power-of-two lane count (<= 32) covering F."""
+    """(VEC, group): the widest vector (<= 16 bytes of the value type) dividing
+    F at which every array is aligned for VEC of its own elements, and the
+    power-of-two lane count (<= 32) covering F."""
     vec = 1
     for v in vec_widths(vtype):
-        if F % v == 0 and all(a.data.ptr % (v * VALUE_BYTES[vtype]) == 0 for a in arrays):
+        if F % v == 0 and all(a.data.ptr % (v * a.itemsize) == 0 for a in arrays):
             vec = v
     lanes = -(-F // vec)
     group = 1
