@@ -8,6 +8,8 @@ Examples
     python -m fastgnn.bench --family attention --graphs rmat20 clustered  # GAT/GATv2/Transformer
     python -m fastgnn.bench --graphs mesh3d64k26 molecules20 knn18 file:planetoid/cora
     python -m fastgnn.bench --list                        # the registered cases
+    python -m fastgnn.bench --suite full --out $OUT/suite.json   # H200 suite, ~7 min
+    python -m fastgnn.bench --graphs rmat17 --dtypes fp32 --compile   # + PyG under torch.compile
 
 Writes a JSON list of records (one per graph x case x dtype x width x
 implementation) to --out, a markdown report beside it (.md) with PNG plots in
@@ -25,6 +27,7 @@ import platform
 import re
 import shlex
 import sys
+import time
 
 from . import core
 from .core import CASES
@@ -38,6 +41,27 @@ FULL_GRAPHS = ["rmat20", "rmat16", "uniform20", "clustered", "grid"]
 QUICK_GRAPHS = ["rmat10", "clustered10", "mesh3d10", "molecules10", "knn10"]
 H200_BANDWIDTH_GBS = 4190.0     # measured copy bandwidth, read + write (GPU.md)
 
+# Named presets (--suite). `full` is the H200 suite of docs/benchmarks.md: the
+# three families, default ops and every layer, fp32 + bf16, generated graphs
+# of four kinds at ~2 M and ~16 M edges plus the largest real graphs (carried
+# to .data/; absent files are skipped). Budget: under ~8 minutes on an H200:
+# 10 timed calls after 1 warm-up (the agreement call warms too); on graphs
+# above 1.5 M edges the per-edge baselines (PyG's gather/scatter forms, which
+# take ~250 ms a fwd+bwd call at 16 M edges) run in fp32 only; no case starts
+# after 7 minutes (cheap graphs first, so a cut drops the last large one).
+SUITES = {
+    "full": {"graphs": ["npz:.data/tolokers.npz", "file:.data/github",
+                        "file:.data/soc-brightkite.txt", "rmat17", "clustered16", "uniform17",
+                        "mesh3d44k26", "rmat20", "clustered19", "uniform20", "mesh3d88k26"],
+             "dtypes": ["fp32", "bf16"], "width": [128], "repeats": 10, "warmup": 1,
+             "lean_above": 1_500_000, "budget_minutes": 7.0},
+}
+# Rough H200 cost model for the estimate (seconds), calibrated on GPU.md's PyG
+# timings: per (graph, dtype, case) a fixed part plus a part per million
+# edges, smaller when the per-edge baselines are skipped; plus start-up.
+EST_CASE_S, EST_PER_MEDGE_S, EST_PER_MEDGE_LEAN_S, EST_START_S = 0.4, 0.22, 0.06, 40.0
+EST_FILE_EDGES = 1_000_000       # a real graph of unknown size (the shared ones are <= 1 M)
+
 
 def _load_cases():
     from . import cases_attention, cases_layers, cases_segment, cases_spmm  # noqa: F401  (register on import)
@@ -47,6 +71,9 @@ def build_parser():
     p = argparse.ArgumentParser(prog="fastgnn bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="graph names: " + GRAPH_NAMES + " (see docs/benchmarks.md)")
+    p.add_argument("--suite", choices=sorted(SUITES),
+                   help="a named preset: 'full' = the H200 suite (docs/benchmarks.md: 11 graphs, "
+                        "every family, fp32 + bf16, ~7 min); options given explicitly override it")
     p.add_argument("--graphs", nargs="+", help=f"graphs (default {' '.join(FULL_GRAPHS)}; "
                    f"--quick: {' '.join(QUICK_GRAPHS)})")
     p.add_argument("--width", nargs="+", type=int, help="feature widths F (default 128; --quick: 32)")
@@ -64,6 +91,18 @@ def build_parser():
     p.add_argument("--warmup", type=int, help="untimed calls first (default 3; --quick 1)")
     p.add_argument("--quick", action="store_true",
                    help="CPU-friendly smoke run: five small graphs (one of each generator kind), F=32, few repeats")
+    p.add_argument("--compile", nargs="?", const="default", metavar="MODE",
+                   help="add PyG under torch.compile(mode=MODE, default 'default') to the layer "
+                        "cases (opt-in: ~20-60 s of compilation per layer, graph and dtype, "
+                        "outside timing); a layer that does not compile is recorded unsupported")
+    p.add_argument("--compile-dynamic", action="store_true",
+                   help="with --compile: dynamic=True (default False: shapes are fixed per graph)")
+    p.add_argument("--lean-above", type=int, metavar="EDGES",
+                   help="on graphs with more edges, baselines that materialise per-edge tensors "
+                        "run in fp32 only (time budget; --suite full: 4000000)")
+    p.add_argument("--budget-minutes", type=float,
+                   help="start no graph or case after this many minutes (the rest is listed as "
+                        "skipped; --suite full: 7)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, help="CPU threads for torch and numba (default: their "
                    "own defaults; --quick: 1, which is robust on small, shared machines)")
@@ -169,6 +208,10 @@ def main(argv=None):
     if cuda:
         device = torch.device("cuda", torch.cuda.current_device())
 
+    if args.suite:
+        for key, val in SUITES[args.suite].items():
+            if getattr(args, key) is None:
+                setattr(args, key, val)
     quick = args.quick
     threads = args.threads or (1 if quick and not cuda else None)
     restore = _set_threads(torch, threads) if threads else None
@@ -200,6 +243,8 @@ def _run(args, argv, torch, device, cuda, quick):
     # torch's notices about sparse CSR tensors (raised inside PyG too) say nothing here
     warnings.filterwarnings("ignore", message="Sparse invariant checks")
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    # turbo-gnn's reduction_aggr warns on every call that it lowers its block size at F=128
+    warnings.filterwarnings("ignore", message="Number of threads involved for ReductionAggr")
 
     graph_specs = args.graphs or (QUICK_GRAPHS if quick else FULL_GRAPHS)
     widths = args.width or ([32] if quick else [128])
@@ -223,7 +268,7 @@ def _run(args, argv, torch, device, cuda, quick):
     command = "python -m fastgnn.bench " + shlex.join(argv)
     gpu = _device_label(torch, device)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    prefix = "quick" if quick else ("bench" if args.family == "all" else args.family)
+    prefix = "quick" if quick else (args.suite or ("bench" if args.family == "all" else args.family))
     out_path = args.out or os.path.join("benchmarks", "results",
                                         f"{prefix}-{_slug(gpu)}-{stamp}.json")
     meta = {"gpu": gpu, "command": command, "versions": _versions(torch, cuda),
@@ -241,28 +286,57 @@ def _run(args, argv, torch, device, cuda, quick):
             raise SystemExit(f"fastgnn bench: {exc}")
 
     records = []
-    total = len(graph_specs) * len(widths) * len(dtype_names) * len(cases)
-    bar = _progress(total, args.no_progress)
+    est = {spec: [_estimate_case_s(spec, d, args.lean_above) for d in dtype_names]
+           for spec in graph_specs}
+    if cuda:
+        total_s = EST_START_S + sum(len(widths) * len(cases) * sum(v) * max(widths) / 128
+                                    for v in est.values())
+        print(f"fastgnn bench: {len(graph_specs)} graphs x {len(dtype_names)} dtypes x "
+              f"{len(widths)} widths x {len(cases)} cases; rough H200 estimate "
+              f"{total_s / 60:.1f} min (docs/benchmarks.md, 'Run time')", file=sys.stderr)
+    bar = _progress(sum(len(widths) * len(cases) * sum(v) for v in est.values()),
+                    args.no_progress)
+    start = time.perf_counter()
+
+    def over_budget(what):
+        """True (and noted once per graph) once --budget-minutes has passed."""
+        if args.budget_minutes is None or time.perf_counter() - start < 60 * args.budget_minutes:
+            return False
+        note = f"{what}: not run, the time budget (--budget-minutes {args.budget_minutes:g}) was spent"
+        if note not in skipped:
+            skipped.append(note)
+            print(f"fastgnn bench: {note}", file=sys.stderr)
+        return True
+
+    d = os.path.dirname(out_path)
+    if d:
+        os.makedirs(d, exist_ok=True)
     try:
         for spec in graph_specs:
             bar.set_description_str(f"building {spec}")
+            if over_budget(f"graph {spec}"):
+                bar.update(len(widths) * len(cases) * sum(est[spec]))
+                continue
             try:
                 g = bgraphs.make(spec, torch, device, args.seed)
             except bgraphs.GraphUnavailable as exc:
                 skipped.append(f"graph {spec}: {exc}")
                 print(f"fastgnn bench: skipping graph {spec}: {exc}", file=sys.stderr)
-                bar.update(len(widths) * len(dtype_names) * len(cases))
+                bar.update(len(widths) * len(cases) * sum(est[spec]))
                 continue
             except Exception as exc:  # noqa: BLE001 - out of memory building it, a bad file
                 records.append(failure_record(meta, device, spec, "(graph build)", exc))
                 print(f"fastgnn bench: graph {spec} failed: {core.describe(exc)}", file=sys.stderr)
                 core.free_memory(torch, full=True)
-                bar.update(len(widths) * len(dtype_names) * len(cases))
+                bar.update(len(widths) * len(cases) * sum(est[spec]))
                 continue
             for width in widths:
-                for dname in dtype_names:
+                for dname, case_s in zip(dtype_names, est[spec]):
                     for case in cases:
                         bar.set_description_str(f"{g.name} {case.name} {SHORT[dname]} F={width}")
+                        if over_budget(f"graph {g.name} (from {case.name} {SHORT[dname]} F={width} on)"):
+                            bar.update(case_s)
+                            continue
                         try:
                             records += run_case(torch, device, g, case, dname, width, args,
                                                 repeats, warmup, bandwidth, meta, skipped)
@@ -271,25 +345,37 @@ def _run(args, argv, torch, device, cuda, quick):
                                                           g=g, case=case, dtype=SHORT[dname],
                                                           width=width))
                             core.free_memory(torch, full=True)
-                        bar.update(1)
+                        bar.update(case_s)
             del g
             core.free_memory(torch)
+            _write_json(out_path, records)      # a run cut short keeps what it measured
     finally:
         bar.close()
 
     from . import report
     report.add_speedups(records)
-    d = os.path.dirname(out_path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(records, f, indent=1, default=str)
+    _write_json(out_path, records)
     md_path = os.path.splitext(out_path)[0] + ".md"
     report.render(records, md_path, meta, with_plots=not args.no_plots)
     print(report.table(records, compact=True) if records else "(no measurements)")
     plots = "" if args.no_plots else f" (plots in {report.plots_dir(md_path)})"
     print(f"\n{len(records)} records -> {out_path}\nreport -> {md_path}{plots}")
     return 0
+
+
+def _write_json(path, records):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def _estimate_case_s(spec, dtype_name, lean_above):
+    """Rough H200 seconds of one case on graph `spec` in one dtype at F=128."""
+    from .graphs import nominal_edges
+    edges = nominal_edges(spec) or EST_FILE_EDGES
+    lean = lean_above is not None and dtype_name != "float32" and edges > lean_above
+    return EST_CASE_S + (EST_PER_MEDGE_LEAN_S if lean else EST_PER_MEDGE_S) * edges / 1e6
 
 
 def failure_record(meta, device, graph, case_name, exc, *, g=None, case=None, dtype=None,
@@ -306,7 +392,8 @@ def failure_record(meta, device, graph, case_name, exc, *, g=None, case=None, dt
             "dtype": dtype, "width": width, "fwd_ms": None, "fwd_bwd_ms": None,
             "peak_mib": None, "rel_err": None, "path": None, "floor_ms": None,
             "status": {"fwd": status, "fwd_bwd": status},
-            "errors": {"setup": core.describe(exc)}, "command": meta["command"]}
+            "errors": {"setup": core.describe(exc)}, "reason": core.reason({"setup": core.describe(exc)}),
+            "command": meta["command"]}
 
 
 def run_case(torch, device, g, case, dname, width, args, repeats, warmup, bandwidth, meta, skipped):
@@ -317,6 +404,10 @@ def run_case(torch, device, g, case, dname, width, args, repeats, warmup, bandwi
     grad_out = torch.randn(g.num_nodes, width, generator=gen, device=device).to(dtype)
     ctx = core.Ctx(torch, device, dtype, SHORT[dname], width, g, x, x.float(), grad_out, args.seed)
     ctx.heads = getattr(args, "heads", 4)              # attention family: H heads x F/H
+    ctx.compile = getattr(args, "compile", None)       # layer cases: + PyG under torch.compile
+    ctx.compile_dynamic = getattr(args, "compile_dynamic", False)
+    lean = getattr(args, "lean_above", None)
+    lean = lean is not None and dname != "float32" and g.stats["num_edges"] > lean
 
     ref_out, ref_grad, ref_err = core.run_reference(torch, ctx, case)
     ctx.x_ref = None                                   # not held while timing
@@ -325,6 +416,12 @@ def run_case(torch, device, g, case, dname, width, args, repeats, warmup, bandwi
         if device.type not in impl.devices:
             continue
         if args.impls and not any(s in impl.name for s in args.impls):
+            continue
+        if lean and impl.per_edge and not impl.fastgnn:
+            note = (f"{g.name} {SHORT[dname]}: baselines that materialise per-edge tensors "
+                    f"skipped (--lean-above {args.lean_above:,}: fp32 only on larger graphs)")
+            if note not in skipped:
+                skipped.append(note)
             continue
         why = impl.available()
         if why:

@@ -22,10 +22,12 @@ Op implementations:
                           torch_geometric.utils.scatter(sum): materialises
                           E x H x C tensors as PyG's GATv2Conv / TransformerConv do
   turbo-gnn[...]          gatv2_aggr / graph_transformer_aggr (GPU, when
-                          turbo_gnn imports; its graph transformer indexes Q by
-                          the source and K by the destination, so it gets
-                          Q = k, K = q); the call is fitted to its signature, a
-                          signature that does not fit is recorded unsupported
+                          turbo_gnn imports; explicit calls in bench.external:
+                          its graph transformer indexes Q by the source and K
+                          by the destination, so it gets Q = k, K = q; autotune
+                          off)
+  dgl[ops+edge_softmax]   dgl.ops scores + edge_softmax + u_mul_e_sum, when
+                          dgl imports
 
 Layers: GATConv / GATv2Conv / TransformerConv(F, F/H, heads=H) (concat, PyG
 defaults otherwise: self-loops for the GAT layers, root weight for
@@ -35,12 +37,11 @@ sorted EdgeIndex for these layers (docs/GPU notes), so only edge_index runs.
 """
 from __future__ import annotations
 
-import inspect
 import math
 
-from . import report
-from .cases_layers import _load, _master_state, _prepared, layer_reference
-from .cases_spmm import clear_fastgnn_cache, turbo_gnn_reason, _turbo_graph
+from . import external, report
+from .cases_layers import _load, _master_state, _prepared, compiled_impl, layer_reference
+from .cases_spmm import clear_fastgnn_cache
 from .core import Case, Impl, Prepared, register
 
 SCORES = {"attn_gatv2": "gatv2", "attn_dot": "dot", "attn_gat": "gat"}
@@ -147,57 +148,18 @@ def attn_floor(score):
 
 # ------------------------------------------------------------ turbo-gnn
 
-
 TURBO_FN = {"gatv2": "gatv2_aggr", "dot": "graph_transformer_aggr"}
 
 
-def _turbo_fn(tg, name):
-    fn = getattr(tg, name, None)
-    if fn is None:
-        import importlib
-        fn = getattr(importlib.import_module("turbo_gnn.ops"), name, None)
-    if fn is None:
-        raise NotImplementedError(f"turbo_gnn has no {name}")
-    return fn
-
-
-def _turbo_call(fn, g, score, ts, C):
-    """A () -> out callable fitted to fn's signature by parameter names (a tuple
-    result gives its first element; its
-    graph transformer: Q indexed by source, K by destination: Q = k, K = q)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError) as exc:
-        raise NotImplementedError(f"turbo_gnn {fn.__name__}: no signature ({exc})") from exc
+def turbo_attention(score, g, ts, C):
+    """() -> out [n, H*C]: turbo-gnn's fused op on the case's tensors (names as
+    NAMES[score]); the argument mapping is spelled out in bench.external."""
     if score == "gatv2":
         xl, xr, att = ts
-        table = [(("graph", "adj", "g", "adjacency", "adj_t"), g), (("x_l", "xl", "x_src", "src", "left", "x"), xl),
-                 (("x_r", "xr", "x_dst", "dst", "right", "y"), xr),
-                 (("att", "attn", "a", "attention", "att_weight", "weight"), att),
-                 (("negative_slope", "slope", "neg_slope"), SLOPE)]
-    else:
-        q, k, v = ts
-        table = [(("graph", "adj", "g", "adjacency", "adj_t"), g), (("q", "query", "queries"), k),
-                 (("k", "key", "keys"), q), (("v", "value", "values"), v),
-                 (("scale", "sm_scale", "softmax_scale"), 1.0 / math.sqrt(C))]
-    kw, used = {}, set()
-    for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        low = p.name.lower()
-        hit = next((i for i, (names, _) in enumerate(table) if low in names and i not in used),
-                   None)
-        if hit is not None:
-            used.add(hit)
-            kw[p.name] = table[hit][1]
-        elif p.default is p.empty:
-            sig = ", ".join(q_.name for q_ in params)
-            raise NotImplementedError(f"turbo_gnn {fn.__name__}({sig}): parameter {p.name!r} "
-                                      "not understood by the bench")
-    def call():
-        res = fn(**kw)
-        return res[0] if isinstance(res, (tuple, list)) else res
-    return call
+        return lambda: external.turbo_gatv2(g, xl, xr, att, SLOPE)
+    q, k, v = ts
+    scale = 1.0 / math.sqrt(C)
+    return lambda: external.turbo_transformer(g, q, k, v, scale).flatten(1)
 
 
 # ------------------------------------------------------------ op implementations
@@ -238,23 +200,32 @@ def attn_impls(score):
         out.append(Impl("pyg-style[edge_index]", "PyG 2.8's message passing with torch ops: "
                         "index_select per edge, leaky_relu, torch_geometric.utils.softmax, "
                         "message, torch_geometric.utils.scatter(sum) (materialises E x H x C)",
-                        build_pyg))
+                        build_pyg, per_edge=True))
 
         if ctx.cuda and score in TURBO_FN:
             fname = TURBO_FN[score]
 
             def build_turbo(ctx):
-                import turbo_gnn as tg
-                g = _turbo_graph(torch, tg, ei, n)
-                fn = _turbo_fn(tg, fname)
+                g = external.turbo_graph(torch, ei, n)
                 leaves = _leaves(t, score)
-                call = _turbo_call(fn, g, score, leaves, C)
-                return Prepared(lambda: call().reshape(n, H * C), leaves, lambda: {"heads": H})
-            qk = " (Q = k, K = q: its Q is indexed by the source)" if score == "dot" else ""
-            out.append(Impl(f"turbo-gnn[{fname}]", f"turbo_gnn {fname} on "
-                            "AdjacencyForwardBackwardWithNodeBuckets.from_edge_list(edge_index, n), "
-                            f"inputs [n, H, C] (default kernel parameters){qk}", build_turbo,
-                            devices=("cuda",), available=turbo_gnn_reason))
+                return Prepared(turbo_attention(score, g, leaves, C), leaves, lambda: {"heads": H})
+            call = {"gatv2": "gatv2_aggr(g, x=xr, x_neighbors=xl, attention_weights=att, "
+                             f"negative_slope={SLOPE})",
+                    "dot": "graph_transformer_aggr(g, x, Q=k, K=q, V=v, scale=1/sqrt(C)) "
+                           "(its Q is indexed by the source, K by the destination)"}[score]
+            out.append(Impl(f"turbo-gnn[{fname}]", f"turbo_gnn.ops.{call}, inputs [n, H, C], "
+                            f"H={H}, C={C}; g = {external.TURBO_GRAPH}; {external.TURBO_SETTINGS}",
+                            build_turbo, devices=("cuda",), available=external.turbo_gnn_reason))
+
+        def build_dgl(ctx):
+            g = external.dgl_graph(ei, n)
+            leaves = _leaves(t, score)
+            return Prepared(lambda: external.dgl_attention(torch, g, score, leaves, SLOPE), leaves,
+                            lambda: {"heads": H})
+        out.append(Impl("dgl[ops+edge_softmax]", "dgl.ops u_add_v / u_dot_v scores, "
+                        "dgl.nn.functional.edge_softmax, dgl.ops.u_mul_e_sum on g = dgl.graph("
+                        "(src, dst), num_nodes=n) built once (E x H x C intermediates for gatv2)",
+                        build_dgl, available=external.dgl_reason))
         return out
     return impls
 
@@ -306,19 +277,25 @@ def attn_layer_impls(name):
                              cleanup=lambda: clear_fastgnn_cache(fgt),
                              extra_info=lambda: {"path": "cuda" if ctx.cuda else "cpu (numba)"})
 
-        def build_pyg(ctx):
+        def pyg(ctx):
             from torch_geometric import nn as pnn
             m = _layer(pnn, name, ctx)
             _load(m, _layer_state(ctx, name), ctx.dtype, ctx.device, torch)
-            return _prepared(ctx, m, lambda m, x: m(x, ei))
+            return m
+
+        def build_pyg(ctx):
+            return _prepared(ctx, pyg(ctx), lambda m, x: m(x, ei))
 
         settings = f"F, {C}, heads={H} (concat)"
-        return [
+        out = [
             Impl("fastgnn[edge_index]", f"fastgnn.torch.{name}({settings}) on edge_index (graph "
                  "built once by fastgnn.torch.to_graph's cache)", build_fastgnn, fastgnn=True),
             Impl("pyg[edge_index]", f"torch_geometric.nn.{name}({settings}) on edge_index "
-                 "(per-edge gathers, softmax, scatter: E x H x C intermediates)", build_pyg),
+                 "(per-edge gathers, softmax, scatter: E x H x C intermediates)", build_pyg,
+                 per_edge=True),
         ]
+        comp = compiled_impl(ctx, f"{name}({settings})", pyg, [("edge_index", lambda ctx: ei)])
+        return out + ([comp] if comp else [])
     return impls
 
 

@@ -13,10 +13,16 @@ PyG input forms:
                    input without torch_sparse; a sorted `EdgeIndex` is not
                    faster for these layers: they do not set
                    SUPPORTS_FUSED_EDGE_INDEX, so it takes the edge_index path.
+  pyg[compiled]    (opt-in, --compile) torch.compile of the PyG layer on its
+                   fastest eager form, falling back to edge_index where
+                   that form does not compile (`compiled_impl`).
 The float32 reference is pyg[edge_index] with the dtype-rounded parameters.
 """
 from __future__ import annotations
 
+import time
+
+from . import core, external
 from .cases_spmm import clear_fastgnn_cache, fastgnn_paths
 from .core import Case, Impl, Prepared, register
 from .graphs import csr_adj_t
@@ -88,6 +94,106 @@ def _prepared(ctx, module, call, note=None, cleanup=None, extra_info=None):
     return Prepared(lambda: call(module, x), [x] + params, info, cleanup=cleanup)
 
 
+def compiled_impl(ctx, layer, make, forms):
+    """The PyG layer under torch.compile, or None unless --compile was given.
+
+    make(ctx) -> the PyG module with the shared parameters loaded;
+    forms: [(label, ctx -> graph input)] tried in order (PyG's fastest eager
+    input form first). Compilation happens in build(), outside every timed
+    call: a no-grad forward and a forward+backward, each twice (a cached
+    layer recompiles once its cache is set); its seconds go to `compile_s`.
+    A form that fails to compile is noted and the next one tried; when none
+    compiles the build raises NotImplementedError ("unsupported: <reason>").
+    torch._dynamo.reset() before each try and after the run, so one layer's
+    graphs never count against another's recompile limit."""
+    mode = getattr(ctx, "compile", None)
+    if not mode:
+        return None
+    dynamic = bool(getattr(ctx, "compile_dynamic", False))
+    labels = " or ".join(label for label, _ in forms)
+
+    def build(ctx):
+        torch = ctx.torch
+        failures = []
+        for label, graph_input in forms:
+            torch._dynamo.reset()
+            try:
+                g = graph_input(ctx)
+                cm = torch.compile(make(ctx), mode=mode, dynamic=dynamic)
+                prep = _prepared(ctx, cm, lambda m, x, g=g: m(x, g))
+                t0 = time.perf_counter()
+                for _ in range(2):
+                    with torch.no_grad():
+                        prep.forward()
+                    torch.autograd.grad(prep.forward(), prep.inputs, ctx.grad_out,
+                                        allow_unused=True)
+                if ctx.cuda:
+                    torch.cuda.synchronize()
+                secs = round(time.perf_counter() - t0, 1)
+            except Exception as exc:  # noqa: BLE001 - recorded below
+                if core.classify(exc) == "oom":
+                    raise
+                failures.append(f"{label}: {core.describe(exc, 200)}")
+                continue
+            info = {"compiled_form": label, "compile_s": secs}
+            if failures:
+                info["note"] = "torch.compile failed on " + "; ".join(failures)
+            prep.info = lambda: info
+            prep.cleanup = torch._dynamo.reset
+            return prep
+        torch._dynamo.reset()
+        raise NotImplementedError("torch.compile failed: " + "; ".join(failures))
+    return Impl("pyg[compiled]", f"torch.compile(torch_geometric.nn.{layer}, mode={mode!r}, "
+                f"dynamic={dynamic}) on {labels} (the first that compiles; compile time outside "
+                "timing, recorded as compile_s)", build)
+
+
+DGL_LAYERS = {"GCNConv": "GraphConv(F, F, norm='none', allow_zero_in_degree=True) with "
+                          "edge_weight = PyG's gcn_norm weights on the graph with self-loops",
+              "SAGEConv": "SAGEConv(F, F, 'mean')"}
+
+
+def _dgl_params(name, state):
+    """PyG's parameters under DGL's names (weights transposed where DGL
+    stores [in, out]); DGL SAGEConv keeps its bias either apart or in fc_neigh."""
+    if name == "GCNConv":
+        return {"weight": state["lin.weight"].t().contiguous(), "bias": state["bias"]}
+    return {"fc_self.weight": state["lin_r.weight"], "fc_neigh.weight": state["lin_l.weight"],
+            "bias": state["lin_l.bias"]}
+
+
+def dgl_layer_impl(ctx, name, settings):
+    """dgl.nn.pytorch's layer with PyG's parameters, or None where DGL has no
+    layer of the same definition here."""
+    if name not in DGL_LAYERS:
+        return None
+
+    def build(ctx):
+        torch = ctx.torch
+        from dgl import nn as dnn
+        ei, n = ctx.graph.edge_index, ctx.graph.num_nodes
+        F = ctx.width
+        kw = {}
+        if name == "GCNConv":
+            from torch_geometric.nn.conv.gcn_conv import gcn_norm
+            ei, w = gcn_norm(ei, None, n, add_self_loops=True)
+            kw["edge_weight"] = w.to(ctx.dtype)
+            m = dnn.GraphConv(F, F, norm="none", allow_zero_in_degree=True)
+        else:
+            m = dnn.SAGEConv(F, F, "mean")
+        params = _dgl_params(name, _master_state(ctx, name))
+        own = m.state_dict()
+        if "bias" not in own and "fc_neigh.bias" in own:
+            params["fc_neigh.bias"] = params.pop("bias")
+        m.load_state_dict(params, strict=True)
+        m.to(device=ctx.device, dtype=ctx.dtype)
+        g = external.dgl_graph(ei, n)
+        return _prepared(ctx, m, lambda m, x: m(g, x, **kw))
+    return Impl("dgl[graph]", f"dgl.nn.pytorch.{DGL_LAYERS[name]} (as PyG {name}({settings}), "
+                "PyG's parameters) on dgl.graph((src, dst), num_nodes=n) built once", build,
+                available=external.dgl_reason)
+
+
 def layer_impls(name, settings):
     def impls(ctx):
         torch = ctx.torch
@@ -108,25 +214,31 @@ def layer_impls(name, settings):
                              cleanup=lambda: clear_fastgnn_cache(fgt), extra_info=paths)
 
         def build_pyg(ctx):
-            m = _pyg_layer(name, ctx.width)
-            _load(m, _master_state(ctx, name), ctx.dtype, ctx.device, torch)
-            return _prepared(ctx, m, lambda m, x: m(x, ei))
+            return _prepared(ctx, pyg(ctx), lambda m, x: m(x, ei))
 
         def build_pyg_csr(ctx):
+            adj_t = csr_adj_t(torch, ctx.graph, ctx.dtype, torch.int64)
+            return _prepared(ctx, pyg(ctx), lambda m, x: m(x, adj_t))
+
+        def pyg(ctx):
             m = _pyg_layer(name, ctx.width)
             _load(m, _master_state(ctx, name), ctx.dtype, ctx.device, torch)
-            adj_t = csr_adj_t(torch, ctx.graph, ctx.dtype, torch.int64)
-            return _prepared(ctx, m, lambda m, x: m(x, adj_t))
+            return m
 
-        return [
+        out = [
             Impl("fastgnn[edge_index]", f"fastgnn.torch.{name}({settings}) on edge_index "
                  "(graph built once by fastgnn.torch.to_graph's cache)", build_fastgnn, fastgnn=True),
             Impl("pyg[edge_index]", f"torch_geometric.nn.{name}({settings}) on edge_index "
-                 "(index_select + scatter message passing)", build_pyg),
+                 "(index_select + scatter message passing)", build_pyg, per_edge=True),
             Impl("pyg[csr adj_t]", f"torch_geometric.nn.{name}({settings}) on adj_t = "
                  "torch.sparse_csr_tensor (rows = targets, int64 indices, built once): fused "
                  "message_and_aggregate -> torch.sparse.mm", build_pyg_csr),
         ]
+        comp = compiled_impl(ctx, f"{name}({settings})", pyg, [
+            ("csr adj_t", lambda ctx: csr_adj_t(torch, ctx.graph, ctx.dtype, torch.int64)),
+            ("edge_index", lambda ctx: ei)])
+        dgl = dgl_layer_impl(ctx, name, settings)
+        return out + [i for i in (comp, dgl) if i is not None]
     return impls
 
 

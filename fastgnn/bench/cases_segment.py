@@ -18,7 +18,9 @@ Op implementations:
   pyg-aggr[ptr]             PyG's aggregation module on edges sorted by target:
                             aggr(x[col], ptr=crow, dim_size=n), i.e.
                             torch._segment_reduce (no atomics)
-  turbo-gnn[reduction_aggr] max only, GPU, when turbo_gnn imports
+  turbo-gnn[reduction_aggr] max only, GPU, when turbo_gnn imports (explicit
+                            calls in bench.external, autotune off)
+  dgl[copy_u_max|mean]      DGL's gspmm, when dgl imports
 
 Layer SAGEConv_max: SAGEConv(F, F, aggr="max"), fastgnn.torch against PyG on
 edge_index, on a CSR adj_t (PyG 2.8 raises NotImplementedError for max/min on
@@ -34,9 +36,9 @@ import math
 import statistics
 
 from . import report
-from .cases_layers import _load, _prepared
-from .cases_spmm import (clear_fastgnn_cache, reference_spmm, spmm_floor, turbo_gnn_reason,
-                         _turbo_graph)
+from .cases_layers import _load, _prepared, compiled_impl
+from . import external
+from .cases_spmm import clear_fastgnn_cache, dgl_reduce_impl, reference_spmm, spmm_floor
 from .core import Case, Impl, Prepared, register
 from .graphs import csr_adj_t, csr_by_target
 
@@ -220,7 +222,7 @@ def segment_impls(reduce):
             s_set = (f"torch_geometric.nn.aggr.MultiAggregation({label!r})(x[edge_index[0]], "
                      "index=edge_index[1], dim_size=n) (mode='cat')")
         out.append(Impl("pyg-scatter[edge_index]", s_set + " (materialises [E, F] messages)",
-                        build_scatter))
+                        build_scatter, per_edge=True))
 
         def build_ptr(ctx):
             aggr = _pyg_aggr(reduce).to(ctx.device)
@@ -232,23 +234,19 @@ def segment_impls(reduce):
         out.append(Impl("pyg-aggr[ptr]", f"torch_geometric.nn.aggr.{name}(x[col], ptr=crow, "
                         "dim_size=n) with edges sorted by target (crow/col int64, built once): "
                         "PyG's segment path (torch._segment_reduce), gather still materialised",
-                        build_ptr))
+                        build_ptr, per_edge=True))
 
         if ctx.cuda and reduce in ("max", "min"):
             def build_turbo(ctx):
-                import importlib
-
-                import turbo_gnn as tg
-                g = _turbo_graph(torch, tg, ctx.graph.edge_index, n)
-                fn = getattr(tg, "reduction_aggr", None) or getattr(
-                    importlib.import_module("turbo_gnn.ops"), "reduction_aggr")
+                g = external.turbo_graph(torch, ctx.graph.edge_index, n)
                 x = ctx.leaf()
-                return Prepared(lambda: fn(g, x, reduce=reduce), [x])
+                return Prepared(lambda: external.turbo_reduction(g, x, reduce), [x])
             out.append(Impl("turbo-gnn[reduction_aggr]",
-                            f"turbo_gnn reduction_aggr(g, x, reduce={reduce!r}) (default kernel "
-                            "parameters) on AdjacencyForwardBackwardWithNodeBuckets."
-                            "from_edge_list(edge_index, n)", build_turbo, devices=("cuda",),
-                            available=turbo_gnn_reason))
+                            f"turbo_gnn.ops.reduction_aggr(g, x, reduce={reduce!r}); g = "
+                            f"{external.TURBO_GRAPH}; {external.TURBO_SETTINGS}", build_turbo,
+                            devices=("cuda",), available=external.turbo_gnn_reason))
+        if reduce in ("max", "min", "mean", "sum"):
+            out.append(dgl_reduce_impl(reduce))
         return out
     return impls
 
@@ -331,7 +329,7 @@ def sage_max_impls(ctx):
         Impl("fastgnn[edge_index]", f"fastgnn.torch.SAGEConv({settings}) on edge_index (graph "
              "built once by fastgnn.torch.to_graph's cache)", build_fastgnn, fastgnn=True),
         Impl("pyg[edge_index]", f"torch_geometric.nn.SAGEConv({settings}) on edge_index "
-             "(index_select + scatter_reduce amax)", build_pyg),
+             "(index_select + scatter_reduce amax)", build_pyg, per_edge=True),
         Impl("pyg[csr adj_t]", f"torch_geometric.nn.SAGEConv({settings}) on adj_t = "
              "torch.sparse_csr_tensor (rows = targets, int64): message_and_aggregate -> "
              "torch.sparse.mm(adj_t, x, 'max'), CPU only (PyG 2.8 raises NotImplementedError "
@@ -339,8 +337,9 @@ def sage_max_impls(ctx):
         Impl("pyg[EdgeIndex csc,segment]", f"torch_geometric.nn.SAGEConv({settings}) built under "
              "torch.use_deterministic_algorithms(True) (its MaxAggregation then takes the ptr "
              "path) on an EdgeIndex sorted by target (sort_order='col', cache filled): gather + "
-             "torch._segment_reduce", build_pyg_sorted),
-    ]
+             "torch._segment_reduce", build_pyg_sorted, per_edge=True),
+    ] + [i for i in (compiled_impl(ctx, f"SAGEConv({settings})", pyg,
+                                   [("edge_index", lambda ctx: ei)]),) if i is not None]
 
 
 def sage_max_reference(ctx):

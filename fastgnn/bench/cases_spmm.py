@@ -8,7 +8,9 @@ Implementations:
   torch.sparse.mm[csr]           cuSPARSE / MKL through torch on a CSR tensor
   pyg-scatter[edge_index]        PyG's eager message passing: x.index_select
                                  then torch_geometric.utils.scatter
-  turbo-gnn spmm_aggr            cached cuSPARSE (GPU, when turbo_gnn imports)
+  turbo-gnn[spmm_aggr]           cached cuSPARSE (GPU, float32, when turbo_gnn
+                                 imports; explicit calls in bench.external)
+  dgl[copy_u_sum|mean]           DGL's gspmm, when dgl imports
 
 The float32 reference is a chunked gather / index_add_ (exact summation order
 does not matter at the tolerances reported; memory stays bounded).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 
+from . import external
 from .core import Case, Impl, Prepared, register
 from .graphs import csr_adj_t, csr_by_target
 
@@ -105,34 +108,15 @@ def _takes_deterministic():
         return False
 
 
-def turbo_gnn_reason():
-    try:
-        import turbo_gnn  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"turbo_gnn not importable ({type(exc).__name__})"
-    return None
-
-
-def _turbo_graph(torch, tg, ei, n):
-    cls = getattr(tg, "AdjacencyForwardBackwardWithNodeBuckets", None)
-    if cls is None:
-        import importlib
-        cls = getattr(importlib.import_module("turbo_gnn.graph"),
-                      "AdjacencyForwardBackwardWithNodeBuckets")
-    for args, kw in (((ei, n), {}), ((ei,), {"num_nodes": n}), ((ei.int(), n), {})):
-        try:
-            return cls.from_edge_list(*args, **kw)
-        except TypeError:
-            continue
-    return cls.from_edge_list(ei, n)
-
-
-def _turbo_spmm(tg):
-    fn = getattr(tg, "spmm_aggr", None)
-    if fn is None:
-        import importlib
-        fn = getattr(importlib.import_module("turbo_gnn.ops"), "spmm_aggr")
-    return fn
+def dgl_reduce_impl(reduce):
+    """DGL's gspmm (dgl.ops.copy_u_<reduce>) on a DGL graph built once."""
+    def build(ctx):
+        g = external.dgl_graph(ctx.graph.edge_index, ctx.graph.num_nodes)
+        x = ctx.leaf()
+        return Prepared(lambda: external.dgl_reduce(g, x, reduce), [x])
+    return Impl(f"dgl[copy_u_{reduce}]", f"dgl.ops.copy_u_{reduce}(g, x) (gspmm) on "
+                "g = dgl.graph((src, dst), num_nodes=n) built once", build,
+                available=external.dgl_reason)
 
 
 # ------------------------------------------------------------ implementations
@@ -222,27 +206,20 @@ def spmm_impls(reduce):
         out.append(Impl("pyg-scatter[edge_index]",
                         "PyG eager message passing: x.index_select(0, edge_index[0]) then "
                         f"torch_geometric.utils.scatter(..., edge_index[1], reduce={reduce!r}) "
-                        "(materialises [E, F] messages)", build_scatter))
+                        "(materialises [E, F] messages)", build_scatter, per_edge=True))
 
         if ctx.cuda:
             def build_turbo(ctx):
-                import turbo_gnn as tg
-                g = _turbo_graph(torch, tg, ctx.graph.edge_index, ctx.graph.num_nodes)
-                fn = _turbo_spmm(tg)
+                g = external.turbo_graph(torch, ctx.graph.edge_index, ctx.graph.num_nodes)
                 x = ctx.leaf()
-                norm = "none" if reduce == "sum" else "right"
-                params = list(inspect.signature(fn).parameters)
-                if params and params[0] == "graph":
-                    fwd = lambda: fn(g, x, norm_type=norm)  # noqa: E731
-                else:
-                    fwd = lambda: fn(x, g.forward_indptr, g.forward_indices, norm, -1, 256)  # noqa: E731
-                return Prepared(fwd, [x])
+                return Prepared(lambda: external.turbo_spmm(torch, g, x, reduce), [x])
             out.append(Impl("turbo-gnn[spmm_aggr]",
-                            f"turbo_gnn spmm_aggr(x, g.forward_indptr, g.forward_indices, "
-                            f"{'none' if reduce == 'sum' else 'right'!r}, algorithm -1, block 256) on "
-                            "AdjacencyForwardBackwardWithNodeBuckets.from_edge_list(edge_index, n) "
-                            "(cached cuSPARSE, int32)", build_turbo, devices=("cuda",),
-                            available=turbo_gnn_reason))
+                            f"turbo_gnn.ops.spmm_aggr(x, g.forward_indptr, g.forward_indices, "
+                            f"{external.SPMM_NORM[reduce]!r}, -1, {external.SPMM_BLOCK_DIM}) "
+                            f"(cached cuSPARSE, float32 only); g = {external.TURBO_GRAPH}; "
+                            f"{external.TURBO_SETTINGS}", build_turbo, devices=("cuda",),
+                            available=external.turbo_gnn_reason))
+        out.append(dgl_reduce_impl(reduce))
         return out
     return impls
 

@@ -50,6 +50,8 @@ class Impl:
     fastgnn: bool = False                   # True for fastgnn's own implementations
     devices: tuple = ("cpu", "cuda")
     available: Callable[[], str | None] = lambda: None   # reason it cannot run, or None
+    per_edge: bool = False                  # materialises per-edge [E, ...] tensors: slow at
+                                            # scale (--lean-above may skip it in 16-bit dtypes)
 
 
 @dataclass
@@ -117,6 +119,16 @@ def classify(exc: BaseException) -> str:
 def describe(exc: BaseException, limit: int = 300) -> str:
     text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def reason(errors: dict, limit: int = 160) -> str | None:
+    """One short line from a record's `errors` ({phase: "Type: message"}):
+    the distinct messages, in phase order, cut to `limit` characters."""
+    msgs = list(dict.fromkeys(m for m in (errors or {}).values() if m))
+    if not msgs:
+        return None
+    text = " | ".join(msgs)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def free_memory(torch, full=False):
@@ -225,6 +237,7 @@ def measure(torch, ctx: Ctx, impl: Impl, ref_out, ref_grad, *, repeats: int, war
         fail("fwd", exc)
         fail("fwd_bwd", exc)
         free_memory(torch, full=True)
+        rec["reason"] = reason(rec["errors"])
         return rec
 
     try:
@@ -287,6 +300,7 @@ def measure(torch, ctx: Ctx, impl: Impl, ref_out, ref_grad, *, repeats: int, war
                 pass
         del prep
         free_memory(torch)
+    rec["reason"] = reason(rec["errors"])
     return rec
 
 

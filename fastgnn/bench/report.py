@@ -66,12 +66,25 @@ def add_speedups(records):
                 r[f"best_baseline_{key.replace('_ms', '')}"] = best_impl
 
 
+def _reason(rec, limit=None):
+    """Why a record failed (its `reason`, else its errors), '' when it did not."""
+    text = rec.get("reason")
+    if text is None and rec.get("errors"):
+        text = "; ".join(dict.fromkeys(str(m) for m in rec["errors"].values()))
+    text = (text or "").replace("|", "/")
+    return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
+
+
 def table(records, compact=False):
-    """One markdown table; compact drops the settings-independent detail columns."""
+    """One markdown table; compact drops the settings-independent detail columns.
+    A last column gives the reason of any failure (cut short when compact)."""
     head = ["graph", "case", "dtype", "F", "impl", "fwd ms", "fwd+bwd ms", "peak MiB",
             "x fwd", "x fwd+bwd"]
     if not compact:
         head += ["floor ms (fwd)", "floor frac fwd", "rel err", "rel err grad", "path"]
+    why = any(_reason(r) for r in records)
+    if why:
+        head.append("failure reason")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         row = [r["graph"], r["case"], _s(r.get("dtype")), _s(r.get("width")), _s(r.get("impl")),
@@ -82,6 +95,8 @@ def table(records, compact=False):
             row += [_fmt(r.get("floor_ms"), ".3f"), _fmt(r.get("floor_frac"), ".2f"),
                     _fmt(r.get("rel_err"), ".1e"), _fmt(r.get("rel_err_grad"), ".1e"),
                     str(r.get("path") or "")]
+        if why:
+            row.append(_reason(r, 70 if compact else None))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -161,6 +176,91 @@ def headline(records):
     return ["## Summary: geometric mean speedup over graphs", "",
             "fastgnn's default implementation against the fastest baseline, per case, dtype and "
             "width (details in the headline tables below).", ""] + summary + [""], out
+
+
+# ------------------------------------------------------------------ README table
+
+# baseline columns of the README table: label -> implementation name prefixes
+README_BASELINES = (("PyG", ("pyg", "torch.sparse")), ("turbo-gnn", ("turbo-gnn",)),
+                    ("DGL", ("dgl",)))
+
+
+def _fastest(recs, prefixes):
+    got = [r for r in recs if not r.get("fastgnn") and r.get("fwd_bwd_ms") is not None
+           and str(r.get("impl", "")).startswith(prefixes)]
+    return min(got, key=lambda r: r["fwd_bwd_ms"]) if got else None
+
+
+def _cell(rec, form=False):
+    if rec is None:
+        return "-"
+    ms = rec["fwd_bwd_ms"]
+    text = f"{ms:.3g} ms" if ms < 100 else f"{ms:.0f} ms"
+    peak = rec.get("peak_mib")
+    if peak is not None:
+        text += f", {peak / 1024:.2f} GiB" if peak >= 1024 else f", {peak:.0f} MiB"
+    if form:
+        text += f" `{rec['impl']}`"
+    return text
+
+
+def _ratio_x(base, fg):
+    if base is None or fg is None or not fg.get("fwd_bwd_ms"):
+        return None
+    return base["fwd_bwd_ms"] / fg["fwd_bwd_ms"]
+
+
+def readme_table(records, dtype="fp32", graph=None):
+    """Markdown for the README: per level (op, layer) one row per case with
+    fwd+bwd time and peak memory on one graph (default: the largest measured)
+    for fastgnn's default implementation, the fastest PyG form (PyG layers /
+    PyG-style ops / torch.sparse.mm), turbo-gnn and DGL (columns only where
+    measured), fastgnn's speedup over each on that graph, and the geometric
+    mean of its speedup over PyG across every graph measured."""
+    recs = [r for r in measured(records) if r.get("dtype") == dtype]
+    if not recs:
+        return f"(no {dtype} measurements)"
+    widths = Counter(r.get("width") for r in recs)
+    width = widths.most_common(1)[0][0]
+    recs = [r for r in recs if r.get("width") == width]
+    edges = {r["graph"]: (r.get("graph_stats") or {}).get("num_edges") or 0 for r in recs}
+    graph = graph or max(edges, key=edges.get)
+    if graph not in edges:
+        return f"(graph {graph!r} has no {dtype} measurements; have {', '.join(edges)})"
+    by = groups(recs)
+    cols = [(label, pre) for label, pre in README_BASELINES
+            if any(str(r.get("impl", "")).startswith(pre) and r.get("fwd_bwd_ms") is not None
+                   for r in recs)]
+    out = [f"fwd+bwd time and peak device memory on {graph} ({edges[graph]:,} edges), {dtype}, "
+           f"F = {width}; x = baseline time / fastgnn time; geomean over the graphs where both "
+           "ran. GPU: " + ", ".join(dict.fromkeys(str(r.get("gpu")) for r in recs)) + ".", ""]
+    for kind, title in (("op", "op"), ("layer", "layer")):
+        cases = list(OrderedDict.fromkeys(r["case"] for r in recs if r.get("kind") == kind))
+        if not cases:
+            continue
+        head = [title, "fastgnn"] + [f"{label} (fastest form)" if label == "PyG" else label
+                                     for label, _ in cols]
+        head += [f"x vs {label}" for label, _ in cols] + ["x vs PyG, geomean (graphs)"]
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for case in cases:
+            here = by.get((graph, case, dtype, width), [])
+            fg = next((r for r in here if r.get("fastgnn") and r.get("fwd_bwd_ms") is not None),
+                      None)
+            bases = [_fastest(here, pre) for _, pre in cols]
+            sp = []
+            for (g, c, _, _), rs in by.items():
+                if c == case:
+                    f = next((r for r in rs if r.get("fastgnn")), None)
+                    sp.append(_ratio_x(_fastest(rs, ("pyg", "torch.sparse")), f))
+            got = [v for v in sp if v]
+            row = [case, _cell(fg)] + [_cell(b, form=label == "PyG")
+                                       for b, (label, _) in zip(bases, cols)]
+            row += [_fmt(_ratio_x(b, fg), ".2f") + ("x" if _ratio_x(b, fg) else "")
+                    for b in bases]
+            row.append(f"{_geomean(got):.2f}x ({len(got)})" if got else "-")
+            out.append("| " + " | ".join(row) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------ graphs
@@ -558,12 +658,21 @@ def main(argv=None):
                                 description="Rebuild a benchmark report (markdown + PNG plots) "
                                             "from JSON records; runs nothing.")
     p.add_argument("json", nargs="+", help="JSON files written by python -m fastgnn.bench")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out",
                    help="markdown path (PATH.md; plots go to PATH_plots/), or a folder "
                         "(then FOLDER/report.md and FOLDER/report_plots/)")
     p.add_argument("--title", help="report title (default: the device)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
+    p.add_argument("--readme-table", action="store_true",
+                   help="print the compact README table (op and layer level: fastgnn vs PyG's "
+                        "fastest form vs turbo-gnn, fwd+bwd time, peak memory, speedups) "
+                        "instead of writing a report")
+    p.add_argument("--dtype", default="fp32", help="--readme-table: dtype (default fp32)")
+    p.add_argument("--graph", help="--readme-table: graph whose times are shown (default: the "
+                                   "largest measured)")
     args = p.parse_args(argv)
+    if not args.readme_table and not args.out:
+        p.error("--out is required (or --readme-table)")
     mod = sys.modules.get("fastgnn.bench.report")
     if mod is None:
         import importlib
@@ -571,6 +680,9 @@ def main(argv=None):
     mod._load_case_summaries()
     records, sources = mod.load_records(args.json)
     mod.add_speedups(records)
+    if args.readme_table:
+        print(mod.readme_table(records, args.dtype, args.graph))
+        return 0
     out = args.out
     if not out.endswith(".md"):
         out = os.path.join(out, "report.md")
