@@ -225,20 +225,20 @@ __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
 // The U edges [eb, eb + U) of a task's range (positions past e1 repeat eb,
 // so their loads stay in bounds; `valid` masks them).
 #define EDGE_BATCH                                                                  \
-    i64 nb_[U], ce[U];                                                              \
+    I nb_[U], ce[U];                                                                \
     bool valid[U];                                                                  \
     _Pragma("unroll") for (int u = 0; u < U; ++u) {                                  \
         valid[u] = eb + u < e1;                                                     \
         const i64 ep = valid[u] ? eb + u : eb;                                      \
-        nb_[u] = (i64)indices[ep];                                                  \
-        ce[u] = (i64)cid[ep];                                                       \
+        nb_[u] = indices[ep];                                                       \
+        ce[u] = cid[ep];                                                            \
     }
 
 // Forward. alpha_mode = 0: online softmax; direct rows write out[i] and
 // lse[i], split rows their (m, l, acc) partials. alpha_mode = 1: with lse
 // known, write alpha[ce, h] = exp(s - lse[i, h]). U edges per step: their
 // rows are gathered first, then the running max moves once per step.
-template <int KIND, typename T, typename I, int VEC, int NCH>
+template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
 __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                          const I* __restrict__ task_slot, const I* __restrict__ indptr,
                          const I* __restrict__ indices, const I* __restrict__ cid,
@@ -251,7 +251,7 @@ __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ t
                          typename value_traits<T>::acc_t* __restrict__ p_m,     // [slots, H]
                          typename value_traits<T>::acc_t* __restrict__ p_l,     // [slots, H]
                          typename value_traits<T>::acc_t* __restrict__ p_acc,   // [slots, H, C]
-                         i64 num_tasks, int H, int C, int nch, int chunk, int group, int has_e,
+                         i64 num_tasks, int H, int C, int nch, int chunk, int group,
                          typename value_traits<T>::acc_t slope,
                          typename value_traits<T>::acc_t scale, DROP_PARAMS, int alpha_mode) {
     DROP_MAKE
@@ -273,19 +273,19 @@ __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ t
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             load_slice<GAT>(L, S, nb_[u], h, H, s[u]);
-            if (has_e) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
+            if (HAS_E) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
             if (KIND != KIND_GATV2 && !alpha_mode) load_slice<false>(L, V, nb_[u], h, H, v[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], has_e, a, slope, scale, group);
+            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], HAS_E, a, slope, scale, group);
             if (!valid[u]) sc[u] = neg_inf<A>();
         }
         if (alpha_mode) {
 #pragma unroll
             for (int u = 0; u < U; ++u)
                 if (valid[u] && L.lane == 0)
-                    alpha[ce[u] * H + h] = value_traits<T>::from_acc(exp(sc[u] - row_lse));
+                    alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(exp(sc[u] - row_lse));
             continue;
         }
         A M = m;
@@ -311,7 +311,7 @@ __global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ t
                 for (int k = 0; k < NCH; ++k)
 #pragma unroll
                     for (int q = 0; q < VEC; ++q)
-                        acc.v[k][q] += w * msg_of<KIND, T, VEC, NCH>(s[u], v[u], e[u], has_e, k, q);
+                        acc.v[k][q] += w * msg_of<KIND, T, VEC, NCH>(s[u], v[u], e[u], HAS_E, k, q);
             }
         }
     }
@@ -384,7 +384,7 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 // write gDn[i], split rows a partial slot), the per-edge gradient written at
 // the caller's id, and gatv2's grad_att as one partial row per task. U edges
 // per step, their source rows gathered before any arithmetic.
-template <int KIND, typename T, typename I, int VEC, int NCH>
+template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
 __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
@@ -399,7 +399,7 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
                              typename value_traits<T>::acc_t* __restrict__ p_dn,  // [slots, H, Cs]
                              T* __restrict__ gEd,              // [E, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ gatt_part,  // [tasks, H, C] or null
-                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int has_e,
+                             i64 num_tasks, int H, int C, int nch, int chunk, int group,
                              typename value_traits<T>::acc_t slope,
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE
@@ -425,13 +425,13 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             load_slice<GAT>(L, S, nb_[u], h, H, s[u]);
-            if (has_e) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
+            if (HAS_E) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
             if (KIND != KIND_GATV2 && g != nullptr) load_slice<false>(L, V, nb_[u], h, H, v[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], has_e, a, slope, scale, group);
-            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gr, s[u], v[u], e[u], has_e, group)
+            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], HAS_E, a, slope, scale, group);
+            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gr, s[u], v[u], e[u], HAS_E, group)
                                  : A(0);
         }
 #pragma unroll
@@ -440,14 +440,14 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
             const A p = exp(sc[u] - row_lse);
             const A z = (A)drop_factor(drop, ce[u], H, h);
             A dp = z != A(0) ? z * gm[u] : A(0);
-            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[ce[u] * H + h]);
+            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
             const A ds = p * (dp - D);
             if (KIND == KIND_GAT) {
                 A x = s[u].v[0][0] + d.v[0][0];
-                if (has_e) x += e[u].v[0][0];
+                if (HAS_E) x += e[u].v[0][0];
                 const A du = ds * lrelu_grad(x, slope);
                 dgat += du;
-                if (gEd != nullptr && L.lane == 0) gEd[ce[u] * H + h] = value_traits<T>::from_acc(du);
+                if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
                 continue;
             }
 #pragma unroll
@@ -455,7 +455,7 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
                 pack_t<T, VEC> ge;
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) {
-                    const A ed = has_e ? e[u].v[k][q] : A(0);
+                    const A ed = HAS_E ? e[u].v[k][q] : A(0);
                     A dv;
                     if (KIND == KIND_GATV2) {
                         const A tt = s[u].v[k][q] + d.v[k][q] + ed;
@@ -469,7 +469,7 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
                     ge.v[q] = value_traits<T>::from_acc(dv);
                 }
                 if (gEd != nullptr && L.has(k))
-                    store_pack<T, VEC>(gEd + (ce[u] * H + h) * (i64)C + L.chan(k), ge);
+                    store_pack<T, VEC>(gEd + ((i64)ce[u] * H + h) * (i64)C + L.chan(k), ge);
             }
         }
     }
@@ -500,7 +500,7 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
 // the message (gatv2: both are xl, summed into gS). The task's own S[j] and
 // V[j] stay in registers; per edge the target rows Dn[i], g[i] (U edges in
 // flight) and lse, delta are gathered.
-template <int KIND, typename T, typename I, int VEC, int NCH>
+template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
 __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
@@ -514,7 +514,7 @@ __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict
                              typename value_traits<T>::acc_t* __restrict__ p_s,   // [slots, H, Cs]
                              T* __restrict__ gV,                // [num_src, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ p_v,   // [slots, H, C]
-                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int has_e,
+                             i64 num_tasks, int H, int C, int nch, int chunk, int group,
                              typename value_traits<T>::acc_t slope,
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE
@@ -539,16 +539,16 @@ __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             load_slice<GAT>(L, Dn, nb_[u], h, H, dv[u]);
-            if (has_e) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
+            if (HAS_E) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
             if (g != nullptr) load_slice<false>(L, g, nb_[u], h, H, gv[u]);
             else zero_slice(gv[u]);
-            row_lse[u] = lse[nb_[u] * H + h];
-            D[u] = delta[nb_[u] * H + h];
+            row_lse[u] = lse[(i64)nb_[u] * H + h];
+            D[u] = delta[(i64)nb_[u] * H + h];
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, T, VEC, NCH>(sj, dv[u], e[u], has_e, a, slope, scale, group);
-            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gv[u], sj, vj, e[u], has_e, group)
+            sc[u] = score_of<KIND, T, VEC, NCH>(sj, dv[u], e[u], HAS_E, a, slope, scale, group);
+            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gv[u], sj, vj, e[u], HAS_E, group)
                                  : A(0);
         }
 #pragma unroll
@@ -557,12 +557,12 @@ __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict
             const A p = exp(sc[u] - row_lse[u]);
             const A z = (A)drop_factor(drop, ce[u], H, h);
             A dp = z != A(0) ? z * gm[u] : A(0);
-            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[ce[u] * H + h]);
+            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
             const A ds = p * (dp - D[u]);
             const A w = p * z;
             if (KIND == KIND_GAT) {
                 A x = sj.v[0][0] + dv[u].v[0][0];
-                if (has_e) x += e[u].v[0][0];
+                if (HAS_E) x += e[u].v[0][0];
                 sgat += ds * lrelu_grad(x, slope);
             }
 #pragma unroll
@@ -570,7 +570,7 @@ __global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) {
                     if (KIND == KIND_GATV2) {
-                        const A tt = sj.v[k][q] + dv[u].v[k][q] + (has_e ? e[u].v[k][q] : A(0));
+                        const A tt = sj.v[k][q] + dv[u].v[k][q] + (HAS_E ? e[u].v[k][q] : A(0));
                         sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u].v[k][q];
                     } else {
                         if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u].v[k][q];

@@ -92,10 +92,10 @@ def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
 
 
 # ---------------------------------------------------------- edge_attention
-def _kernel(kernel, score, vtype, itype, vec, nch):
+def _kernel(kernel, score, vtype, itype, vec, nch, has_e):
     T, I = C_VALUE[vtype], C_INDEX[itype]
     return get_function("attention", vtype, itype,
-                        f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, {nch}>")
+                        f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, {nch}, {str(has_e).lower()}>")
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
@@ -118,12 +118,11 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     p_m = cp.empty((slots, H), dtype=acc) if slots else None
     p_l = cp.empty((slots, H), dtype=acc) if slots else None
     p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
-    fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH)
+    fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, Ed is not None)
     common = (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V)
     scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
-               np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(Ed is not None),
-               acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
+               np.int32(DEFAULT_CHUNK), np.int32(group), acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
     fwd(_grid(ntask * H, group), (BLOCK,),
         common + (out, lse, NULL, _arg(p_m), _arg(p_l), _arg(p_acc)) + scalars + (np.int32(0),))
     num_split = int(plan.split_row.shape[0])
@@ -232,7 +231,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
     vec, NCH, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g) if score != "gat" else (V, g))
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-               np.int32(group), np.int32(Ed is not None), acc(params.negative_slope),
+               np.int32(group), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
@@ -244,7 +243,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                 if need_gDn and plan.num_slots else None)
         gEd = cp.empty_like(Ed) if need_gEd else None
         gatt_part = cp.empty((ntask, H * C), dtype=acc) if need_gatt else None
-        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH)
+        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, Ed is not None)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga), delta,
@@ -270,7 +269,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                if need_gS and plan.num_slots else None)
         p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
                if need_gV and plan.num_slots else None)
-        kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH)
+        kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, Ed is not None)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices,
               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),

@@ -74,7 +74,8 @@ def _attention_names(vt, it):
         for vec in attention_vecs(vt):
             for nch in attention_nchs(vec):
                 for k in ("attn_fwd", "attn_bwd_dst", "attn_bwd_src"):
-                    names.append(f"{k}<{kind}, {T}, {I}, {vec}, {nch}>")
+                    for has_e in ("false", "true"):
+                        names.append(f"{k}<{kind}, {T}, {I}, {vec}, {nch}, {has_e}>")
     return names
 
 
