@@ -35,6 +35,14 @@
 
 #include "common.cuh"
 
+// Blocks per multiprocessor the fp32 one-chunk kernels ask ptxas to fit
+// (__launch_bounds__; 1 = no register cap). A tuning knob for experiments:
+// FASTGNN_NVRTC_OPTIONS="-DATTN_MIN_BLOCKS=3" (fastgnn/backends/cuda/loader.py).
+#ifndef ATTN_MIN_BLOCKS
+#define ATTN_MIN_BLOCKS 1
+#endif
+#define ATTN_BOUNDS __launch_bounds__(256, (NCH == 1 && sizeof(T) == 4) ? ATTN_MIN_BLOCKS : 1)
+
 #define KIND_GAT 0
 #define KIND_GATV2 1
 #define KIND_DOT 2
@@ -239,7 +247,7 @@ __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
 // known, write alpha[ce, h] = exp(s - lse[i, h]). U edges per step: their
 // rows are gathered first, then the running max moves once per step.
 template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
-__global__ void attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+__global__ void ATTN_BOUNDS attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                          const I* __restrict__ task_slot, const I* __restrict__ indptr,
                          const I* __restrict__ indices, const I* __restrict__ cid,
                          const T* __restrict__ S, const T* __restrict__ Dn,
@@ -385,7 +393,7 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 // the caller's id, and gatv2's grad_att as one partial row per task. U edges
 // per step, their source rows gathered before any arithmetic.
 template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
-__global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+__global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
                              const T* __restrict__ S, const T* __restrict__ Dn,
@@ -501,7 +509,7 @@ __global__ void attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict
 // V[j] stay in registers; per edge the target rows Dn[i], g[i] (U edges in
 // flight) and lse, delta are gathered.
 template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
-__global__ void attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+__global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
                              const T* __restrict__ S, const T* __restrict__ Dn,

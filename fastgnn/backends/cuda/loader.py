@@ -101,7 +101,10 @@ def source(family: str) -> str:
 
 
 def options():
-    return COMPILE_OPTIONS + (f"-I{kernels_dir()}",)
+    """NVRTC options; FASTGNN_NVRTC_OPTIONS (space-separated, e.g.
+    "-DATTN_MIN_BLOCKS=3") adds tuning defines for experiments."""
+    extra = tuple(os.environ.get("FASTGNN_NVRTC_OPTIONS", "").split())
+    return COMPILE_OPTIONS + (f"-I{kernels_dir()}",) + extra
 
 
 def instantiations():
