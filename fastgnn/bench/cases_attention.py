@@ -156,7 +156,7 @@ def turbo_attention(score, g, ts, C):
     NAMES[score]); the argument mapping is spelled out in bench.external."""
     if score == "gatv2":
         xl, xr, att = ts
-        return lambda: external.turbo_gatv2(g, xl, xr, att, SLOPE)
+        return lambda: external.turbo_gatv2(g, xl, xr, att, SLOPE).flatten(1)
     q, k, v = ts
     scale = 1.0 / math.sqrt(C)
     return lambda: external.turbo_transformer(g, q, k, v, scale).flatten(1)

@@ -13,7 +13,8 @@ turbo-gnn 0.1.0rc4 (`turbo_gnn.ops`, `turbo_gnn.graph`):
                 num_nodes, quantile=0.99, index_dtype=torch.int32)
     gatv2_aggr(graph, x, x_neighbors, attention_weights, negative_slope)
         x: destination side [N, H, D], x_neighbors: source side [N, H, D]
-        (the messages), attention_weights [H, D]            -> [N, H*D]
+        (the messages), attention_weights [H, D]            -> [N, H, D]
+        (0.1.0rc4 returns [N, H, D] although its docstring says [N, H*D])
     graph_transformer_aggr(graph, x, Q, K, V, scale)
         x [N, F] shape only; Q indexed by the SOURCE u, K by the destination
         v (score = Q[u] . K[v]); V [N, H, D]                 -> [N, H, D]
@@ -84,7 +85,7 @@ def turbo_spmm(torch, graph, x, reduce):
 
 def turbo_gatv2(graph, xl, xr, att, negative_slope):
     """fastgnn's gatv2 naming: xl = source side (messages), xr = target side.
-    [N, H, C] x2, [H, C] -> [N, H*C]."""
+    [N, H, C] x2, [H, C] -> [N, H, C]."""
     from turbo_gnn.ops import gatv2_aggr
     return gatv2_aggr(graph, xr, xl, att, negative_slope=negative_slope)
 
