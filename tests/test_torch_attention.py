@@ -661,3 +661,21 @@ def test_inplace_edit_of_output_before_backward_is_caught():
     out.mul_(3)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("fill_value", ["mean", "max", "add"])
+def test_loop_fill_on_a_graph_of_only_self_loops(fill_value):
+    """Every edge is a self-loop, so PyG removes them all and the loop
+    features are reduced over no edges (0), gradients included."""
+    torch.manual_seed(3)
+    ei = torch.tensor([[0, 1, 2], [0, 1, 2]])
+    x = torch.randn(4, 5, dtype=torch.float64)
+    ea = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    ref = pyg.GATv2Conv(5, 3, heads=2, edge_dim=2, fill_value=fill_value).double()
+    ours = ft.GATv2Conv(5, 3, heads=2, edge_dim=2, fill_value=fill_value).double()
+    ours.load_state_dict(ref.state_dict())
+    a, b = ref(x, ei, ea), ours(x, ei, ea)
+    assert rel_err(b.detach().numpy(), a.detach().numpy()) < TOLERANCES["float64"]
+    ga, = torch.autograd.grad(a.sum(), ref.lin_edge.weight)
+    gb, = torch.autograd.grad(b.sum(), ours.lin_edge.weight)
+    assert rel_err(gb.numpy(), ga.numpy()) < TOLERANCES["float64"]

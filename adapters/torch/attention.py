@@ -49,7 +49,7 @@ from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bw
                                    edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
 
 from ._autograd import Op, apply, device_scope, to_tensor
-from .functional import segment_csr
+from .functional import segment_reduce
 from .graph_cache import _GRAPHS, _is_edge_index_type, _tkey, resolve
 from .nn import _check_kwargs, _graph_sizes, _linear, _pair
 
@@ -222,10 +222,10 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
     """PyG's remove_self_loops + add_self_loops(num_nodes=num_loops) on an
     edge_index: (Graph, edge_index' [2, E'] int64, kept [E''] int64), where
     edge_index' holds the non-loop edges in order, then loops 0..num_loops-1,
-    and kept are the positions of those non-loop edges; plus (by_dst, ptr):
-    the kept edges whose target is < num_loops, grouped by target in a stable
-    order, and the segment offsets of each loop node. Built once per
-    edge_index tensor (the graph cache's LRU)."""
+    and kept are the positions of those non-loop edges; plus the fill graph
+    (Graph: loop node i <- the kept edges with target i, stable order) that
+    reduces their features into the loops'. Built once per edge_index tensor
+    (the graph cache's LRU)."""
     key = ("attention_self_loops", num_src, num_dst, num_loops)
     if isinstance(edge_index, Graph):
         ei = to_tensor(edge_index.edge_index())
@@ -238,15 +238,16 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
             kept = torch.nonzero(e[0] != e[1]).view(-1)
             loops = torch.arange(num_loops, device=e.device).expand(2, num_loops)
             ei2 = torch.cat([e[:, kept], loops], dim=1)
-            # the kept edges grouped by target (stable), for the loop features
+            # loop node i <- the kept edges with target i (stable order): the
+            # graph the loop features are reduced over
             kept_dst = e[1, kept]
             by_dst = torch.argsort(kept_dst, stable=True)
             counts = torch.bincount(kept_dst, minlength=num_loops)[:num_loops]
             ptr = torch.zeros(num_loops + 1, dtype=torch.long, device=e.device)
             torch.cumsum(counts, 0, out=ptr[1:])
-            by_dst = by_dst[:int(ptr[-1])]
+            fill = Graph.from_csr(ptr, by_dst[:int(ptr[-1])], num_src=kept.shape[0])
             graph = Graph.from_edge_index(ei2, num_src=num_src, num_dst=num_dst)
-            return graph, ei2, kept, (by_dst, ptr)
+            return graph, ei2, kept, fill
     if isinstance(edge_index, Graph):
         return edge_index.cached(("fastgnn.torch",) + key, build)
     return _GRAPHS.get(key + (_tkey(ei),), edge_index, build)
@@ -256,12 +257,12 @@ _FILL_SEGMENT = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "amax
                  "min": "min", "amin": "min"}
 
 
-def _loop_attr(edge_attr, dst, n, fill_value, by_dst=None, ptr=None):
+def _loop_attr(edge_attr, dst, n, fill_value, fill_graph=None):
     """Edge features of the n added self-loops, PyG's `compute_loop_attr`
     re-implemented with differentiable ops (edge_attr: the non-loop edges'
     features, dst: their targets). The sum/mean/max/min fills are fastgnn's
-    segment reductions over the edges grouped by target (by_dst, ptr from
-    `_loop_graph`): deterministic on the GPU, unlike torch's scatter_add."""
+    segment reductions over `fill_graph` (from `_loop_graph`; no gathered
+    copy of edge_attr): deterministic on the GPU, unlike torch's scatter_add."""
     size = (n,) + tuple(edge_attr.shape[1:])
     if fill_value is None:
         return edge_attr.new_ones(size)
@@ -275,7 +276,8 @@ def _loop_attr(edge_attr, dst, n, fill_value, by_dst=None, ptr=None):
     if not isinstance(fill_value, str):
         raise AttributeError("No valid 'fill_value' provided")
     if fill_value in _FILL_SEGMENT:
-        return segment_csr(ptr, edge_attr[by_dst], _FILL_SEGMENT[fill_value])
+        flat = edge_attr.reshape(edge_attr.shape[0], math.prod(edge_attr.shape[1:]))
+        return segment_reduce(fill_graph, flat, _FILL_SEGMENT[fill_value]).reshape(size)
     index = dst.view((-1,) + (1,) * (edge_attr.dim() - 1)).expand_as(edge_attr)
     if fill_value == "mul":
         return edge_attr.new_ones(size).scatter_reduce(0, index, edge_attr, reduce="prod",
@@ -293,10 +295,10 @@ def _attention_graph(layer, edge_index, edge_attr, num_src, num_dst, num_loops, 
     if num_loops is None:
         graph, _ = resolve(edge_index, (num_src, num_dst))
         return graph, edge_index, edge_attr
-    graph, ei2, kept, (by_dst, ptr) = _loop_graph(edge_index, num_src, num_dst, num_loops)
+    graph, ei2, kept, fill = _loop_graph(edge_index, num_src, num_dst, num_loops)
     if edge_attr is not None and need_attr:
         kept_attr = edge_attr[kept]
-        loop = _loop_attr(kept_attr, ei2[1, :kept.shape[0]], num_loops, fill_value, by_dst, ptr)
+        loop = _loop_attr(kept_attr, ei2[1, :kept.shape[0]], num_loops, fill_value, fill)
         edge_attr = torch.cat([kept_attr, loop], dim=0)
     else:
         edge_attr = None
