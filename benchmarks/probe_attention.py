@@ -8,24 +8,10 @@ launch of each kernel.
 import sys
 
 import cupy as cp
-import numpy as np
 
 import fastgnn
+from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
-
-
-def median_ms(fn, reps=10):
-    fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
 
 
 def main(scale=20):
@@ -34,16 +20,16 @@ def main(scale=20):
     rng = cp.random.default_rng(0)
     x = rng.standard_normal((n, 128), dtype=cp.float32)
     print(f"rmat{scale}: n={n} E={g.num_edges}")
-    print(f"spmm sum F=128: {median_ms(lambda: fastgnn.spmm(g, x)):.3f} ms")
+    print(f"spmm sum F=128: {median_ms(lambda: fastgnn.spmm(g, x), 10):.3f} ms")
     for H, C in ((4, 32), (1, 128), (2, 64)):
         xl = x.reshape(n, H, C)
         xr = rng.standard_normal((n, H, C), dtype=cp.float32)
         att = rng.standard_normal((H, C), dtype=cp.float32)
         gat_s = rng.standard_normal((n, H), dtype=cp.float32)
         gat_d = rng.standard_normal((n, H), dtype=cp.float32)
-        t2 = median_ms(lambda: fastgnn.edge_attention(g, "gatv2", xl=xl, xr=xr, att=att))
-        td = median_ms(lambda: fastgnn.edge_attention(g, "dot", q=xr, k=xl, v=xl))
-        tg = median_ms(lambda: fastgnn.edge_attention(g, "gat", a_src=gat_s, a_dst=gat_d, v=xl))
+        t2 = median_ms(lambda: fastgnn.edge_attention(g, "gatv2", xl=xl, xr=xr, att=att), 10)
+        td = median_ms(lambda: fastgnn.edge_attention(g, "dot", q=xr, k=xl, v=xl), 10)
+        tg = median_ms(lambda: fastgnn.edge_attention(g, "gat", a_src=gat_s, a_dst=gat_d, v=xl), 10)
         print(f"H={H} C={C}: gatv2 fwd {t2:.3f} ms  dot fwd {td:.3f} ms  gat fwd {tg:.3f} ms")
 
 

@@ -250,7 +250,9 @@ def _run(graph, x, w, vtype, path, option, out=None):
     return spmm_cusparse(graph, x, w, vtype, alg=option, out=out)
 
 
-def _time(fn, repeats=3):
+def median_ms(fn, repeats=3):
+    """Median CUDA-event time (ms) of fn() on the current stream, after one
+    untimed call (which compiles and builds plans)."""
     start, stop = cp.cuda.Event(), cp.cuda.Event()
     fn()  # warm-up (compiles, builds plans)
     times = []
@@ -259,7 +261,7 @@ def _time(fn, repeats=3):
         fn()
         stop.record()
         stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
+        times.append(cp.cuda.get_elapsedmedian_ms(start, stop))
     return float(np.median(times))
 
 
@@ -272,7 +274,7 @@ def choose(graph, x, w, vtype, deterministic=True) -> SpmmChoice:
     timings = {}
     for path, opt in _candidates(graph, vtype, deterministic):
         try:
-            timings[(path, opt)] = _time(lambda: _run(graph, x, w, vtype, path, opt, out))
+            timings[(path, opt)] = median_ms(lambda: _run(graph, x, w, vtype, path, opt, out))
         except Exception as e:  # an algorithm cuSPARSE refuses for this shape
             timings[(path, opt)] = float("inf")
             if path == "custom":
