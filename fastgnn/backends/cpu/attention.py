@@ -203,8 +203,7 @@ def _by_kind(make):
     """{(kind, has_e): make(kind, has_e)}: one kernel per score kind and
     edge-term presence, both closure constants, so the per-channel loops
     carry no such branches (numba folds them and can vectorise; each
-    closure compiles on first use and is cached on its own). The kernels'
-    own `has_e` argument is then ignored."""
+    closure compiles on first use and is cached on its own)."""
     return {(kind, has_e): make(kind, has_e) for kind in (GAT, GATV2, DOT)
             for has_e in (False, True)}
 
@@ -250,7 +249,7 @@ def _msg(kind, V, Ed, has_e, j, ce, h, c):
 def _make_attn_fwd_rows(kind, has_e):
     """_attn_fwd_rows specialised on the score kind and edge term (see _by_kind)."""
     @numba.njit(nogil=True, cache=True)
-    def _attn_fwd_rows(c0, c1, nchunks, indptr, indices, cid, S, Dn, Ed, _has_e, att, V,
+    def _attn_fwd_rows(c0, c1, nchunks, indptr, indices, cid, S, Dn, Ed, att, V,
                        slope, scale, drop_on, key, offset, threshold, dscale,
                        out, lse, need_alpha, alpha):
         """Forward, one target row at a time. Phase 0: online softmax over the
@@ -359,7 +358,7 @@ def _score_input_grad(kind, S, Dn, Ed, has_e, att, j, i, ce, h, c, slope, scale,
 def _make_attn_bwd_dst_rows(kind, has_e):
     """_attn_bwd_dst_rows specialised on the score kind and edge term (see _by_kind)."""
     @numba.njit(nogil=True, cache=True)
-    def _attn_bwd_dst_rows(c0, c1, nchunks, indptr, indices, cid, S, Dn, Ed, _has_e, att, V,
+    def _attn_bwd_dst_rows(c0, c1, nchunks, indptr, indices, cid, S, Dn, Ed, att, V,
                            slope, scale, drop_on, key, offset, threshold, dscale,
                            out, lse, g, has_g, ga, has_ga, delta, do_edges,
                            gDn, need_gDn, gEd, need_gEd, gatt_part, need_gatt):
@@ -431,8 +430,8 @@ _ATTN_BWD_DST_ROWS = _by_kind(_make_attn_bwd_dst_rows)
 def _make_attn_bwd_src_rows(kind, has_e):
     """_attn_bwd_src_rows specialised on the score kind and edge term (see _by_kind)."""
     @numba.njit(nogil=True, cache=True)
-    def _attn_bwd_src_rows(c0, c1, nchunks, t_indptr, t_indices, t_cid, S, Dn, Ed, _has_e,
-                           att, V, slope, scale, drop_on, key, offset, threshold, dscale,
+    def _attn_bwd_src_rows(c0, c1, nchunks, t_indptr, t_indices, t_cid, S, Dn, Ed, att, V,
+                           slope, scale, drop_on, key, offset, threshold, dscale,
                            lse, g, has_g, ga, has_ga, delta, gS, need_gS, gV, need_gV):
         """Backward, source side, one source row of the transpose at a time:
         grad of the source-side score input and of the message (for "gatv2" the
@@ -492,34 +491,37 @@ def _index64(graph, transpose=False):
     return graph.cached(("cpu_attention_index64", transpose), build)
 
 
-def _common_args(graph, score, arrays, params):
+def _kernel_args(score, arrays, params):
+    """((kind, has_e): the specialisation key of the row kernels, the
+    arguments they share: S, Dn, Ed, att, V, slope, scale, dropout)."""
     S, Dn, Ed, att, V = score_slots(score, arrays)
     dt = V.dtype
     has_e = Ed is not None
     Ed = Ed if has_e else np.empty((0, 0, 0), dtype=dt)
     att = att if att is not None else np.empty((0, 0), dtype=dt)
-    return (KINDS[score], S, Dn, Ed, has_e, att, V, float(params.negative_slope),
-            float(params.scale), *_drop_args(params.drop))
+    return (KINDS[score], has_e), (S, Dn, Ed, att, V, float(params.negative_slope),
+                                   float(params.scale), *_drop_args(params.drop))
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None); see
     fastgnn/ops/attention.py."""
-    _, _, Ed, _, V = score_slots(score, arrays)
+    key, common = _kernel_args(score, arrays, params)
+    V = common[4]
     H, C = V.shape[1], V.shape[2]
     out = np.empty((graph.num_dst, H, C), dtype=V.dtype)
     lse = np.empty((graph.num_dst, H), dtype=lse_dtype(str(V.dtype)))
     alpha = np.empty((graph.num_edges, H) if need_alpha else (0, 0), dtype=V.dtype)
-    _run(_ATTN_FWD_ROWS[KINDS[score], Ed is not None], graph.num_dst, graph.num_edges,
-         *_index64(graph),
-         *_common_args(graph, score, arrays, params)[1:], out, lse, bool(need_alpha), alpha)
+    _run(_ATTN_FWD_ROWS[key], graph.num_dst, graph.num_edges, *_index64(graph), *common,
+         out, lse, bool(need_alpha), alpha)
     return out, lse, (alpha if need_alpha else None)
 
 
 def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
     """{input name: gradient or None}; see fastgnn/ops/attention.py."""
-    common = _common_args(graph, score, arrays, params)
-    kind, S, Dn, Ed, has_e, att, V = common[:7]
+    key, common = _kernel_args(score, arrays, params)
+    has_e = key[1]
+    S, Dn, Ed, att, V = common[:5]
     dt = V.dtype
     H, C = V.shape[1], V.shape[2]
     s_name, d_name, e_name, v_name = SLOT_NAMES[score]
@@ -538,15 +540,15 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     gEd = np.empty(Ed.shape, dtype=dt) if need_gEd else empty3
     nchunks = _num_chunks(graph.num_dst)
     gatt_part = np.empty((nchunks, H, C) if need_gatt else (0, 0, 0))
-    _run(_ATTN_BWD_DST_ROWS[kind, has_e], graph.num_dst, graph.num_edges, *_index64(graph),
-         *common[1:], out, lse, g, has_g, ga, has_ga, delta, need_gDn or need_gEd or need_gatt,
+    _run(_ATTN_BWD_DST_ROWS[key], graph.num_dst, graph.num_edges, *_index64(graph),
+         *common, out, lse, g, has_g, ga, has_ga, delta, need_gDn or need_gEd or need_gatt,
          gDn, need_gDn, gEd, need_gEd, gatt_part, need_gatt)
 
     gS = np.empty(S.shape, dtype=dt) if need_gS else empty3
     gV = np.empty(V.shape, dtype=dt) if need_gV else empty3
     if need_gS or need_gV:
-        _run(_ATTN_BWD_SRC_ROWS[kind, has_e], graph.num_src, graph.num_edges,
-             *_index64(graph, transpose=True), *common[1:], lse, g, has_g, ga, has_ga, delta,
+        _run(_ATTN_BWD_SRC_ROWS[key], graph.num_src, graph.num_edges,
+             *_index64(graph, transpose=True), *common, lse, g, has_g, ga, has_ga, delta,
              gS, need_gS, gV, need_gV)
 
     grads = {name: None for name in SLOT_NAMES[score]}
