@@ -26,6 +26,27 @@ def assert_close(out, ref, vtype="float32", what="output", tol=None):
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e} ({vtype})"
 
 
+def assert_results_match(ours, ref, vtype="float64", base=None):
+    """Compare {name: tensor or None} results (outputs and gradients, as
+    float64 torch tensors) with a reference run: the same names; where the
+    reference has None ours is None or zero; the same shapes; relative errors
+    within TOLERANCES[vtype], or within twice the reference's own error in the
+    same dtype (`base`: a run of the reference in that dtype) where larger."""
+    assert sorted(ours) == sorted(ref), f"{sorted(ours)} != {sorted(ref)}"
+    for what, r in ref.items():
+        o = ours[what]
+        if r is None:
+            assert o is None or not o.any(), f"{what}: the reference has none, ours is nonzero"
+            continue
+        assert o is not None, f"{what}: missing"
+        assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)} != {tuple(r.shape)}"
+        err = rel_err(o.numpy(), r.numpy())
+        tol = TOLERANCES[vtype]
+        if base is not None and base.get(what) is not None:
+            tol = max(tol, 2 * rel_err(base[what].numpy(), r.numpy()))
+        assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} ({vtype})"
+
+
 def awkward_edge_index(num_nodes=300, num_edges=2000, *, hub_degree=None, seed=None,
                        num_src=None):
     """A random edge index [2, E] (int64, NumPy) with every awkward case in it:

@@ -18,7 +18,7 @@ from torch_geometric.nn import aggr as pyg_aggr
 import fastgnn
 import fastgnn.torch as ft
 from fastgnn.backends import reference as ref
-from fastgnn.testing import TOLERANCES, awkward_edge_index, rel_err
+from fastgnn.testing import assert_results_match, awkward_edge_index
 
 warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
 pytestmark = pytest.mark.filterwarnings("ignore:.*[Ss]parse")
@@ -56,24 +56,6 @@ def _grads(fn, inputs, params=(), seed=0):
     res.update({f"grad {n}": None if p.grad is None else p.grad.cpu().double()
                 for n, p in params})
     return res
-
-
-def _compare(ours, theirs, vtype="float64", base=None):
-    """Relative errors within the dtype's tolerance, or within twice the error of
-    PyG's own run in the same dtype (`base`) where that is larger."""
-    assert sorted(ours) == sorted(theirs)
-    for what, r in theirs.items():
-        o = ours[what]
-        if r is None:
-            assert o is None or not o.any(), f"{what}: PyG has none, ours is nonzero"
-            continue
-        assert o is not None, f"{what}: missing"
-        assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)} != {tuple(r.shape)}"
-        err = rel_err(o.numpy(), r.numpy())
-        tol = TOLERANCES[vtype]
-        if base is not None and base.get(what) is not None:
-            tol = max(tol, 2 * rel_err(base[what].numpy(), r.numpy()))
-        assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e} ({vtype})"
 
 
 def _groups(seed, num_rows=400, dim_size=53, width=5, sort=False):
@@ -127,7 +109,7 @@ def test_aggregation_matches_pyg(aggr, form):
         inputs = (x3,)
     got = _grads(lambda x: ours(x, **kw), inputs)
     ref_ = _grads(lambda x: theirs(x, **kw), inputs)
-    _compare(got, ref_)
+    assert_results_match(got, ref_)
     out = got["output"]
     rows = out[-4:] if form != "index_3d" else out[:, -4:]
     assert not rows.any()                    # empty groups give 0
@@ -156,7 +138,7 @@ def test_multi_aggregation_repeats_and_mixed_specs():
     got = _grads(lambda x: m(x, index, dim_size=60), (x,))
     ref_ = _grads(lambda x: torch.cat([_pyg_module(n)(x, index, dim_size=60) for n in names],
                                       -1), (x,))
-    _compare(got, ref_)
+    assert_results_match(got, ref_)
 
 
 def test_aggregations_are_pyg_aggregations_with_loadable_state():
@@ -178,7 +160,7 @@ def test_neighbour_fast_path_matches_pyg_messages():
         ours, theirs = _our_module(aggr), _pyg_module(aggr)
         got = _grads(lambda x: ours.neighbour(ei, x, (ns, n)), (x,))
         ref_ = _grads(lambda x: theirs(x[ei[0]], ei[1], dim_size=n), (x,))
-        _compare(got, ref_)
+        assert_results_match(got, ref_)
 
 
 def test_aggregation_bad_inputs():
@@ -330,7 +312,7 @@ def _sage_compare(ref_layer, our_layer, xin, adj):
     ref_layer = ref_layer.double()
     our_layer.load_state_dict(ref_layer.state_dict(), strict=True)
     our_layer = our_layer.double()
-    _compare(_run_layer(our_layer, xin, adj), _run_layer(ref_layer, xin, adj))
+    assert_results_match(_run_layer(our_layer, xin, adj), _run_layer(ref_layer, xin, adj))
     ref_layer.load_state_dict(our_layer.state_dict(), strict=True)
 
 
@@ -427,7 +409,7 @@ def test_gpu_aggregation_float32_matches_pyg_float64(aggr, form):
         got = _grads(lambda m: ours(m, **kw_gpu), (msgs.cuda().float(),))
         ref_ = _grads(lambda m: theirs(m, **kw_cpu), (msgs,))
     assert got["output"].shape == ref_["output"].shape
-    _compare(got, ref_, "tf32")
+    assert_results_match(got, ref_, "tf32")
 
 
 @gpu
@@ -463,4 +445,4 @@ def test_gpu_sage_aggr_matches_pyg_float64(aggr, dtype):
         for d in (got, ref_, base):
             if d is not None:
                 d.pop("grad input 0")
-    _compare(got, ref_, "tf32" if dtype == torch.float32 else "bfloat16", base)
+    assert_results_match(got, ref_, "tf32" if dtype == torch.float32 else "bfloat16", base)
