@@ -169,7 +169,6 @@ def dgl_layer_impl(ctx, name, settings):
         return None
 
     def build(ctx):
-        torch = ctx.torch
         from dgl import nn as dnn
         ei, n = ctx.graph.edge_index, ctx.graph.num_nodes
         F = ctx.width

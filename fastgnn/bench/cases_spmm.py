@@ -21,7 +21,7 @@ import inspect
 
 from . import external
 from .core import Case, Impl, Prepared, register
-from .graphs import csr_adj_t, csr_by_target
+from .graphs import csr_adj_t
 
 # ------------------------------------------------------------ helpers
 
