@@ -14,20 +14,31 @@
 // transpose positions to it), so nothing per edge is ever permuted.
 //
 // Mapping: the task list of spmm.cu (rows cut into <= chunk edges); a lane
-// group per (task, head). Lane l owns channels c = l*VEC + k*group*VEC,
+// group per (task, head). Lane l owns channels c = l*VEC + k*G*VEC,
 // k < nch (<= NCH, a template parameter: 1 when one pass of the group
 // covers the head, else 4), so a head of up to NCH*32*VEC channels sits in
-// registers. The edges of a task go in steps of U (Unroll: 4, or 1 with
-// several chunks): the U edges' rows are gathered
-// first (U loads in flight per lane), then their scores (a shuffle reduction
-// per edge for gatv2/dot), then the running max m moves once per step and
-// the sum l and accumulator take the U weighted messages. Hub
+// registers. The edges of a task go in steps of U (Unroll: 4 rows of VEC
+// <= 4 values, 2 rows of 8, 1 with several chunks): the U edges' rows are
+// gathered first (U loads in flight per lane), then their scores (a shuffle
+// reduction per edge for gatv2/dot), then the running max m moves once per
+// step and the sum l and accumulator take the U weighted messages. Hub
 // rows are split; their (m, l, acc) partials are merged in slot order
 // (attn_combine), source-side backward partials by spmm_combine: no atomics.
 //
+// Templated (loader.py's _attention_names instantiates what the launcher
+// can ask for): KIND, value and index type, VEC, NCH, GROUP = G (lanes per
+// group: 4, 8, 16 or 32 for one chunk of wide vectors, so the per-edge
+// reductions unroll with constant masks; 32 with several chunks; 0 = the
+// runtime `group` for VEC = 1) and HAS_E (edge term). Edge positions inside a
+// task are 32-bit; a gather address is one wide multiply-add from a per-lane
+// base pointer (Rows). Dropout and the alpha pass stay runtime switches: the
+// alpha pass runs its own loop, the dropout factors of a step are drawn
+// before its rows are gathered.
+//
 // Traffic per edge and head (forward): the source rows S[j] and V[j] slices
 // (C values each; one row for gatv2, whose S and V are both xl), the edge term
-// if any, the index and caller id; Dn[i] and att are loaded once per task.
+// if any, the index (and the caller id with an edge term or dropout); Dn[i]
+// and att are loaded once per task.
 // The backward target pass adds g[i] (once per task) and writes per-edge
 // gradients; the source pass keeps S[j], V[j] in registers and gathers
 // Dn[i], g[i], lse and delta per edge. So per edge and head: forward 1 row
@@ -35,12 +46,22 @@
 
 #include "common.cuh"
 
-// Blocks per multiprocessor the fp32 one-chunk kernels ask ptxas to fit
-// (__launch_bounds__; 1 = no register cap). A tuning knob for experiments:
-// FASTGNN_NVRTC_OPTIONS="-DATTN_MIN_BLOCKS=3" (fastgnn/backends/cuda/loader.py).
+// Blocks per multiprocessor (of 256 threads) the one-chunk kernels ask
+// ptxas to fit (__launch_bounds__; 1 = no register cap). The forward of
+// 32- and 16-bit types without an edge term defaults to 3 (<= 80 registers,
+// spill-free; the heavier edge-term variants keep no cap); the backward
+// kernels (fp32) default to none, they spill under 80 registers. Tuning
+// knobs for experiments: FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_MIN_BLOCKS=4
+// -DATTN_MIN_BLOCKS=3" (fastgnn/backends/cuda/loader.py); the compile check
+// catches spills.
+#ifndef ATTN_FWD_MIN_BLOCKS
+#define ATTN_FWD_MIN_BLOCKS 3
+#endif
 #ifndef ATTN_MIN_BLOCKS
 #define ATTN_MIN_BLOCKS 1
 #endif
+#define ATTN_FWD_BOUNDS \
+    __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
 #define ATTN_BOUNDS __launch_bounds__(256, (NCH == 1 && sizeof(T) == 4) ? ATTN_MIN_BLOCKS : 1)
 
 #define KIND_GAT 0
@@ -93,15 +114,53 @@ __device__ __forceinline__ void load_acc(const T* __restrict__ p, typename value
     for (int q = 0; q < VEC; ++q) r[q] = value_traits<T>::to_acc(v.v[q]);
 }
 
-// Per-(task, head) register state shared by every kernel: where the lane's
-// channels are and the target-side values cached for the task.
-template <typename T, int VEC>
+// Per-(task, head) lane layout: lane l of a group of G lanes (G = GROUP, or
+// the runtime `group` when GROUP = 0) owns channels chan(k) = (l + k G) VEC,
+// k < nch.
+template <int VEC, int GROUP>
 struct Lanes {
-    typedef typename value_traits<T>::acc_t A;
     int lane, group, nch, C;
-    __device__ __forceinline__ int chan(int k) const { return (lane + k * group) * VEC; }
+    __device__ __forceinline__ int grp() const { return GROUP ? GROUP : group; }
+    __device__ __forceinline__ int chan(int k) const { return (lane + k * grp()) * VEC; }
     __device__ __forceinline__ bool has(int k) const { return k < nch && chan(k) < C; }
 };
+
+template <typename P> struct std_match_char;
+template <typename T> struct std_match_char<const T*> { typedef const char* type; };
+template <typename T> struct std_match_char<T*> { typedef char* type; };
+
+// r * b as a 64-bit product: one wide multiply for 32-bit indices.
+__device__ __forceinline__ i64 wide_mul(int r, int b) {
+    i64 x;
+    asm("mul.wide.s32 %0, %1, %2;" : "=l"(x) : "r"(r), "r"(b));
+    return x;
+}
+__device__ __forceinline__ i64 wide_mul(long long r, int b) { return r * (i64)b; }
+
+// One head of the rows of a [rows, H, Cs] array as one lane sees it: p
+// points at (row 0, head h, the lane's first channel; Cs = 1 and no channel
+// offset when SCALAR) and row r starts r * stride bytes further, so a gather
+// address is one wide multiply-add (row x width stays 64-bit; the launcher
+// checks that one row of H * Cs values is under 2 GiB).
+template <typename P>
+struct Rows {
+    P p;
+    int stride;   // bytes
+    template <typename R>
+    __device__ __forceinline__ P at(R r) const {
+        typedef typename std_match_char<P>::type C8;
+        return reinterpret_cast<P>(reinterpret_cast<C8>(p) + wide_mul(r, stride));
+    }
+};
+
+template <bool SCALAR, int VEC, int GROUP, typename P>
+__device__ __forceinline__ Rows<P> rows_of(const Lanes<VEC, GROUP>& L, P base, int H, int h) {
+    const int cs = SCALAR ? 1 : L.C;
+    Rows<P> r;
+    r.p = base + (h * cs + (SCALAR ? 0 : L.chan(0)));
+    r.stride = H * cs * (int)sizeof(*base);
+    return r;
+}
 
 // Write one lane's VEC values of a gradient row: to the output (direct rows)
 // or, for a split row, to its fp32/fp64 partial slot (summed by spmm_combine).
@@ -121,25 +180,32 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     }
 }
 
+// Task t, head h, the lane layout L and the task's n edges (eidx, ecid: its
+// indices and caller ids, n <= chunk so edge positions are 32-bit).
 #define GROUP_PROLOGUE                                                              \
-    const i64 gid = group_index(group);                                             \
+    const int grp_ = GROUP ? GROUP : group;                                         \
+    const i64 gid = group_index(grp_);                                              \
     const i64 t = gid / H;                                                          \
-    const int h = (int)(gid % H);                                                   \
+    const int h = (int)(gid - t * H);                                               \
     if (t >= num_tasks) return;                                                     \
-    Lanes<T, VEC> L;                                                                \
-    L.lane = group_lane(group);                                                     \
-    L.group = group;                                                                \
+    Lanes<VEC, GROUP> L;                                                            \
+    L.lane = group_lane(grp_);                                                      \
+    L.group = grp_;                                                                 \
     L.nch = nch;                                                                    \
     L.C = C;                                                                        \
     i64 row, e0, e1;                                                                \
-    task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
+    task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);                \
+    const I* __restrict__ eidx = indices + e0;                                      \
+    const I* __restrict__ ecid = cid + e0;                                          \
+    const int n = (int)(e1 - e0);
 
 // Edges handled per step of a task's loop: U edges' gathers are issued
-// before any of their arithmetic, so U rows per lane are in flight (1 when a
-// lane holds several channel chunks, to stay within registers).
+// before any of their arithmetic, so U rows per lane are in flight: 4 rows
+// of VEC <= 4 values, 2 of 8 (16-bit types: the same registers per lane),
+// 1 when a lane holds several channel chunks, to stay within registers.
 template <int VEC, int NCH>
 struct Unroll {
-    static constexpr int U = NCH > 1 ? 1 : 4;
+    static constexpr int U = NCH > 1 ? 1 : (VEC >= 8 ? 2 : 4);
 };
 
 // One lane's values of one head of one row: NCH chunks of VEC channels
@@ -158,18 +224,19 @@ __device__ __forceinline__ void zero_slice(Slice<T, VEC, NCH>& s) {
         for (int q = 0; q < VEC; ++q) s.v[k][q] = 0;
 }
 
-// Row r, head h of a [rows, H, C] array (SCALAR: of a [rows, H] array).
-template <bool SCALAR, typename T, int VEC, int NCH>
-__device__ __forceinline__ void load_slice(const Lanes<T, VEC>& L, const T* __restrict__ p, i64 r,
-                                           int h, int H, Slice<T, VEC, NCH>& s) {
+// Row r of `rows` (SCALAR: one value per (row, head)).
+template <bool SCALAR, typename T, int VEC, int NCH, int GROUP, typename R>
+__device__ __forceinline__ void load_slice(const Lanes<VEC, GROUP>& L, const Rows<const T*>& rows,
+                                           R r, Slice<T, VEC, NCH>& s) {
+    const T* p = rows.at(r);
     if (SCALAR) {
-        s.v[0][0] = value_traits<T>::to_acc(p[r * H + h]);
+        s.v[0][0] = value_traits<T>::to_acc(*p);
         return;
     }
 #pragma unroll
     for (int k = 0; k < NCH; ++k) {
         if (L.has(k)) {
-            load_acc<T, VEC>(p + (r * H + h) * (i64)L.C + L.chan(k), s.v[k]);
+            load_acc<T, VEC>(p + k * L.grp() * VEC, s.v[k]);
         } else {
 #pragma unroll
             for (int q = 0; q < VEC; ++q) s.v[k][q] = 0;
@@ -178,19 +245,21 @@ __device__ __forceinline__ void load_slice(const Lanes<T, VEC>& L, const T* __re
 }
 
 // Score of one edge and head from the lane's slices (s: S[j], d: Dn[i],
-// e: Ed[ce] when has_e, a: att), reduced over the group:
+// e: Ed[ce] when HAS_E, a: att), reduced over the group:
 //   gat   lrelu(s + d (+ e))                (scalars)
 //   gatv2 sum_c a_c lrelu(s_c + d_c (+ e_c))
 //   dot   scale * sum_c d_c (s_c (+ e_c))
-template <int KIND, typename T, int VEC, int NCH>
+// Every kernel scores through this one function, so the backward passes
+// recompute the forward's scores bit for bit.
+template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH>
 __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
         const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& d, const Slice<T, VEC, NCH>& e,
-        bool has_e, const Slice<T, VEC, NCH>& a, typename value_traits<T>::acc_t slope,
+        const Slice<T, VEC, NCH>& a, typename value_traits<T>::acc_t slope,
         typename value_traits<T>::acc_t scale, int group) {
     typedef typename value_traits<T>::acc_t A;
     if (KIND == KIND_GAT) {
         A u = s.v[0][0] + d.v[0][0];
-        if (has_e) u += e.v[0][0];
+        if (HAS_E) u += e.v[0][0];
         return lrelu(u, slope);
     }
     A part = A(0);
@@ -198,56 +267,71 @@ __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
     for (int k = 0; k < NCH; ++k)
 #pragma unroll
         for (int q = 0; q < VEC; ++q) {
-            const A ed = has_e ? e.v[k][q] : A(0);
-            if (KIND == KIND_GATV2) part += a.v[k][q] * lrelu(s.v[k][q] + d.v[k][q] + ed, slope);
-            else part += d.v[k][q] * (s.v[k][q] + ed);
+            if (KIND == KIND_GATV2) {
+                A u = s.v[k][q] + d.v[k][q];
+                if (HAS_E) u += e.v[k][q];
+                part += a.v[k][q] * lrelu(u, slope);
+            } else {
+                A u = s.v[k][q];
+                if (HAS_E) u += e.v[k][q];
+                part += d.v[k][q] * u;
+            }
         }
-    part = group_sum(part, group);
+    part = group_sum_fixed<GROUP>(part, group);
     return KIND == KIND_DOT ? part * scale : part;
 }
 
+// gatv2's LeakyReLU argument t = s + d (+ e) of channel (k, q), as score_of.
+template <bool HAS_E, typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t lrelu_arg(
+        const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& d, const Slice<T, VEC, NCH>& e,
+        int k, int q) {
+    typename value_traits<T>::acc_t u = s.v[k][q] + d.v[k][q];
+    if (HAS_E) u += e.v[k][q];
+    return u;
+}
+
 // Message value (k, q) of an edge: gatv2 xl[j] (= s); dot v[j] (+ e); gat v[j].
-template <int KIND, typename T, int VEC, int NCH>
+template <int KIND, bool HAS_E, typename T, int VEC, int NCH>
 __device__ __forceinline__ typename value_traits<T>::acc_t msg_of(
         const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& v, const Slice<T, VEC, NCH>& e,
-        bool has_e, int k, int q) {
+        int k, int q) {
     if (KIND == KIND_GATV2) return s.v[k][q];
-    if (KIND == KIND_DOT && has_e) return v.v[k][q] + e.v[k][q];
+    if (KIND == KIND_DOT && HAS_E) return v.v[k][q] + e.v[k][q];
     return v.v[k][q];
 }
 
 // <g, message> of an edge, reduced over the group.
-template <int KIND, typename T, int VEC, int NCH>
+template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH>
 __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
         const Slice<T, VEC, NCH>& g, const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& v,
-        const Slice<T, VEC, NCH>& e, bool has_e, int group) {
+        const Slice<T, VEC, NCH>& e, int group) {
     typedef typename value_traits<T>::acc_t A;
     A part = A(0);
 #pragma unroll
     for (int k = 0; k < NCH; ++k)
 #pragma unroll
-        for (int q = 0; q < VEC; ++q) part += g.v[k][q] * msg_of<KIND, T, VEC, NCH>(s, v, e, has_e, k, q);
-    return group_sum(part, group);
+        for (int q = 0; q < VEC; ++q) part += g.v[k][q] * msg_of<KIND, HAS_E, T, VEC, NCH>(s, v, e, k, q);
+    return group_sum_fixed<GROUP>(part, group);
 }
 
-// The U edges [eb, eb + U) of a task's range (positions past e1 repeat eb,
-// so their loads stay in bounds; `valid` masks them).
-#define EDGE_BATCH                                                                  \
+// The U edges [b, b + U) of the task's n (positions past n repeat the last
+// edge, so their loads stay in bounds; callers mask them with b + u < n).
+// Caller ids are read only when NEED_CE (edge term, dropout, per-edge I/O).
+#define EDGE_BATCH(NEED_CE)                                                         \
     I nb_[U], ce[U];                                                                \
-    bool valid[U];                                                                  \
     _Pragma("unroll") for (int u = 0; u < U; ++u) {                                  \
-        valid[u] = eb + u < e1;                                                     \
-        const i64 ep = valid[u] ? eb + u : eb;                                      \
-        nb_[u] = indices[ep];                                                       \
-        ce[u] = cid[ep];                                                            \
+        const int ep = b + u < n ? b + u : n - 1;                                   \
+        nb_[u] = eidx[ep];                                                          \
+        ce[u] = (NEED_CE) ? ecid[ep] : I(0);                                        \
     }
 
 // Forward. alpha_mode = 0: online softmax; direct rows write out[i] and
 // lse[i], split rows their (m, l, acc) partials. alpha_mode = 1: with lse
 // known, write alpha[ce, h] = exp(s - lse[i, h]). U edges per step: their
 // rows are gathered first, then the running max moves once per step.
-template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
-__global__ void ATTN_BOUNDS attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
+__global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                          const I* __restrict__ task_slot, const I* __restrict__ indptr,
                          const I* __restrict__ indices, const I* __restrict__ cid,
                          const T* __restrict__ S, const T* __restrict__ Dn,
@@ -268,33 +352,50 @@ __global__ void ATTN_BOUNDS attn_fwd(const I* __restrict__ task_row, const I* __
     constexpr int U = Unroll<VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
+    const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
+                         Vr = rows_of<false>(L, V, H, h);
     Sl d, a, acc;
-    load_slice<GAT>(L, Dn, row, h, H, d);
-    if (KIND == KIND_GATV2) load_slice<false>(L, att, 0, h, H, a);
+    load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
+    if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+    if (alpha_mode) {                      // its own loop: no softmax state is live
+        const A row_lse = lse[row * H + h];
+        for (int b = 0; b < n; b += U) {
+            EDGE_BATCH(true)
+            Sl s[U], e[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                load_slice<GAT>(L, Sr, nb_[u], s[u]);
+                if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const A sc = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+                if (b + u < n && L.lane == 0)
+                    alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(exp(sc - row_lse));
+            }
+        }
+        return;
+    }
     zero_slice(acc);
-    const A row_lse = alpha_mode ? lse[row * H + h] : A(0);
+    const bool need_ce = HAS_E || drop.on;
     A m = neg_inf<A>(), l = A(0);
-    for (i64 eb = e0; eb < e1; eb += U) {
-        EDGE_BATCH
+    for (int b = 0; b < n; b += U) {
+        EDGE_BATCH(need_ce)
+        A z[U];                            // dropout factors, before the rows are live
+#pragma unroll
+        for (int u = 0; u < U; ++u) z[u] = drop.on ? (A)drop_factor(drop, ce[u], H, h) : A(1);
         Sl s[U], e[U], v[U];
         A sc[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            load_slice<GAT>(L, S, nb_[u], h, H, s[u]);
-            if (HAS_E) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
-            if (KIND != KIND_GATV2 && !alpha_mode) load_slice<false>(L, V, nb_[u], h, H, v[u]);
+            load_slice<GAT>(L, Sr, nb_[u], s[u]);
+            if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+            if (KIND != KIND_GATV2) load_slice<false>(L, Vr, nb_[u], v[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], HAS_E, a, slope, scale, group);
-            if (!valid[u]) sc[u] = neg_inf<A>();
-        }
-        if (alpha_mode) {
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (valid[u] && L.lane == 0)
-                    alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(exp(sc[u] - row_lse));
-            continue;
+            sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+            if (b + u >= n) sc[u] = neg_inf<A>();
         }
         A M = m;
 #pragma unroll
@@ -310,20 +411,23 @@ __global__ void ATTN_BOUNDS attn_fwd(const I* __restrict__ task_row, const I* __
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            A w = sc[u] > neg_inf<A>() ? (sc[u] == m ? A(1) : exp(sc[u] - m)) : A(0);
+            // exp(0) = 1 exactly where the score is the max (also for +inf),
+            // 0 for -inf scores (and the masked tail) and NaN scores; one exp
+            // per edge, evaluated without a branch
+            A w = exp(sc[u] == m ? A(0) : sc[u] - m);
+            w = sc[u] > neg_inf<A>() ? w : A(0);
             l += w;
             if (sc[u] != sc[u]) l = sc[u];       // a NaN score makes the row NaN, as torch
-            w *= (A)drop_factor(drop, ce[u], H, h);
+            if (drop.on) w *= z[u];
             if (w != A(0)) {
 #pragma unroll
                 for (int k = 0; k < NCH; ++k)
 #pragma unroll
                     for (int q = 0; q < VEC; ++q)
-                        acc.v[k][q] += w * msg_of<KIND, T, VEC, NCH>(s[u], v[u], e[u], HAS_E, k, q);
+                        acc.v[k][q] += w * msg_of<KIND, HAS_E, T, VEC, NCH>(s[u], v[u], e[u], k, q);
             }
         }
     }
-    if (alpha_mode) return;
     const i64 slot = (i64)task_slot[t];
     if (slot < 0) {
         const bool empty = indptr[row] == indptr[row + 1];
@@ -392,7 +496,7 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 // write gDn[i], split rows a partial slot), the per-edge gradient written at
 // the caller's id, and gatv2's grad_att as one partial row per task. U edges
 // per step, their source rows gathered before any arithmetic.
-template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
+template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
 __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
@@ -416,35 +520,39 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
     constexpr int U = Unroll<VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
+    const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
+                         Vr = rows_of<false>(L, V, H, h);
+    const Rows<T*> gEr = rows_of<false>(L, gEd, H, h);   // not gat (scalar, written by lane 0)
+    const bool has_g = g != nullptr;
     Sl d, a, gr, dacc, patt;
-    load_slice<GAT>(L, Dn, row, h, H, d);
-    if (KIND == KIND_GATV2) load_slice<false>(L, att, 0, h, H, a);
-    if (g != nullptr) load_slice<false>(L, g, row, h, H, gr);
+    load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
+    if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+    if (has_g) load_slice<false>(L, rows_of<false>(L, g, H, h), row, gr);
     else zero_slice(gr);
     zero_slice(dacc);
     zero_slice(patt);
     const A row_lse = lse[row * H + h];
     const A D = delta[row * H + h];
+    const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
     A dgat = A(0);                                  // gat's scalar target-side gradient
-    for (i64 eb = e0; eb < e1; eb += U) {
-        EDGE_BATCH
+    for (int b = 0; b < n; b += U) {
+        EDGE_BATCH(need_ce)
         Sl s[U], e[U], v[U];
         A sc[U], gm[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            load_slice<GAT>(L, S, nb_[u], h, H, s[u]);
-            if (HAS_E) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
-            if (KIND != KIND_GATV2 && g != nullptr) load_slice<false>(L, V, nb_[u], h, H, v[u]);
+            load_slice<GAT>(L, Sr, nb_[u], s[u]);
+            if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+            if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, Vr, nb_[u], v[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, T, VEC, NCH>(s[u], d, e[u], HAS_E, a, slope, scale, group);
-            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gr, s[u], v[u], e[u], HAS_E, group)
-                                 : A(0);
+            sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+            gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gr, s[u], v[u], e[u], group) : A(0);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (!valid[u]) continue;
+            if (b + u >= n) continue;
             const A p = exp(sc[u] - row_lse);
             const A z = (A)drop_factor(drop, ce[u], H, h);
             A dp = z != A(0) ? z * gm[u] : A(0);
@@ -458,26 +566,27 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
                 if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
                 continue;
             }
+            T* __restrict__ ge_row = gEr.at(ce[u]);
 #pragma unroll
             for (int k = 0; k < NCH; ++k) {
                 pack_t<T, VEC> ge;
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) {
-                    const A ed = HAS_E ? e[u].v[k][q] : A(0);
                     A dv;
                     if (KIND == KIND_GATV2) {
-                        const A tt = s[u].v[k][q] + d.v[k][q] + ed;
+                        const A tt = lrelu_arg<HAS_E>(s[u], d, e[u], k, q);
                         dv = ds * a.v[k][q] * lrelu_grad(tt, slope);
                         patt.v[k][q] += ds * lrelu(tt, slope);
                         dacc.v[k][q] += dv;
                     } else {                              // dot
-                        dacc.v[k][q] += scale * ds * (s[u].v[k][q] + ed);
+                        A x = s[u].v[k][q];
+                        if (HAS_E) x += e[u].v[k][q];
+                        dacc.v[k][q] += scale * ds * x;
                         dv = scale * ds * d.v[k][q] + p * z * gr.v[k][q];
                     }
                     ge.v[q] = value_traits<T>::from_acc(dv);
                 }
-                if (gEd != nullptr && L.has(k))
-                    store_pack<T, VEC>(gEd + ((i64)ce[u] * H + h) * (i64)C + L.chan(k), ge);
+                if (gEd != nullptr && L.has(k)) store_pack<T, VEC>(ge_row + k * L.grp() * VEC, ge);
             }
         }
     }
@@ -508,7 +617,7 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
 // the message (gatv2: both are xl, summed into gS). The task's own S[j] and
 // V[j] stay in registers; per edge the target rows Dn[i], g[i] (U edges in
 // flight) and lse, delta are gathered.
-template <int KIND, typename T, typename I, int VEC, int NCH, bool HAS_E>
+template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
 __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
@@ -532,36 +641,39 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
     constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
     const i64 j = row;
+    const Rows<const T*> Dr = rows_of<GAT>(L, Dn, H, h), Er = rows_of<GAT>(L, Ed, H, h),
+                         Gr = rows_of<false>(L, g, H, h);
+    const bool has_g = g != nullptr;
     Sl sj, vj, a, sacc, vacc;
-    load_slice<GAT>(L, S, j, h, H, sj);
-    if (KIND != KIND_GATV2 && g != nullptr) load_slice<false>(L, V, j, h, H, vj);
+    load_slice<GAT>(L, rows_of<GAT>(L, S, H, h), j, sj);
+    if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, rows_of<false>(L, V, H, h), j, vj);
     else zero_slice(vj);
-    if (KIND == KIND_GATV2) load_slice<false>(L, att, 0, h, H, a);
+    if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
     zero_slice(sacc);
     zero_slice(vacc);
+    const bool need_ce = HAS_E || drop.on || ga != nullptr;
     A sgat = A(0);
-    for (i64 eb = e0; eb < e1; eb += U) {
-        EDGE_BATCH
+    for (int b = 0; b < n; b += U) {
+        EDGE_BATCH(need_ce)
         Sl dv[U], gv[U], e[U];
         A sc[U], gm[U], row_lse[U], D[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            load_slice<GAT>(L, Dn, nb_[u], h, H, dv[u]);
-            if (HAS_E) load_slice<GAT>(L, Ed, ce[u], h, H, e[u]);
-            if (g != nullptr) load_slice<false>(L, g, nb_[u], h, H, gv[u]);
+            load_slice<GAT>(L, Dr, nb_[u], dv[u]);
+            if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+            if (has_g) load_slice<false>(L, Gr, nb_[u], gv[u]);
             else zero_slice(gv[u]);
             row_lse[u] = lse[(i64)nb_[u] * H + h];
             D[u] = delta[(i64)nb_[u] * H + h];
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, T, VEC, NCH>(sj, dv[u], e[u], HAS_E, a, slope, scale, group);
-            gm[u] = g != nullptr ? grad_dot_msg<KIND, T, VEC, NCH>(gv[u], sj, vj, e[u], HAS_E, group)
-                                 : A(0);
+            sc[u] = score_of<KIND, GROUP, HAS_E>(sj, dv[u], e[u], a, slope, scale, group);
+            gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gv[u], sj, vj, e[u], group) : A(0);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (!valid[u]) continue;
+            if (b + u >= n) continue;
             const A p = exp(sc[u] - row_lse[u]);
             const A z = (A)drop_factor(drop, ce[u], H, h);
             A dp = z != A(0) ? z * gm[u] : A(0);
@@ -578,7 +690,7 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) {
                     if (KIND == KIND_GATV2) {
-                        const A tt = sj.v[k][q] + dv[u].v[k][q] + (HAS_E ? e[u].v[k][q] : A(0));
+                        const A tt = lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q);
                         sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u].v[k][q];
                     } else {
                         if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u].v[k][q];

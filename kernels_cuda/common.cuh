@@ -80,6 +80,21 @@ __device__ __forceinline__ A group_sum(A v, int group) {
     return v;
 }
 
+// group_sum with the group size known at compile time (GROUP > 0: the
+// shuffles unroll and the mask is computed once); GROUP = 0 falls back to
+// the runtime `group`.
+template <int GROUP, typename A>
+__device__ __forceinline__ A group_sum_fixed(A v, int group) {
+    if (GROUP == 0) return group_sum(v, group);
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = GROUP == 32 ? 0xffffffffu
+                                      : (((1u << (GROUP & 31)) - 1u) << (lane & ~(unsigned)(GROUP - 1)));
+#pragma unroll
+    for (int offset = GROUP >> 1; offset > 0; offset >>= 1)
+        v += __shfl_xor_sync(mask, v, offset, GROUP);
+    return v;
+}
+
 // Lane groups: `group` consecutive lanes (a power of two <= 32, aligned in the
 // warp) own one work unit; these give the unit's index and the lane in it.
 __device__ __forceinline__ i64 group_index(int group) {

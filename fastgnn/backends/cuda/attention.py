@@ -16,7 +16,8 @@ import numpy as np
 from ...graph import Graph
 from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
-from .loader import C_INDEX, C_VALUE, VALUE_BYTES, attention_nchs, attention_vecs, get_function
+from .loader import (C_INDEX, C_VALUE, VALUE_BYTES, attention_groups, attention_nchs,
+                     attention_vecs, get_function)
 from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, spmm_custom, task_plan
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
@@ -33,8 +34,9 @@ def _acc(vtype):
 
 
 def _shape(vtype, C, arrays):
-    """(VEC, NCH, group, nch): vector width, register chunks, lanes per group,
-    chunks used. Raises NotImplementedError for heads wider than the kernels hold."""
+    """(VEC, NCH, GROUP, group, nch): vector width, register chunks, lanes per
+    group as compiled in (0 = runtime), lanes per group, chunks used. Raises
+    NotImplementedError for heads wider than the kernels hold."""
     vec = 1
     wide = attention_vecs(vtype)[-1]
     if C % wide == 0 and all(a.data.ptr % (wide * VALUE_BYTES[vtype]) == 0
@@ -50,7 +52,15 @@ def _shape(vtype, C, arrays):
         raise NotImplementedError(
             f"the CUDA attention kernels hold at most {attention_nchs(vec)[-1] * 32 * vec} channels "
             f"per head for this layout (got C={C}); use fewer channels per head")
-    return vec, NCH, group, nch
+    if C * max(a.shape[1] for a in arrays if a is not None and a.ndim == 3) \
+            * VALUE_BYTES[vtype] >= 2 ** 31:
+        raise NotImplementedError("the CUDA attention kernels address one row of H x C values "
+                                  "with 32-bit byte strides (under 2 GiB per row)")
+    groups = attention_groups(vec, NCH)
+    if groups == (0,):
+        return vec, NCH, 0, group, nch
+    group = next(g for g in groups if g >= group)   # narrow heads: idle lanes
+    return vec, NCH, group, group, nch
 
 
 def _grid(units, group):
@@ -92,10 +102,10 @@ def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
 
 
 # ---------------------------------------------------------- edge_attention
-def _kernel(kernel, score, vtype, itype, vec, nch, has_e):
+def _kernel(kernel, score, vtype, itype, vec, nch, grp, has_e):
     T, I = C_VALUE[vtype], C_INDEX[itype]
-    return get_function("attention", vtype, itype,
-                        f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, {nch}, {str(has_e).lower()}>")
+    return get_function("attention", vtype, itype, f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, "
+                        f"{nch}, {grp}, {str(has_e).lower()}>")
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
@@ -110,15 +120,15 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     if graph.num_dst == 0 or H == 0 or C == 0:
         return out, lse, alpha
     itype = _ITYPE[np.dtype(graph.index_dtype)]
-    vec, NCH, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat"
-                                  else (V, out))
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat"
+                                       else (V, out))
     plan = task_plan(graph, DEFAULT_CHUNK)
     ntask = int(plan.task_row.shape[0])
     slots = plan.num_slots
     p_m = cp.empty((slots, H), dtype=acc) if slots else None
     p_l = cp.empty((slots, H), dtype=acc) if slots else None
     p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
-    fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, Ed is not None)
+    fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, Ed is not None)
     common = (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V)
     scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
@@ -229,7 +239,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     g = None if grad_out is None else cp.ascontiguousarray(grad_out)
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
     delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
-    vec, NCH, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g) if score != "gat" else (V, g))
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g) if score != "gat"
+                                       else (V, g))
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
                np.int32(group), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
@@ -243,7 +254,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                 if need_gDn and plan.num_slots else None)
         gEd = cp.empty_like(Ed) if need_gEd else None
         gatt_part = cp.empty((ntask, H * C), dtype=acc) if need_gatt else None
-        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, Ed is not None)
+        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga), delta,
@@ -269,7 +280,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                if need_gS and plan.num_slots else None)
         p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
                if need_gV and plan.num_slots else None)
-        kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, Ed is not None)
+        kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, Ed is not None)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices,
               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),

@@ -65,6 +65,21 @@ def attention_vecs(vtype):
     return [1, vec_widths(vtype)[-1]]
 
 
+# Lanes per (task, head) compiled in (the GROUP template values) for heads
+# held in one register chunk with wide vectors: the shuffles of the per-edge
+# reductions unroll. Narrower heads run GROUP=4 with idle lanes.
+ATTENTION_GROUPS = (4, 8, 16, 32)
+
+
+def attention_groups(vec, nch):
+    """GROUP template values for (VEC, NCH): several chunks always use a full
+    warp (32); one chunk of wide vectors ATTENTION_GROUPS; vec = 1 (odd or
+    unaligned heads) keeps the runtime group size (0)."""
+    if nch > 1:
+        return (32,)
+    return ATTENTION_GROUPS if vec > 1 else (0,)
+
+
 def _attention_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
     A = "double" if vt == "float64" else "float"
@@ -73,9 +88,10 @@ def _attention_names(vt, it):
     for kind in (0, 1, 2):
         for vec in attention_vecs(vt):
             for nch in attention_nchs(vec):
-                for k in ("attn_fwd", "attn_bwd_dst", "attn_bwd_src"):
-                    for has_e in ("false", "true"):
-                        names.append(f"{k}<{kind}, {T}, {I}, {vec}, {nch}, {has_e}>")
+                for grp in attention_groups(vec, nch):
+                    for k in ("attn_fwd", "attn_bwd_dst", "attn_bwd_src"):
+                        for has_e in ("false", "true"):
+                            names.append(f"{k}<{kind}, {T}, {I}, {vec}, {nch}, {grp}, {has_e}>")
     return names
 
 
