@@ -239,3 +239,15 @@ def test_gpu_fast_conversions_keep_stream_order():
         assert a.data.ptr == x.data_ptr()
         t = _autograd.to_tensor(a)
         assert t.data_ptr() == x.data_ptr() and torch.equal(t, x.detach())
+
+
+def test_cuda_segment_codes_are_memoised():
+    """The CUDA launcher memoises its per-reduction-tuple constants (CuPy
+    imports without a GPU; nothing here launches)."""
+    seg = pytest.importorskip("fastgnn.backends.cuda.segment")
+    from fastgnn.backends.cuda.loader import SEGMENT_STATS
+    for codes in [("sum",), ("max", "mean"), ("std", "min", "max"), ("var",)]:
+        s = seg._stats(codes)
+        assert s in SEGMENT_STATS and seg._stats(codes) is s
+        assert seg._packed(codes) == sum(seg.CODES[c] << (3 * r) for r, c in enumerate(codes))
+    assert seg._stats(("max",)) == seg.STAT_MAX and seg._stats(("var",)) == 3
