@@ -18,13 +18,16 @@ Conversion rules (the adapter converts, the core validates):
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Callable, Mapping
 
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
+from torch.utils.dlpack import from_dlpack as _from_capsule
+from torch.utils.dlpack import to_dlpack as _to_dlpack
+
+from fastgnn._array import is_cupy
 
 __all__ = ["Op", "FastgnnFunction", "apply", "device_scope", "to_array", "to_tensor"]
 
@@ -62,9 +65,32 @@ class Op:
 
 
 # ---------------------------------------------------------------- CUDA context
+# Host cost matters here: on small graphs a call is mostly Python, so the
+# scope below enters only what is not already current, reads the stream as a
+# raw pointer, and caches CuPy's stream wrappers and the allocator per device.
 _local = threading.local()
 _streams: dict = {}       # (device, stream handle) -> CuPy stream object
 _mallocs: dict = {}       # device -> allocator function
+_cupy = None              # the cupy module, imported on first CUDA use
+# cudaStream_t of PyTorch's current stream on a device, without building a
+# torch.cuda.Stream (what torch.cuda.current_stream(d).cuda_stream returns;
+# torch._inductor uses the same call); CPU builds lack it, hence the fallback.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _cupy_module():
+    global _cupy
+    if _cupy is None:
+        import cupy
+        _cupy = cupy
+    return _cupy
+
+
+def _torch_stream_ptr(device: int) -> int:
+    """cudaStream_t (as int; 0 = legacy default) of PyTorch's current stream on `device`."""
+    if _raw_stream is not None:
+        return _raw_stream(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class _StreamHandle:
@@ -79,7 +105,7 @@ class _StreamHandle:
 
 def _cupy_stream(cupy, device: int):
     """CuPy's view of PyTorch's current stream on `device` (cached per handle)."""
-    ptr = torch.cuda.current_stream(device).cuda_stream
+    ptr = _torch_stream_ptr(device)
     key = (device, ptr)
     s = _streams.get(key)
     if s is None:
@@ -110,57 +136,153 @@ def _torch_malloc(cupy, device: int):
     return fn
 
 
-@contextlib.contextmanager
+def _shares_stream(cupy, device: int) -> bool:
+    """True when `device` is current for torch and CuPy and CuPy's current
+    stream is PyTorch's current stream there. Then a DLPack exchange between
+    the two needs no stream handshake: producer and consumer are one stream
+    (the handshake would order a stream after itself)."""
+    return (cupy.cuda.runtime.getDevice() == device
+            and torch.cuda.current_device() == device
+            and cupy.cuda.get_current_stream().ptr == _torch_stream_ptr(device))
+
+
+def _shared_device(device):
+    """The CUDA device index whose torch and CuPy current streams are one
+    (see `_shares_stream`), or None (CPU, or they differ). Check it once per
+    scope: nothing inside a fastgnn call changes the current stream."""
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return idx if _shares_stream(_cupy_module(), idx) else None
+
+
+class _Scope:
+    """The context manager behind `device_scope`. Enters, in this order, only
+    what is not already in place: torch's current device, CuPy's current
+    device, PyTorch's current stream as CuPy's current stream, PyTorch's
+    allocator as CuPy's; exits them in reverse order."""
+
+    __slots__ = ("device", "entered", "prev")
+
+    def __init__(self, device):
+        self.device = device
+        self.entered = None
+
+    def __enter__(self):
+        device = self.device
+        if not isinstance(device, torch.device):
+            device = torch.device(device)
+        if device.type != "cuda":
+            return None
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        prev = getattr(_local, "device", None)
+        if prev == idx:                     # already inside a scope for it
+            return None
+        cupy = _cupy_module()
+        entered = []
+        try:
+            if torch.cuda.current_device() != idx:
+                _enter(entered, torch.cuda.device(idx))
+            if cupy.cuda.runtime.getDevice() != idx:
+                _enter(entered, cupy.cuda.Device(idx))
+            _enter(entered, _cupy_stream(cupy, idx))
+            _enter(entered, cupy.cuda.using_allocator(_torch_malloc(cupy, idx)))
+        except BaseException:
+            _unwind(entered, None, None, None)
+            raise
+        self.entered, self.prev = entered, prev
+        _local.device = idx
+        return None
+
+    def __exit__(self, exc_type, exc, tb):
+        entered, self.entered = self.entered, None
+        if entered is not None:
+            _local.device = self.prev
+            _unwind(entered, exc_type, exc, tb)
+        return False
+
+
+def _enter(entered: list, cm):
+    cm.__enter__()
+    entered.append(cm)      # only once entered: _unwind exits exactly these
+
+
+def _unwind(entered: list, exc_type, exc, tb):
+    """Exit the entered context managers in reverse order, as nested `with`
+    blocks would; all are exited even if one raises (the first error is re-raised)."""
+    error = None
+    while entered:
+        try:
+            entered.pop().__exit__(exc_type, exc, tb)
+        except BaseException as e:  # noqa: BLE001  (re-raised below)
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+
+
 def device_scope(device):
     """Run fastgnn calls for tensors on `device`: on CUDA, make it current for
     torch and CuPy, launch on PyTorch's current stream and allocate from
     PyTorch's caching allocator. A no-op on CPU. Re-entrant."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        yield
-        return
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if getattr(_local, "device", None) == idx:        # already inside a scope for it
-        yield
-        return
-    import cupy
-    prev = getattr(_local, "device", None)
-    with torch.cuda.device(idx), cupy.cuda.Device(idx):
-        with _cupy_stream(cupy, idx), cupy.cuda.using_allocator(_torch_malloc(cupy, idx)):
-            _local.device = idx
-            try:
-                yield
-            finally:
-                _local.device = prev
+    return _Scope(device)
 
 
 # ------------------------------------------------------------- conversions
 _INT16_FOR_BF16 = torch.int16
 
 
-def to_array(t: torch.Tensor):
-    """Tensor -> NumPy/CuPy array sharing its memory (contiguous; bf16 as int16).
-    On CUDA call it inside `device_scope` so the producer and consumer streams agree."""
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """t detached and contiguous, bf16 viewed as int16."""
     t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
         t = t.view(_INT16_FOR_BF16)
+    return t
+
+
+def _to_array(t: torch.Tensor, shared):
+    """to_array; `shared` is `_shared_device(...)` when the caller knows it."""
+    t = _plain(t)
     if t.device.type == "cuda":
-        import cupy
-        return cupy.from_dlpack(t)
+        cupy = _cupy_module()
+        if shared == t.device.index and not t.is_complex():
+            # producer and consumer on one stream: the capsule without the
+            # handshake of Tensor.__dlpack__ (torch's to_dlpack does none)
+            return cupy.from_dlpack(_to_dlpack(t))
+        return cupy.from_dlpack(t)          # the full protocol (orders the streams)
     if t.device.type != "cpu":
         raise TypeError(f"fastgnn supports CPU and CUDA tensors, got device {t.device}")
     return np.from_dlpack(t)
 
 
-def to_tensor(a, bf16: bool = False) -> torch.Tensor:
-    """NumPy/CuPy array -> tensor sharing its memory; 16-bit integer results of
-    a bf16 op are viewed as bfloat16."""
-    t = torch.from_dlpack(a)
+def to_array(t: torch.Tensor):
+    """Tensor -> NumPy/CuPy array sharing its memory (contiguous; bf16 as int16).
+    On CUDA call it inside `device_scope` so the producer and consumer streams agree."""
+    return _to_array(t, _shared_device(t.device))
+
+
+def _to_tensor(a, bf16: bool, shared):
+    """to_tensor; `shared` is `_shared_device(...)` when the caller knows it."""
+    if shared is not None and is_cupy(a) and a.device.id == shared:
+        # one stream on both sides: stream=-1 asks CuPy for no handshake
+        t = _from_capsule(a.__dlpack__(stream=-1))
+    else:
+        t = torch.from_dlpack(a)
     if bf16 and t.dtype in (torch.int16, torch.uint16):
         t = t.view(torch.bfloat16)
     return t
+
+
+def to_tensor(a, bf16: bool = False) -> torch.Tensor:
+    """NumPy/CuPy array -> tensor sharing its memory; 16-bit integer results of
+    a bf16 op are viewed as bfloat16."""
+    shared = None
+    if is_cupy(a):
+        idx = a.device.id
+        shared = idx if _shares_stream(_cupy_module(), idx) else None
+    return _to_tensor(a, bf16, shared)
 
 
 def _data_ptr(a):
@@ -171,9 +293,12 @@ def _data_ptr(a):
     return getattr(data, "ptr", None)
 
 
+_LEAVES = (str, bytes, int, float, complex, type(None), np.generic, np.dtype)
+
+
 def _arrays_in(obj, depth=0):
     """Backend arrays held by a residuals object (dataclass, tuple, dict, ...)."""
-    if depth > 3 or obj is None:
+    if depth > 3 or isinstance(obj, _LEAVES):   # scalars, names, shapes' entries
         return
     if isinstance(obj, np.ndarray) or type(obj).__module__.startswith("cupy"):
         yield obj
@@ -207,7 +332,8 @@ class FastgnnFunction(torch.autograd.Function):
                    for name, t in zip(op.inputs, tensors) if name in op.features)
         device = _device_of(tensors)
         with device_scope(device):
-            arrays = [None if t is None else to_array(t) for t in tensors]
+            shared = _shared_device(device)
+            arrays = [None if t is None else _to_array(t, shared) for t in tensors]
             kw = dict(static)
             if bf16 and op.vtype_arg:
                 kw[op.vtype_arg] = "bfloat16"
@@ -215,7 +341,7 @@ class FastgnnFunction(torch.autograd.Function):
                 kw[key] = needs[name]
             out, res = op.fwd(graph, *arrays, **kw)
             single = not isinstance(out, tuple)
-            outs = tuple(to_tensor(a, bf16) for a in ((out,) if single else out))
+            outs = tuple(_to_tensor(a, bf16, shared) for a in ((out,) if single else out))
 
         ctx.op, ctx.graph, ctx.bf16, ctx.device = op, graph, bf16, device
         ctx.in_dtypes = [None if t is None else t.dtype for t in tensors]
@@ -245,7 +371,8 @@ class FastgnnFunction(torch.autograd.Function):
         ctx.saved_tensors  # noqa: B018  (raises if a saved input was modified in place)
         needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
         with device_scope(ctx.device):
-            garrs = [None if g is None else to_array(g) for g in grad_outs]
+            shared = _shared_device(ctx.device)
+            garrs = [None if g is None else _to_array(g, shared) for g in grad_outs]
             kw = {key: needs[name] for key, name in op.bwd_flags.items()}
             grads = op.bwd(ctx.graph, ctx.res, *garrs, **kw)
             if len(grads) != n_in:
@@ -256,7 +383,7 @@ class FastgnnFunction(torch.autograd.Function):
                 if g is None or not needs[name]:
                     out.append(None)
                     continue
-                t = to_tensor(g, ctx.bf16 and name in op.features)
+                t = _to_tensor(g, ctx.bf16 and name in op.features, shared)
                 out.append(t if t.dtype == dt else t.to(dt))
         return (None, None, None, *out)
 

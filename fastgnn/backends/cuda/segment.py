@@ -12,6 +12,8 @@ blocks); no atomics. Interface as the CPU backend (fastgnn/backends/cpu/segment.
 """
 from __future__ import annotations
 
+import functools
+
 import cupy as cp
 import numpy as np
 
@@ -22,8 +24,10 @@ CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN = 1, 2, 4, 8
 
 
-def _stats(codes):
-    """The smallest instantiated statistic set covering `codes`."""
+@functools.lru_cache(maxsize=None)
+def _stats(codes: tuple):
+    """The smallest instantiated statistic set covering `codes` (memoised:
+    a handful of reduction tuples, asked on every call)."""
     need = 0
     if any(c in ("sum", "mean", "var", "std") for c in codes):
         need |= STAT_SUM
@@ -36,7 +40,8 @@ def _stats(codes):
     return min((s for s in SEGMENT_STATS if s & need == need), key=lambda s: (bin(s).count("1"), s))
 
 
-def _packed(codes):
+@functools.lru_cache(maxsize=None)
+def _packed(codes: tuple):
     packed = 0
     for r, c in enumerate(codes):
         packed |= CODES[c] << (3 * r)
@@ -49,6 +54,7 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     idx = graph.index_dtype
     itype = _ITYPE[np.dtype(idx)]
     acc = _acc_dtype(vtype)
+    codes = tuple(codes)
     stats = _stats(codes)
     n = graph.num_dst
     out = cp.empty((n, R * F), dtype=x.dtype)
@@ -94,6 +100,7 @@ def _terms(lin, narg):
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFAULT_CHUNK):
     """grad_x [num_src, F] (see kernels_cuda/segment.cu, segment_coef and segment_bwd)."""
     t = graph.transpose()
+    codes = tuple(codes)
     R = len(codes)
     F = g.shape[1] // R
     dtype = g.dtype
