@@ -261,7 +261,7 @@ def median_ms(fn, repeats=3):
         fn()
         stop.record()
         stop.synchronize()
-        times.append(cp.cuda.get_elapsedmedian_ms(start, stop))
+        times.append(cp.cuda.get_elapsed_time(start, stop))
     return float(np.median(times))
 
 
