@@ -69,10 +69,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--family", action="append",
+                    help="only this kernel family (spmm, segment, attention; repeatable)")
     args = ap.parse_args(argv)
     t0 = time.time()
     failures, total = [], 0
-    jobs = instantiations()
+    jobs = [j for j in instantiations() if not args.family or j[0] in args.family]
     # modules are independent: compile them on every core
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(compile_family, *zip(*jobs), [args.arch] * len(jobs)))
