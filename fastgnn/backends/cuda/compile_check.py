@@ -5,7 +5,7 @@ Uses CuPy's low-level NVRTC binding (works with the nvidia-cuda-nvrtc wheel on
 a machine with no device). `--ptxas-options=-v` makes ptxas report registers,
 stack frame and spills per kernel in the program log.
 
-    python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose]
+    python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose] [--family segment]
 """
 from __future__ import annotations
 
@@ -69,10 +69,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--family", action="append", help="only these families (repeatable)")
     args = ap.parse_args(argv)
     t0 = time.time()
     failures, total = [], 0
-    jobs = instantiations()
+    jobs = [j for j in instantiations() if not args.family or j[0] in args.family]
     # modules are independent: compile them on every core
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(compile_family, *zip(*jobs), [args.arch] * len(jobs)))
