@@ -57,6 +57,24 @@ struct seg_state {
         }
     }
 
+    // statistic K (0 sum, 1 sum of squares, 2 max, 3 min) of the VEC features, for one store
+    template <int K>
+    __device__ __forceinline__ pack_t<A, VEC> pack() const {
+        pack_t<A, VEC> p;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) p.v[v] = K == 0 ? s[v] : K == 1 ? sq[v] : K == 2 ? mx[v] : mn[v];
+        return p;
+    }
+
+    // the positions of statistic K (2 max, 3 min)
+    template <int K>
+    __device__ __forceinline__ pack_t<I, VEC> arg_pack() const {
+        pack_t<I, VEC> p;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) p.v[v] = K == 2 ? amx[v] : amn[v];
+        return p;
+    }
+
     // fold one value (CSR position e) of feature v
     __device__ __forceinline__ void add(int v, A val, I e) {
         if (STATS & STAT_SUM) s[v] += val;
@@ -166,67 +184,101 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
             write_reductions<T, I, VEC, STATS>(st, out, res_mean, res_std, row, f0, F, num_codes,
                                                codes, deg);
             const i64 k = row * F + f0;
-            pack_t<I, VEC> amx, amn;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) { amx.v[v] = st.amx[v]; amn.v[v] = st.amn[v]; }
-            if ((STATS & STAT_MAX) && argmax != nullptr) store_pack<I, VEC>(argmax + k, amx);
-            if ((STATS & STAT_MIN) && argmin != nullptr) store_pack<I, VEC>(argmin + k, amn);
+            if ((STATS & STAT_MAX) && argmax != nullptr) store_pack<I, VEC>(argmax + k, st.template arg_pack<2>());
+            if ((STATS & STAT_MIN) && argmin != nullptr) store_pack<I, VEC>(argmin + k, st.template arg_pack<3>());
         } else {
             const i64 k = slot * F + f0;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                if (STATS & STAT_SUM) p_sum[k + v] = st.s[v];
-                if (STATS & STAT_SQ) p_sq[k + v] = st.sq[v];
-                if (STATS & STAT_MAX) { p_max[k + v] = st.mx[v]; p_argmax[k + v] = st.amx[v]; }
-                if (STATS & STAT_MIN) { p_min[k + v] = st.mn[v]; p_argmin[k + v] = st.amn[v]; }
+            if (STATS & STAT_SUM) store_pack<A, VEC>(p_sum + k, st.template pack<0>());
+            if (STATS & STAT_SQ) store_pack<A, VEC>(p_sq + k, st.template pack<1>());
+            if (STATS & STAT_MAX) {
+                store_pack<A, VEC>(p_max + k, st.template pack<2>());
+                store_pack<I, VEC>(p_argmax + k, st.template arg_pack<2>());
+            }
+            if (STATS & STAT_MIN) {
+                store_pack<A, VEC>(p_min + k, st.template pack<3>());
+                store_pack<I, VEC>(p_argmin + k, st.template arg_pack<3>());
             }
         }
     }
 }
 
 // Merge the partial states of each split row in slot order, then write its
-// reductions. Mapping: a lane group per split row, one feature per lane step.
+// reductions. Mapping: a lane group per split row, lane l owns features
+// [f0, f0 + VEC) as in segment_fwd (same VEC and group). The partial states
+// of U slots are loaded (VEC-wide, every statistic) before they are folded
+// in slot order, so the critical path, the largest hub, is slots/U rounds of
+// dependent loads instead of slots x F/group x 2 (rmat20: 156 slots).
 // `stats` is the STATS of the segment_fwd instantiation that wrote them.
-template <typename T, typename I>
+// Traffic per split row: slots x F x (sizeof(acc_t) per statistic + sizeof(I)
+// per arg) read; R*F*sizeof(T), the args and the residuals written.
+template <typename T, typename I, int VEC>
 __global__ void segment_combine(const I* __restrict__ split_row, const I* __restrict__ slot_ptr,
                                 const I* __restrict__ indptr,
-                                const typename value_traits<T>::acc_t* __restrict__ p_sum,
+                                const typename value_traits<T>::acc_t* __restrict__ p_sum,  // [slots, F]
                                 const typename value_traits<T>::acc_t* __restrict__ p_sq,
                                 const typename value_traits<T>::acc_t* __restrict__ p_max,
                                 const typename value_traits<T>::acc_t* __restrict__ p_min,
                                 const I* __restrict__ p_argmax, const I* __restrict__ p_argmin,
-                                T* __restrict__ out, I* __restrict__ argmax,
-                                I* __restrict__ argmin,
+                                T* __restrict__ out,                                       // [num_rows, R*F]
+                                I* __restrict__ argmax, I* __restrict__ argmin,            // [num_rows, F] or null
                                 typename value_traits<T>::acc_t* __restrict__ res_mean,
                                 typename value_traits<T>::acc_t* __restrict__ res_std,
                                 i64 num_split, int F, int group, int stats, int num_codes,
                                 int codes) {
     typedef typename value_traits<T>::acc_t A;
+    // slots in flight: about 100 registers of loaded partial state per lane
+    constexpr int U = VEC * (int)sizeof(A) <= 16 ? 4 : 2;
     const i64 sidx = group_index(group);
     if (sidx >= num_split) return;
     const int lane = group_lane(group);
     const i64 row = (i64)split_row[sidx];
     const i64 k0 = (i64)slot_ptr[sidx], k1 = (i64)slot_ptr[sidx + 1];
     const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
-    for (int f = lane; f < F; f += group) {
-        seg_state<A, I, 1, STAT_SUM | STAT_SQ | STAT_MAX | STAT_MIN> st;
+    const bool has_sum = stats & STAT_SUM, has_sq = stats & STAT_SQ;
+    const bool has_max = stats & STAT_MAX, has_min = stats & STAT_MIN;
+    for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
+        seg_state<A, I, VEC, STAT_SUM | STAT_SQ | STAT_MAX | STAT_MIN> st;
         st.init();
-        for (i64 k = k0; k < k1; ++k) {
-            const i64 q = k * F + f;
-            if (stats & STAT_SUM) st.s[0] += p_sum[q];
-            if (stats & STAT_SQ) st.sq[0] += p_sq[q];
-            if ((stats & STAT_MAX) && p_argmax[q] >= 0 && takes_max(p_max[q], st.mx[0], st.amx[0])) {
-                st.mx[0] = p_max[q];
-                st.amx[0] = p_argmax[q];
+        i64 k = k0;
+        while (k < k1) {
+            const int n = k + U <= k1 ? U : 1;   // full steps, then one slot at a time
+            pack_t<A, VEC> ps[U], pq[U], pmx[U], pmn[U];
+            pack_t<I, VEC> pax[U], pan[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (u < n) {
+                    const i64 q = (k + u) * F + f0;
+                    if (has_sum) ps[u] = load_pack<A, VEC>(p_sum + q);
+                    if (has_sq) pq[u] = load_pack<A, VEC>(p_sq + q);
+                    if (has_max) { pmx[u] = load_pack<A, VEC>(p_max + q); pax[u] = load_pack<I, VEC>(p_argmax + q); }
+                    if (has_min) { pmn[u] = load_pack<A, VEC>(p_min + q); pan[u] = load_pack<I, VEC>(p_argmin + q); }
+                }
             }
-            if ((stats & STAT_MIN) && p_argmin[q] >= 0 && takes_min(p_min[q], st.mn[0], st.amn[0])) {
-                st.mn[0] = p_min[q];
-                st.amn[0] = p_argmin[q];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (u < n) {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        if (has_sum) st.s[v] += ps[u].v[v];
+                        if (has_sq) st.sq[v] += pq[u].v[v];
+                        // a later slot wins only by a strictly larger value (or the first
+                        // NaN): ties keep the earlier CSR position
+                        if (has_max && pax[u].v[v] >= 0 && takes_max(pmx[u].v[v], st.mx[v], st.amx[v])) {
+                            st.mx[v] = pmx[u].v[v];
+                            st.amx[v] = pax[u].v[v];
+                        }
+                        if (has_min && pan[u].v[v] >= 0 && takes_min(pmn[u].v[v], st.mn[v], st.amn[v])) {
+                            st.mn[v] = pmn[u].v[v];
+                            st.amn[v] = pan[u].v[v];
+                        }
+                    }
+                }
             }
+            k += n;
         }
-        write_reductions<T, I, 1>(st, out, res_mean, res_std, row, f, F, num_codes, codes, deg);
-        if (argmax != nullptr) argmax[row * F + f] = st.amx[0];
-        if (argmin != nullptr) argmin[row * F + f] = st.amn[0];
+        write_reductions<T, I, VEC>(st, out, res_mean, res_std, row, f0, F, num_codes, codes, deg);
+        if (argmax != nullptr) store_pack<I, VEC>(argmax + row * F + f0, st.template arg_pack<2>());
+        if (argmin != nullptr) store_pack<I, VEC>(argmin + row * F + f0, st.template arg_pack<3>());
     }
 }
 

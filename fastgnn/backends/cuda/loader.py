@@ -47,8 +47,9 @@ SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2))
 
 def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
-    names = [f"segment_combine<{T}, {I}>", f"segment_coef<{T}, {I}>"]
+    names = [f"segment_coef<{T}, {I}>"]
     for vec in vec_widths(vt):
+        names.append(f"segment_combine<{T}, {I}, {vec}>")
         names += [f"segment_fwd<{T}, {I}, {vec}, {s}>" for s in SEGMENT_STATS]
         names += [f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}>" for lin, narg in SEGMENT_TERMS]
     return names

@@ -83,11 +83,11 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
          np.int32(R), np.int32(packed)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
-        _, group1 = _launch_shape(vtype, F)
-        comb = get_function("segment", vtype, itype, f"segment_combine<{T}, {I}>")
-        comb(_grid(num_split, group1), (BLOCK,),
+        # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)
+        comb = get_function("segment", vtype, itype, f"segment_combine<{T}, {I}, {vec}>")
+        comb(_grid(num_split, group), (BLOCK,),
              (plan.split_row, plan.slot_ptr, graph.indptr, *p, *pa, out, *resid,
-              np.int64(num_split), np.int32(F), np.int32(group1), np.int32(stats),
+              np.int64(num_split), np.int32(F), np.int32(group), np.int32(stats),
               np.int32(R), np.int32(packed)))
     return out, argmax, argmin, mean, std
 
