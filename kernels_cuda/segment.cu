@@ -8,23 +8,30 @@
 // task; lane l owns features [f0, f0 + VEC), f0 = l*VEC + k*group*VEC.
 // Each neighbour row slice is read ONCE (one VEC-wide load, four gathers in
 // flight) and feeds the statistics of the compile-time set STATS (sum, sum
-// of squares, max + arg, min + arg); args are CSR positions kept in the index
-// type I. The launcher picks the smallest instantiated STATS covering the
+// of squares, max + arg, min + arg). An arg is the position of the winning
+// edge within its row (e - indptr[row]), stored in the position type P:
+// uint16 when every row has fewer than 65536 edges (all ones: empty row),
+// else the index type I (-1: empty row); registers hold it in I. The
+// launcher picks the smallest instantiated STATS covering the
 // request (SEGMENT_STATS in loader.py); the epilogue writes only the
 // requested reductions (`codes`) as VEC-wide stores into their blocks of the
 // [num_rows, R*F] output, the args when asked (training), and the mean / std
 // residuals of the backward (acc_t) when asked.
 //
 // Forward traffic per task of n edges: n*sizeof(I) + n*F*sizeof(T) gathered,
-// R*F*sizeof(T) written, + F*sizeof(I) per arg array and F*sizeof(acc_t) per
+// R*F*sizeof(T) written, + F*sizeof(P) per arg array and F*sizeof(acc_t) per
 // residual when training; split rows write their partial states (only the
-// statistics of STATS) once.
+// statistics of STATS, args as P) once.
 //
 // Reductions are coded 0 sum, 1 mean, 2 max, 3 min, 4 var, 5 std, packed 3
 // bits each in `codes` (reduction r at bits 3r..3r+2). Semantics follow PyG:
 // empty rows give 0; var = mean(x^2) - mean(x)^2; std = sqrt(max(var, 1e-5)),
 // 0 where that is <= sqrt(1e-5); max/min ties go to the first CSR position,
 // NaN propagates.
+//
+// rmat20 (1M rows, 16.1M edges, max in-degree 39764), F=128, fp32, max with
+// args: P = uint16 halves the arg bytes: 256 MB written by the forward
+// instead of 512 MB, and 256 B read per edge by the backward instead of 512 B.
 
 #include "common.cuh"
 
@@ -32,6 +39,19 @@
 #define STAT_SQ 2
 #define STAT_MAX 4
 #define STAT_MIN 8
+
+// Edges in flight per lane in segment_bwd when each is at most 2 registers
+// of gathered data (tuning knob: FASTGNN_NVRTC_OPTIONS="-DSEGMENT_BWD_NARROW_UNROLL=4").
+#ifndef SEGMENT_BWD_NARROW_UNROLL
+#define SEGMENT_BWD_NARROW_UNROLL 8
+#endif
+
+// A stored position (P) back in the index type: P's all-ones value (-1 for a
+// signed P) is "no edge".
+template <typename I, typename P>
+__device__ __forceinline__ I from_pos(P p) {
+    return p == (P)-1 ? I(-1) : I(p);
+}
 
 template <typename A, typename I>
 __device__ __forceinline__ bool takes_max(A v, A m, I arg) {
@@ -57,7 +77,25 @@ struct seg_state {
         }
     }
 
-    // fold one value (CSR position e) of feature v
+    // statistic K (0 sum, 1 sum of squares, 2 max, 3 min) of the VEC features, for one store
+    template <int K>
+    __device__ __forceinline__ pack_t<A, VEC> pack() const {
+        pack_t<A, VEC> p;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) p.v[v] = K == 0 ? s[v] : K == 1 ? sq[v] : K == 2 ? mx[v] : mn[v];
+        return p;
+    }
+
+    // the positions of statistic K (2 max, 3 min) in the stored type P (-1: all ones)
+    template <typename P, int K>
+    __device__ __forceinline__ pack_t<P, VEC> arg_pack() const {
+        pack_t<P, VEC> p;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) p.v[v] = (P)(K == 2 ? amx[v] : amn[v]);
+        return p;
+    }
+
+    // fold one value (position e within the row) of feature v
     __device__ __forceinline__ void add(int v, A val, I e) {
         if (STATS & STAT_SUM) s[v] += val;
         if (STATS & STAT_SQ) sq[v] += val * val;
@@ -65,11 +103,11 @@ struct seg_state {
         if ((STATS & STAT_MIN) && takes_min(val, mn[v], amn[v])) { mn[v] = val; amn[v] = e; }
     }
 
-    // U consecutive edges from e: U gathers in flight, then the updates in
-    // edge order (ties keep the first CSR position)
+    // U consecutive edges from CSR position e of the row starting at rb: U
+    // gathers in flight, then the updates in edge order (ties keep the first)
     template <typename T, int U>
     __device__ __forceinline__ void gather(const I* __restrict__ indices, const T* __restrict__ x,
-                                           int F, int f0, i64 e) {
+                                           int F, int f0, i64 e, i64 rb) {
         i64 j[U];
         pack_t<T, VEC> p[U];
 #pragma unroll
@@ -80,7 +118,7 @@ struct seg_state {
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int v = 0; v < VEC; ++v)
-                add(v, value_traits<T>::to_acc(p[u].v[v]), (I)(e + u));
+                add(v, value_traits<T>::to_acc(p[u].v[v]), (I)(e + u - rb));
     }
 };
 
@@ -130,21 +168,21 @@ __device__ __forceinline__ void write_reductions(
     }
 }
 
-template <typename T, typename I, int VEC, int STATS>
+template <typename T, typename I, int VEC, int STATS, typename P>
 __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                             const I* __restrict__ task_slot, const I* __restrict__ indptr,
                             const I* __restrict__ indices,
                             const T* __restrict__ x,          // [num_cols, F]
                             T* __restrict__ out,              // [num_rows, R*F]
-                            I* __restrict__ argmax,           // [num_rows, F] or null
-                            I* __restrict__ argmin,           // [num_rows, F] or null
+                            P* __restrict__ argmax,           // [num_rows, F] or null
+                            P* __restrict__ argmin,           // [num_rows, F] or null
                             typename value_traits<T>::acc_t* __restrict__ res_mean,  // [num_rows, F] or null
                             typename value_traits<T>::acc_t* __restrict__ res_std,   // [num_rows, F] or null
                             typename value_traits<T>::acc_t* __restrict__ p_sum,  // [slots, F] x4
                             typename value_traits<T>::acc_t* __restrict__ p_sq,   // (those of STATS)
                             typename value_traits<T>::acc_t* __restrict__ p_max,
                             typename value_traits<T>::acc_t* __restrict__ p_min,
-                            I* __restrict__ p_argmax, I* __restrict__ p_argmin,   // [slots, F]
+                            P* __restrict__ p_argmax, P* __restrict__ p_argmin,   // [slots, F]
                             i64 num_tasks, int F, int chunk, int group, int num_codes,
                             int codes) {
     typedef typename value_traits<T>::acc_t A;
@@ -154,79 +192,115 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
     i64 row, e0, e1;
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
     const i64 slot = (i64)task_slot[t];
+    const i64 rb = (i64)indptr[row];
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
         seg_state<A, I, VEC, STATS> st;
         st.init();
         i64 e = e0;
-        for (; e + 4 <= e1; e += 4) st.template gather<T, 4>(indices, x, F, f0, e);
-        for (; e < e1; ++e) st.template gather<T, 1>(indices, x, F, f0, e);
+        for (; e + 4 <= e1; e += 4) st.template gather<T, 4>(indices, x, F, f0, e, rb);
+        for (; e < e1; ++e) st.template gather<T, 1>(indices, x, F, f0, e, rb);
         if (slot < 0) {
-            const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
+            const i64 deg = (i64)indptr[row + 1] - rb;
             write_reductions<T, I, VEC, STATS>(st, out, res_mean, res_std, row, f0, F, num_codes,
                                                codes, deg);
             const i64 k = row * F + f0;
-            pack_t<I, VEC> amx, amn;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) { amx.v[v] = st.amx[v]; amn.v[v] = st.amn[v]; }
-            if ((STATS & STAT_MAX) && argmax != nullptr) store_pack<I, VEC>(argmax + k, amx);
-            if ((STATS & STAT_MIN) && argmin != nullptr) store_pack<I, VEC>(argmin + k, amn);
+            if ((STATS & STAT_MAX) && argmax != nullptr) store_pack<P, VEC>(argmax + k, st.template arg_pack<P, 2>());
+            if ((STATS & STAT_MIN) && argmin != nullptr) store_pack<P, VEC>(argmin + k, st.template arg_pack<P, 3>());
         } else {
             const i64 k = slot * F + f0;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                if (STATS & STAT_SUM) p_sum[k + v] = st.s[v];
-                if (STATS & STAT_SQ) p_sq[k + v] = st.sq[v];
-                if (STATS & STAT_MAX) { p_max[k + v] = st.mx[v]; p_argmax[k + v] = st.amx[v]; }
-                if (STATS & STAT_MIN) { p_min[k + v] = st.mn[v]; p_argmin[k + v] = st.amn[v]; }
+            if (STATS & STAT_SUM) store_pack<A, VEC>(p_sum + k, st.template pack<0>());
+            if (STATS & STAT_SQ) store_pack<A, VEC>(p_sq + k, st.template pack<1>());
+            if (STATS & STAT_MAX) {
+                store_pack<A, VEC>(p_max + k, st.template pack<2>());
+                store_pack<P, VEC>(p_argmax + k, st.template arg_pack<P, 2>());
+            }
+            if (STATS & STAT_MIN) {
+                store_pack<A, VEC>(p_min + k, st.template pack<3>());
+                store_pack<P, VEC>(p_argmin + k, st.template arg_pack<P, 3>());
             }
         }
     }
 }
 
 // Merge the partial states of each split row in slot order, then write its
-// reductions. Mapping: a lane group per split row, one feature per lane step.
+// reductions. Mapping: a lane group per split row, lane l owns features
+// [f0, f0 + VEC) as in segment_fwd (same VEC and group). The partial states
+// of U slots are loaded (VEC-wide, every statistic) before they are folded
+// in slot order, so the critical path, the largest hub, is slots/U rounds of
+// dependent loads instead of slots x F/group x 2 (rmat20: 156 slots).
 // `stats` is the STATS of the segment_fwd instantiation that wrote them.
-template <typename T, typename I>
+// Traffic per split row: slots x F x (sizeof(acc_t) per statistic + sizeof(I)
+// per arg) read; R*F*sizeof(T), the args and the residuals written.
+template <typename T, typename I, int VEC, typename P>
 __global__ void segment_combine(const I* __restrict__ split_row, const I* __restrict__ slot_ptr,
                                 const I* __restrict__ indptr,
-                                const typename value_traits<T>::acc_t* __restrict__ p_sum,
+                                const typename value_traits<T>::acc_t* __restrict__ p_sum,  // [slots, F]
                                 const typename value_traits<T>::acc_t* __restrict__ p_sq,
                                 const typename value_traits<T>::acc_t* __restrict__ p_max,
                                 const typename value_traits<T>::acc_t* __restrict__ p_min,
-                                const I* __restrict__ p_argmax, const I* __restrict__ p_argmin,
-                                T* __restrict__ out, I* __restrict__ argmax,
-                                I* __restrict__ argmin,
+                                const P* __restrict__ p_argmax, const P* __restrict__ p_argmin,
+                                T* __restrict__ out,                                       // [num_rows, R*F]
+                                P* __restrict__ argmax, P* __restrict__ argmin,            // [num_rows, F] or null
                                 typename value_traits<T>::acc_t* __restrict__ res_mean,
                                 typename value_traits<T>::acc_t* __restrict__ res_std,
                                 i64 num_split, int F, int group, int stats, int num_codes,
                                 int codes) {
     typedef typename value_traits<T>::acc_t A;
+    // slots in flight: about 100 registers of loaded partial state per lane
+    constexpr int U = VEC * (int)sizeof(A) <= 16 ? 4 : 2;
     const i64 sidx = group_index(group);
     if (sidx >= num_split) return;
     const int lane = group_lane(group);
     const i64 row = (i64)split_row[sidx];
     const i64 k0 = (i64)slot_ptr[sidx], k1 = (i64)slot_ptr[sidx + 1];
     const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
-    for (int f = lane; f < F; f += group) {
-        seg_state<A, I, 1, STAT_SUM | STAT_SQ | STAT_MAX | STAT_MIN> st;
+    const bool has_sum = stats & STAT_SUM, has_sq = stats & STAT_SQ;
+    const bool has_max = stats & STAT_MAX, has_min = stats & STAT_MIN;
+    for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
+        seg_state<A, I, VEC, STAT_SUM | STAT_SQ | STAT_MAX | STAT_MIN> st;
         st.init();
-        for (i64 k = k0; k < k1; ++k) {
-            const i64 q = k * F + f;
-            if (stats & STAT_SUM) st.s[0] += p_sum[q];
-            if (stats & STAT_SQ) st.sq[0] += p_sq[q];
-            if ((stats & STAT_MAX) && p_argmax[q] >= 0 && takes_max(p_max[q], st.mx[0], st.amx[0])) {
-                st.mx[0] = p_max[q];
-                st.amx[0] = p_argmax[q];
+        i64 k = k0;
+        while (k < k1) {
+            const int n = k + U <= k1 ? U : 1;   // full steps, then one slot at a time
+            pack_t<A, VEC> ps[U], pq[U], pmx[U], pmn[U];
+            pack_t<P, VEC> pax[U], pan[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (u < n) {
+                    const i64 q = (k + u) * F + f0;
+                    if (has_sum) ps[u] = load_pack<A, VEC>(p_sum + q);
+                    if (has_sq) pq[u] = load_pack<A, VEC>(p_sq + q);
+                    if (has_max) { pmx[u] = load_pack<A, VEC>(p_max + q); pax[u] = load_pack<P, VEC>(p_argmax + q); }
+                    if (has_min) { pmn[u] = load_pack<A, VEC>(p_min + q); pan[u] = load_pack<P, VEC>(p_argmin + q); }
+                }
             }
-            if ((stats & STAT_MIN) && p_argmin[q] >= 0 && takes_min(p_min[q], st.mn[0], st.amn[0])) {
-                st.mn[0] = p_min[q];
-                st.amn[0] = p_argmin[q];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (u < n) {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        if (has_sum) st.s[v] += ps[u].v[v];
+                        if (has_sq) st.sq[v] += pq[u].v[v];
+                        // a later slot wins only by a strictly larger value (or the first
+                        // NaN): ties keep the earlier CSR position
+                        const I ax = from_pos<I>(pax[u].v[v]), an = from_pos<I>(pan[u].v[v]);
+                        if (has_max && ax >= 0 && takes_max(pmx[u].v[v], st.mx[v], st.amx[v])) {
+                            st.mx[v] = pmx[u].v[v];
+                            st.amx[v] = ax;
+                        }
+                        if (has_min && an >= 0 && takes_min(pmn[u].v[v], st.mn[v], st.amn[v])) {
+                            st.mn[v] = pmn[u].v[v];
+                            st.amn[v] = an;
+                        }
+                    }
+                }
             }
+            k += n;
         }
-        write_reductions<T, I, 1>(st, out, res_mean, res_std, row, f, F, num_codes, codes, deg);
-        if (argmax != nullptr) argmax[row * F + f] = st.amx[0];
-        if (argmin != nullptr) argmin[row * F + f] = st.amn[0];
+        write_reductions<T, I, VEC>(st, out, res_mean, res_std, row, f0, F, num_codes, codes, deg);
+        if (argmax != nullptr) store_pack<P, VEC>(argmax + row * F + f0, st.template arg_pack<P, 2>());
+        if (argmin != nullptr) store_pack<P, VEC>(argmin + row * F + f0, st.template arg_pack<P, 3>());
     }
 }
 
@@ -274,35 +348,42 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 }
 
 // grad_x[j,f] = sum_{e=(j->i)} coef_a[i,f] + coef_b[i,f]*x[j,f]
-//               + [arg0[i,f] == e] g0[i,f] + [arg1[i,f] == e] g1[i,f]
+//               + [arg0[i,f] == p_e] g0[i,f] + [arg1[i,f] == p_e] g1[i,f]
 // (arg0/g0, arg1/g1: the argmax / argmin positions and the max / min blocks
-// of the cotangent, row stride ldg). Walks the transpose: tasks over source
-// rows j, `t_indices` = targets i, `t_edge` = forward CSR position e; same
-// lane mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
+// of the cotangent, row stride ldg; p_e = e - indptr[i], the position of e
+// in its forward row). Walks the transpose: tasks over source rows j,
+// `t_indices` = targets i, `t_pos` = p_e (type P as the args, cached per
+// graph, read only with arg terms); same lane mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
 // and coef_b) and NARG (arg terms, 0-2) are compile-time upper bounds; a null
 // pointer switches a term off at run time (uniform branch). Split source rows
 // write fp32 partials (combined by spmm_combine).
 //
-// Traffic per edge: 2*sizeof(I) + F*(LIN*sizeof(acc_t) + NARG*sizeof(I))
-// gathered as VEC-wide loads, UNROLL edges in flight; g0/g1 are read only
-// for the features whose arg matches the edge (~1/deg of them), so a max
-// backward moves one gathered row of I per edge, like the SpMM backward.
-template <typename T, typename I, int VEC, int LIN, int NARG>
+// Traffic per edge: sizeof(I) (+ sizeof(P) with arg terms) + F*(LIN*sizeof(acc_t)
+// + NARG*sizeof(P)) gathered as VEC-wide loads, UNROLL edges in flight;
+// g0/g1 are read only for the features whose arg matches the edge (~1/deg
+// of them), so a max backward moves one gathered row of P per edge: with
+// P = uint16 half the bytes of the SpMM backward's fp32 row (rmat20, F=128:
+// 256 B per edge, 4.1 GB without cache reuse).
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                             const I* __restrict__ task_slot, const I* __restrict__ t_indptr,
-                            const I* __restrict__ t_indices, const I* __restrict__ t_edge,
+                            const I* __restrict__ t_indices, const P* __restrict__ t_pos,
                             const T* __restrict__ x,                                   // [num_cols_fwd, F]
                             const typename value_traits<T>::acc_t* __restrict__ coef_a,  // [num_rows_fwd, F]
                             const typename value_traits<T>::acc_t* __restrict__ coef_b,
-                            const I* __restrict__ arg0, const T* __restrict__ g0,       // [num_rows_fwd, F] / ldg
-                            const I* __restrict__ arg1, const T* __restrict__ g1,
+                            const P* __restrict__ arg0, const T* __restrict__ g0,       // [num_rows_fwd, F] / ldg
+                            const P* __restrict__ arg1, const T* __restrict__ g1,
                             T* __restrict__ grad_x,                                     // [num_cols_fwd, F]
                             typename value_traits<T>::acc_t* __restrict__ partial,      // [slots, F]
                             i64 num_tasks, int F, i64 ldg, int chunk, int group) {
     typedef typename value_traits<T>::acc_t A;
-    // edges in flight: about 32 registers of gathered data per lane
-    constexpr int EDGE_REGS = VEC * (LIN * (int)sizeof(A) + NARG * (int)sizeof(I)) / 4;
-    constexpr int UNROLL = EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : 4;
+    // edges in flight: about 32 registers of gathered data per lane;
+    // SEGMENT_BWD_NARROW_UNROLL (default 8: 70 registers instead of 52 for a
+    // fp32 max with 16-bit args, VEC=4) when one edge is at most 2 registers
+    // (16-bit args with VEC <= 4, or VEC = 1)
+    constexpr int EDGE_REGS = VEC * (LIN * (int)sizeof(A) + NARG * (int)sizeof(P)) / 4;
+    constexpr int UNROLL = EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : EDGE_REGS > 2 ? 4
+                         : SEGMENT_BWD_NARROW_UNROLL;
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
     const int lane = group_lane(group);
@@ -322,14 +403,14 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
         while (e < e1) {
             const int n = e + UNROLL <= e1 ? UNROLL : 1;   // full steps, then one edge at a time
             i64 i[UNROLL];
-            I fe[UNROLL];
+            P pe[UNROLL];
             pack_t<A, VEC> ca[UNROLL], cb[UNROLL];
-            pack_t<I, VEC> a0[UNROLL], a1[UNROLL];
+            pack_t<P, VEC> a0[UNROLL], a1[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (u < n) {
                     i[u] = (i64)t_indices[e + u];
-                    fe[u] = t_edge[e + u];
+                    if (has_0 || has_1) pe[u] = t_pos[e + u];
                 }
             }
 #pragma unroll
@@ -338,8 +419,8 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
                     const i64 base = i[u] * F + f0;
                     if (has_a) ca[u] = load_pack<A, VEC>(coef_a + base);
                     if (has_b) cb[u] = load_pack<A, VEC>(coef_b + base);
-                    if (has_0) a0[u] = load_pack<I, VEC>(arg0 + base);
-                    if (has_1) a1[u] = load_pack<I, VEC>(arg1 + base);
+                    if (has_0) a0[u] = load_pack<P, VEC>(arg0 + base);
+                    if (has_1) a1[u] = load_pack<P, VEC>(arg1 + base);
                 }
             }
 #pragma unroll
@@ -349,9 +430,9 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
                     for (int v = 0; v < VEC; ++v) {
                         if (has_a) acc_a[v] += ca[u].v[v];
                         if (has_b) acc_b[v] += cb[u].v[v];
-                        if (has_0 && a0[u].v[v] == fe[u])
+                        if (has_0 && a0[u].v[v] == pe[u])
                             acc_a[v] += value_traits<T>::to_acc(g0[i[u] * ldg + f0 + v]);
-                        if (has_1 && a1[u].v[v] == fe[u])
+                        if (has_1 && a1[u].v[v] == pe[u])
                             acc_a[v] += value_traits<T>::to_acc(g1[i[u] * ldg + f0 + v]);
                     }
                 }

@@ -131,6 +131,44 @@ def test_nan_propagates_through_max_min(device):
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("hub", [65535, 65536], ids=["uint16", "wide"])
+@pytest.mark.parametrize("dtype,width", [("float64", 3), ("float32", 64)])
+def test_arg_positions_narrow_and_wide(device, hub, dtype, width):
+    """Max/min args are positions within the row: uint16 while every row has
+    at most 65535 edges (the all-ones value marks empty rows), the index dtype
+    from 65536 on. Segments: one of `hub` values (split into many tasks),
+    empty ones, short ones; small integers (ties everywhere) and NaNs."""
+    rng = np.random.default_rng(_seed())
+    counts = rng.integers(0, 40, 50)
+    counts[::6] = 0                               # empty segments
+    counts[7] = hub                               # rows split into tasks, merged in slot order
+    counts[20] = 700
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    e = int(indptr[-1])
+    values = rng.integers(-2, 3, (e, width)).astype(dtype)
+    values[rng.integers(0, e, 30), rng.integers(0, width, 30)] = np.nan
+    hub_col = values[int(indptr[7]):int(indptr[8]), 0]
+    hub_col[np.isnan(hub_col)] = 0
+    hub_col[65530:] = 9                           # ties at the last 16-bit positions
+    ei = np.stack([np.arange(e), np.repeat(np.arange(50), counts)])
+    reduce = ["max", "min", "sum"]
+    out, res = segment_csr_fwd(to_device(indptr, device), to_device(values, device), reduce)
+    want = np.uint16 if hub < 65536 else res.graph.index_dtype
+    assert res.inner.argmax.dtype == want and res.inner.argmin.dtype == want
+    amx = to_numpy(res.inner.argmax)
+    assert np.all(amx[counts == 0] == np.array(-1).astype(want))    # empty rows: all ones
+    assert amx[7, 0] == 65530                     # the first of the tied 9s, row-relative
+    out = to_numpy(out)
+    r = ref.segment_reduce(ei, values, reduce, 50)
+    np.testing.assert_array_equal(out[:, :2 * width], r[:, :2 * width])   # exact, NaN alike
+    go = rng.standard_normal((50, 3 * width)).astype(dtype)
+    gv = to_numpy(segment_csr_bwd(to_device(indptr, device), res, to_device(go, device)))
+    rtol = 1e-12 if dtype == "float64" else 1e-6
+    np.testing.assert_allclose(gv, ref.segment_reduce_vjp(ei, values, reduce, 50, go),
+                               rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("device", devices())
 def test_nan_propagates_through_var_std(device):
     """A NaN input makes var and std NaN (torch.clamp keeps NaN), not 0."""
     reduce = ["var", "std", "mean"]

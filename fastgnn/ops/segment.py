@@ -18,10 +18,11 @@ The vector-Jacobian product is one pass over the cached transpose, without
 atomics (so bitwise repeatable):
 
     grad_x[j] = sum_{e=(j->i)} coef_a[i] + coef_b[i] * x[j]
-                + [argmax[i] == e] g_max[i] + [argmin[i] == e] g_min[i]
+                + [argmax[i] == p_e] g_max[i] + [argmin[i] == p_e] g_min[i]
 
-with g_max, g_min the max/min blocks of the cotangent (read where they are,
-only for the winning edge), and, from the cotangent block g of each other
+with p_e = e - indptr[i] the position of edge e within row i, g_max, g_min
+the max/min blocks of the cotangent (read where they are, only for the
+winning edge), and, from the cotangent block g of each other
 reduction (m_i = mean, s_i = std):
 
     sum:  coef_a += g                mean: coef_a += g / d_i
@@ -31,7 +32,8 @@ reduction (m_i = mean, s_i = std):
 
 coef_a/coef_b are built in one fused pass over the cotangent (float32, or
 float64 for float64 inputs). The residuals hold only what the VJP needs: the
-argmax/argmin positions, the mean (and std) written by the forward kernel for
+argmax/argmin positions within the row (uint16 when no target has 65536
+in-edges or more, else the index dtype: Graph.position_dtype), the mean (and std) written by the forward kernel for
 var/std, in that accumulation precision, and x for var/std.
 """
 from __future__ import annotations
@@ -58,8 +60,8 @@ class SegmentResiduals:
     x: object                # [num_src, F] features, only with var/std
     mean: object             # [num_dst, F] float32 (float64 for float64), only with var/std
     std: object              # [num_dst, F] float32 (float64 for float64), only with std
-    argmax: object           # [num_dst, F] CSR positions (index dtype), only with max
-    argmin: object           # [num_dst, F] CSR positions (index dtype), only with min
+    argmax: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with max
+    argmin: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with min
     has_grad: bool           # False when the forward ran with needs_x_grad=False
 
 

@@ -5,17 +5,19 @@ segment_fwd: one parallel task per chunk of target rows; each row walks its
     requested reductions need (sum, sum of squares, max + CSR position, min +
     CSR position), then writes every requested block of the [num_dst, R*F]
     output. Max/min: the first CSR position wins ties; a NaN, once seen, stays.
-    When training it also writes the argmax/argmin positions and the mean/std
-    residuals of the backward.
+    When training it also writes the argmax/argmin positions (of the winning
+    edge within its row, Graph.position_dtype) and the mean/std residuals of
+    the backward.
 segment_bwd: one fused pass over the target rows building coef_a/coef_b from
     the cotangent blocks (see fastgnn/ops/segment.py), then one parallel task
     per chunk of source rows of the transpose (no atomics, bitwise
-    repeatable); for each out-edge e = (j -> i)
+    repeatable); for each out-edge e = (j -> i), at position p_e in row i,
 
         grad_x[j] += coef_a[i] + coef_b[i] * x[j]
-                     + [argmax[i] == e] g_max[i] + [argmin[i] == e] g_min[i]
+                     + [argmax[i] == p_e] g_max[i] + [argmin[i] == p_e] g_min[i]
 
-    accumulated in float64 (g_max, g_min: the max/min blocks of the cotangent).
+    accumulated in float64 (g_max, g_min: the max/min blocks of the cotangent;
+    p_e from Graph.transpose_positions).
 
 Reduction codes (shared with kernels_cuda/segment.cu): 0 sum, 1 mean, 2 max,
 3 min, 4 var, 5 std.
@@ -71,11 +73,11 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
                     if need_max:
                         if amx[k] < 0 or v > mx[k] or (v != v and mx[k] == mx[k]):
                             mx[k] = v
-                            amx[k] = e
+                            amx[k] = e - start
                     if need_min:
                         if amn[k] < 0 or v < mn[k] or (v != v and mn[k] == mn[k]):
                             mn[k] = v
-                            amn[k] = e
+                            amn[k] = e - start
             deg = end - start
             inv = 1.0 / deg if deg > 0 else 0.0
             for r in range(ops.shape[0]):
@@ -154,7 +156,7 @@ def _segment_coef_rows(indptr, g, ops, mean, std, coef_a, coef_b, has_b, nchunks
 
 
 @numba.njit(parallel=True, cache=True)
-def _segment_bwd_rows(t_indptr, t_indices, t_edge, x, a, has_a, b, has_b,
+def _segment_bwd_rows(t_indptr, t_indices, t_pos, x, a, has_a, b, has_b,
                       g, argmax, off_max, has_max, argmin, off_min, has_min, grad_x, nchunks):
     n, f = grad_x.shape
     for c in numba.prange(nchunks):
@@ -167,15 +169,15 @@ def _segment_bwd_rows(t_indptr, t_indices, t_edge, x, a, has_a, b, has_b,
                 acc_b[k] = 0.0
             for te in range(t_indptr[j], t_indptr[j + 1]):
                 i = t_indices[te]
-                e = t_edge[te]
+                p = t_pos[te]
                 for k in range(f):
                     if has_a:
                         acc_a[k] += a[i, k]
                     if has_b:
                         acc_b[k] += b[i, k]
-                    if has_max and argmax[i, k] == e:
+                    if has_max and argmax[i, k] == p:
                         acc_a[k] += g[i, off_max + k]
-                    if has_min and argmin[i, k] == e:
+                    if has_min and argmin[i, k] == p:
                         acc_a[k] += g[i, off_min + k]
             for k in range(f):
                 if has_b:
@@ -191,22 +193,23 @@ def _coef_dtype(vtype):
 def segment_fwd(graph, x, codes, vtype, residuals=True):
     """(out, argmax, argmin, mean, std): out [num_dst, len(codes)*F] in x's
     dtype (see module docstring); with residuals (training) also argmax /
-    argmin [num_dst, F] CSR positions of the winners (index dtype, -1 for
-    empty rows) when max / min are requested, and the mean / std [num_dst, F]
+    argmin [num_dst, F] positions of the winners within their row
+    (Graph.position_dtype; all ones for empty rows) when max / min are requested, and the mean / std [num_dst, F]
     (float32, float64 for float64) when var / std are; None otherwise."""
     f, n = x.shape[1], graph.num_dst
     ops = np.array([CODES[c] for c in codes], dtype=np.int64)
     need_max, need_min = "max" in codes, "min" in codes
     need_sq = "var" in codes or "std" in codes
     out = np.empty((n, len(codes) * f), dtype=x.dtype)
-    idx, cdt = graph.index_dtype, _coef_dtype(vtype)
+    pos = graph.position_dtype if need_max or need_min else graph.index_dtype
+    cdt = _coef_dtype(vtype)
 
     def alloc(flag, dtype):
         return np.empty((n, f) if flag else (0, 0), dtype=dtype)
 
     flags = (residuals and need_max, residuals and need_min, residuals and need_sq,
              residuals and "std" in codes)
-    argmax, argmin, mean, std = (alloc(fl, dt) for fl, dt in zip(flags, (idx, idx, cdt, cdt)))
+    argmax, argmin, mean, std = (alloc(fl, dt) for fl, dt in zip(flags, (pos, pos, cdt, cdt)))
     _segment_fwd_rows(graph.indptr, graph.indices, x, ops, need_sq, need_max, need_min,
                       out, argmax, argmin, residuals, mean, flags[2], std, flags[3],
                       _num_chunks(n))
@@ -226,7 +229,9 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype):
     has_a = any(c not in ("max", "min") for c in codes)
     has_b = any(c in ("var", "std") for c in codes)
     none_f = np.zeros((0, 0), dtype=cdt)
-    none_i = np.zeros((0, 0), dtype=graph.index_dtype)
+    has_args = argmax is not None or argmin is not None
+    pos = graph.position_dtype if has_args else graph.index_dtype
+    none_i = np.zeros((0, 0), dtype=pos)
     coef_a = np.empty((n, f), dtype=cdt) if has_a else none_f
     coef_b = np.empty((n, f), dtype=cdt) if has_b else none_f
     if has_a:
@@ -236,9 +241,12 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype):
     t = graph.transpose()
     grad_x = np.empty((graph.num_src, f), dtype=np.dtype(vtype))
     off = {c: r * f for r, c in enumerate(codes)}
-    _segment_bwd_rows(t.indptr, t.indices, t.edge_ids,
+    t_pos = graph.transpose_positions if has_args else np.zeros(0, dtype=pos)
+    _segment_bwd_rows(t.indptr, t.indices, t_pos,
                       x if has_b else none_f, coef_a, has_a, coef_b, has_b, g,
-                      none_i if argmax is None else argmax, off.get("max", 0), argmax is not None,
-                      none_i if argmin is None else argmin, off.get("min", 0), argmin is not None,
+                      none_i if argmax is None else argmax.astype(pos, copy=False), off.get("max", 0),
+                      argmax is not None,
+                      none_i if argmin is None else argmin.astype(pos, copy=False), off.get("min", 0),
+                      argmin is not None,
                       grad_x, _num_chunks(graph.num_src))
     return grad_x

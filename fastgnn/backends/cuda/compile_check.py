@@ -5,7 +5,7 @@ Uses CuPy's low-level NVRTC binding (works with the nvidia-cuda-nvrtc wheel on
 a machine with no device). `--ptxas-options=-v` makes ptxas report registers,
 stack frame and spills per kernel in the program log.
 
-    python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose]
+    python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose] [--family segment]
 """
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ import os
 # fastgnn value type -> C storage type (see kernels_cuda/common.cuh)
 C_VALUE = {"float32": "float", "float64": "double", "float16": "f16_t", "bfloat16": "bf16_t"}
 C_INDEX = {"int32": "int", "int64": "long long"}
+# position-within-row types of the max/min args (Graph.position_dtype): uint16
+# or the index type
+C_POSITION = {"uint16": "unsigned short", **C_INDEX}
 VALUE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 COMPILE_OPTIONS = ("-std=c++17",)
 
@@ -45,12 +48,23 @@ SEGMENT_STATS = (1, 3, 4, 8, 12, 13, 15)
 SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2))
 
 
+def segment_position_type(itype, ptype, needed):
+    """C type of the P template argument: the args' position type where the
+    kernel has max/min args (`needed`), else the index type (P unused)."""
+    return C_POSITION[ptype] if needed else C_INDEX[itype]
+
+
 def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
-    names = [f"segment_combine<{T}, {I}>", f"segment_coef<{T}, {I}>"]
+    names = [f"segment_coef<{T}, {I}>"]
     for vec in vec_widths(vt):
-        names += [f"segment_fwd<{T}, {I}, {vec}, {s}>" for s in SEGMENT_STATS]
-        names += [f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}>" for lin, narg in SEGMENT_TERMS]
+        for pt in ("uint16", it):
+            P = C_POSITION[pt]
+            names.append(f"segment_combine<{T}, {I}, {vec}, {P}>")
+            names += [f"segment_fwd<{T}, {I}, {vec}, {s}, {P}>" for s in SEGMENT_STATS
+                      if s & 12 or pt == it]
+            names += [f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
+                      for lin, narg in SEGMENT_TERMS if narg or pt == it]
     return names
 
 

@@ -3,12 +3,14 @@
 Forward: one pass per row task (the task list of the SpMM family: hub rows
 split, partial states merged in slot order) computing the statistics the
 requested reductions need (the smallest instantiated superset) and writing
-each reduction's block, plus, when training, the argmax/argmin positions and
+each reduction's block, plus, when training, the argmax/argmin positions
+(within the row, in Graph.position_dtype: uint16 below 65536 in-edges) and
 the mean/std residuals of the backward.
 Backward: one fused pass building coef_a/coef_b from the cotangent
 (segment_coef), then one pass over the cached transpose summing the linear
 terms and the arg-selected max/min terms (read straight from the cotangent's
-blocks); no atomics. Interface as the CPU backend (fastgnn/backends/cpu/segment.py).
+blocks; each transpose edge's position in its forward row is cached on the
+graph, Graph.transpose_positions); no atomics. Interface as the CPU backend (fastgnn/backends/cpu/segment.py).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import functools
 import cupy as cp
 import numpy as np
 
-from .loader import C_INDEX, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function
+from .loader import (C_INDEX, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function,
+                     segment_position_type)
 from .spmm import _ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape, task_plan
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
@@ -58,8 +61,10 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     stats = _stats(codes)
     n = graph.num_dst
     out = cp.empty((n, R * F), dtype=x.dtype)
-    argmax = cp.empty((n, F), dtype=idx) if residuals and "max" in codes else None
-    argmin = cp.empty((n, F), dtype=idx) if residuals and "min" in codes else None
+    has_args = bool(stats & (STAT_MAX | STAT_MIN))      # the kernel's, maybe more than asked
+    pos = graph.position_dtype if has_args else np.dtype(idx)
+    argmax = cp.empty((n, F), dtype=pos) if residuals and "max" in codes else None
+    argmin = cp.empty((n, F), dtype=pos) if residuals and "min" in codes else None
     var = residuals and ("var" in codes or "std" in codes)
     mean = cp.empty((n, F), dtype=acc) if var else None
     std = cp.empty((n, F), dtype=acc) if var and "std" in codes else None
@@ -71,11 +76,12 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     # partial states of split rows: only those of the statistics computed
     p = [cp.empty((S, F), dtype=acc) if S and stats & bit else NULL
          for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN)]
-    pa = [cp.empty((S, F), dtype=idx) if S and stats & bit else NULL for bit in (STAT_MAX, STAT_MIN)]
+    pa = [cp.empty((S, F), dtype=pos) if S and stats & bit else NULL for bit in (STAT_MAX, STAT_MIN)]
     resid = (_arg(argmax), _arg(argmin), _arg(mean), _arg(std))
     vec, group = _launch_shape(vtype, F, x, out)
     T, I = C_VALUE[vtype], C_INDEX[itype]
-    fwd = get_function("segment", vtype, itype, f"segment_fwd<{T}, {I}, {vec}, {stats}>")
+    P = segment_position_type(itype, pos.name, has_args)
+    fwd = get_function("segment", vtype, itype, f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>")
     num_tasks = int(plan.task_row.shape[0])
     fwd(_grid(num_tasks, group), (BLOCK,),
         (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices, x, out,
@@ -83,11 +89,11 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
          np.int32(R), np.int32(packed)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
-        _, group1 = _launch_shape(vtype, F)
-        comb = get_function("segment", vtype, itype, f"segment_combine<{T}, {I}>")
-        comb(_grid(num_split, group1), (BLOCK,),
+        # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)
+        comb = get_function("segment", vtype, itype, f"segment_combine<{T}, {I}, {vec}, {P}>")
+        comb(_grid(num_split, group), (BLOCK,),
              (plan.split_row, plan.slot_ptr, graph.indptr, *p, *pa, out, *resid,
-              np.int64(num_split), np.int32(F), np.int32(group1), np.int32(stats),
+              np.int64(num_split), np.int32(F), np.int32(group), np.int32(stats),
               np.int32(R), np.int32(packed)))
     return out, argmax, argmin, mean, std
 
@@ -121,20 +127,25 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
         coef(_grid(n * F, 1), (BLOCK,),
              (graph.indptr, g, _arg(mean, acc), _arg(std, acc), coef_a, _arg(coef_b),
               np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
-    # max/min terms: the arg arrays and the cotangent's blocks (row stride R*F)
+    # max/min terms: the arg arrays (positions within the forward row, in the
+    # graph's position dtype) and the cotangent's blocks (row stride R*F)
     args = [(a, g[:, codes.index(c) * F:]) for c, a in (("max", argmax), ("min", argmin))
             if a is not None]
+    pos = graph.position_dtype if args else np.dtype(idx)
+    args = [(a.astype(pos, copy=False), gb) for a, gb in args]
+    t_pos = graph.transpose_positions if args else None
     lin, narg = _terms(2 if has_b else int(has_a), len(args))
+    P = segment_position_type(itype, pos.name, narg > 0)
     args += [(None, None)] * (2 - len(args))
     plan = task_plan(t, chunk)
     partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else NULL
-    arrays = [a for a in (x if has_b else None, coef_a, coef_b, argmax, argmin, grad)
+    arrays = [a for a in (x if has_b else None, coef_a, coef_b, args[0][0], args[1][0], grad)
               if a is not None]
     vec, group = _launch_shape(vtype, F, *arrays)
-    kern = get_function("segment", vtype, itype, f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}>")
+    kern = get_function("segment", vtype, itype, f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
     num_tasks = int(plan.task_row.shape[0])
     kern(_grid(num_tasks, group), (BLOCK,),
-         (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, t.edge_ids,
+         (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_pos),
           _arg(x if has_b else None), _arg(coef_a), _arg(coef_b),
           _arg(args[0][0]), _arg(args[0][1]), _arg(args[1][0]), _arg(args[1][1]),
           grad, partial, np.int64(num_tasks), np.int32(F), np.int64(R * F), np.int32(chunk),
