@@ -39,10 +39,12 @@
 // (C values each; one row for gatv2, whose S and V are both xl), the edge term
 // if any, the index (and the caller id with an edge term or dropout); Dn[i]
 // and att are loaded once per task.
-// The backward target pass adds g[i] (once per task) and writes per-edge
-// gradients; the source pass keeps S[j], V[j] in registers and gathers
-// Dn[i], g[i], lse and delta per edge. So per edge and head: forward 1 row
-// (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source pass).
+// The backward target pass adds g[i] and out[i] (once per task; delta_i =
+// <g_i, out_i> is computed there, no separate pass over g and out) and writes
+// per-edge gradients; the source pass keeps S[j], V[j] in registers and
+// gathers Dn[i], g[i], lse and delta per edge. So per edge and head: forward
+// 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source
+// pass); per target and head 3 rows (Dn, g, out) and delta written once.
 
 #include "common.cuh"
 
@@ -496,6 +498,11 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 // write gDn[i], split rows a partial slot), the per-edge gradient written at
 // the caller's id, and gatv2's grad_att as one partial row per task. U edges
 // per step, their source rows gathered before any arithmetic.
+// delta: with `out` given (grad_out given, no grad_alpha) every task computes
+// delta_i = <g_i, out_i> itself from out_i (same lanes and vector loads as
+// g_i, fp32/fp64 sums; the same bits in every task of a split row) and the
+// row's first task writes it to `delta` (if not null) for the source pass;
+// without `out`, delta is read (attn_delta and the grad_alpha term).
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
 __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
@@ -506,7 +513,8 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
                              const typename value_traits<T>::acc_t* __restrict__ lse,
                              const T* __restrict__ g,          // [num_dst, H, C] or null
                              const T* __restrict__ ga,         // [E, H] or null
-                             const typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
+                             const T* __restrict__ out,        // [num_dst, H, C] or null
+                             typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
                              T* __restrict__ gDn,              // [num_dst, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_dn,  // [slots, H, Cs]
                              T* __restrict__ gEd,              // [E, H, Cs] or null
@@ -532,7 +540,20 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
     zero_slice(dacc);
     zero_slice(patt);
     const A row_lse = lse[row * H + h];
-    const A D = delta[row * H + h];
+    A D;
+    if (out != nullptr) {              // delta = <g_i, out_i>, computed by every task of the row
+        Sl o;
+        load_slice<false>(L, rows_of<false>(L, out, H, h), row, o);
+        A part = A(0);
+#pragma unroll
+        for (int k = 0; k < NCH; ++k)
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) part += gr.v[k][q] * o.v[k][q];
+        D = group_sum_fixed<GROUP>(part, group);
+        if (delta != nullptr && L.lane == 0 && e0 == (i64)indptr[row]) delta[row * H + h] = D;
+    } else {
+        D = delta[row * H + h];
+    }
     const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
     A dgat = A(0);                                  // gat's scalar target-side gradient
     for (int b = 0; b < n; b += U) {
@@ -715,6 +736,27 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
             store_row<T, VEC>(gV, p_v, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
                               vacc.v[k]);
     }
+}
+
+// delta[i, h] = <g[i, h], out[i, h]> (fp32/fp64 sums) where the target pass
+// does not compute it (grad_alpha given, or no target-side gradient wanted).
+// A lane group per (row, head), lanes over channels; reads g and out once.
+template <typename T>
+__global__ void attn_delta(const T* __restrict__ g, const T* __restrict__ out,
+                           typename value_traits<T>::acc_t* __restrict__ delta,  // [rows, H]
+                           i64 num_rows, int H, int C, int group) {
+    typedef typename value_traits<T>::acc_t A;
+    const i64 gid = group_index(group);
+    const i64 row = gid / H;
+    const int h = (int)(gid - row * H);
+    if (row >= num_rows) return;
+    const int lane = group_lane(group);
+    const i64 base = (row * H + h) * (i64)C;
+    A s = A(0);
+    for (int c = lane; c < C; c += group)
+        s += value_traits<T>::to_acc(g[base + c]) * value_traits<T>::to_acc(out[base + c]);
+    s = group_sum(s, group);
+    if (lane == 0) delta[row * H + h] = s;
 }
 
 // Edge softmax over each target's in-edges, per head (warp per row, lanes

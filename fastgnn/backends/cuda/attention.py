@@ -43,9 +43,7 @@ def _shape(vtype, C, arrays):
                              for a in arrays if a is not None):
         vec = wide
     lanes = -(-C // vec)
-    group = 1
-    while group < min(lanes, 32):
-        group *= 2
+    group = _group(lanes)
     nch = -(-lanes // group)
     NCH = next((n for n in attention_nchs(vec) if n >= nch), None)
     if NCH is None:
@@ -139,9 +137,7 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     if num_split:
         comb = get_function("attention", vtype, itype,
                             f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>")
-        g1 = 1
-        while g1 < min(C, 32):
-            g1 *= 2
+        g1 = _group(C)
         comb(_grid(num_split * H, g1), (BLOCK,),
              (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, out, lse, np.int64(num_split),
               np.int32(H), np.int32(C), np.int32(g1)))
@@ -158,12 +154,29 @@ def _vtype(V, arrays):
     return "bfloat16"
 
 
+def _group(width):
+    """Lanes per group for `width` values: a power of two, at most 32."""
+    group = 1
+    while group < min(width, 32):
+        group *= 2
+    return group
+
+
 def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
-    """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type."""
+    """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
+    Only where the target pass does not compute D itself (see attn_bwd_dst):
+    grad_alpha given, grad_out None, or no target-side gradient wanted."""
     acc = _acc(vtype)
-    H = out.shape[1]
+    H, C = out.shape[1], out.shape[2]
     if grad_out is not None:
-        d = (_as_acc(grad_out, vtype, acc) * _as_acc(out, vtype, acc)).sum(axis=2)
+        d = cp.empty((graph.num_dst, H), dtype=acc)
+        if graph.num_dst:
+            itype = _ITYPE[np.dtype(graph.index_dtype)]
+            fn = get_function("attention", vtype, itype, f"attn_delta<{C_VALUE[vtype]}>")
+            group = _group(C)
+            fn(_grid(graph.num_dst * H, group), (BLOCK,),
+               (grad_out, out, d, np.int64(graph.num_dst), np.int32(H), np.int32(C),
+                np.int32(group)))
     else:
         d = cp.zeros((graph.num_dst, H), dtype=acc)
     if grad_alpha is not None and graph.num_edges:
@@ -190,9 +203,7 @@ def _combine(plan, partial, out, width, vtype, itype):
     if not num_split or partial is None or out is None:
         return
     fn = get_function("spmm", vtype, itype, f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>")
-    group = 1
-    while group < min(width, 32):
-        group *= 2
+    group = _group(width)
     fn(_grid(num_split, group), (BLOCK,),
        (plan.split_row, plan.slot_ptr, partial, NULL, out, np.int64(num_split),
         np.int32(width), np.int32(group)))
@@ -237,16 +248,23 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
             grads["att"] = cp.zeros_like(att)
         return grads
     g = None if grad_out is None else cp.ascontiguousarray(grad_out)
+    out = cp.ascontiguousarray(out)
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
-    delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g) if score != "gat"
-                                       else (V, g))
+    dst_pass = need_gDn or need_gEd or need_gatt
+    # the common case: the target pass computes delta = <g_i, out_i> itself
+    fused = dst_pass and g is not None and ga is None
+    if fused:
+        delta = cp.empty((graph.num_dst, H), dtype=acc) if need_gS or need_gV else None
+    else:
+        delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
+                                       else (V, g, out))
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
                np.int32(group), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
-    if need_gDn or need_gEd or need_gatt:
+    if dst_pass:
         plan = task_plan(graph, DEFAULT_CHUNK)
         ntask = int(plan.task_row.shape[0])
         gDn = cp.empty_like(Dn) if need_gDn else None
@@ -257,8 +275,9 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga), delta,
-              _arg(gDn), _arg(p_dn), _arg(gEd), _arg(gatt_part), np.int64(ntask)) + scalars)
+              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
+              out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
+              _arg(gatt_part), np.int64(ntask)) + scalars)
         _combine(plan, p_dn, gDn, H * Cs, vtype, itype)
         if need_gDn:
             grads[d_name] = gDn

@@ -84,7 +84,7 @@ def _attention_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
     A = "double" if vt == "float64" else "float"
     names = [f"attn_combine<{T}, {I}>", f"softmax_fwd<{T}, {I}>", f"softmax_bwd<{T}, {I}>",
-             f"column_sum<{A}>"]
+             f"column_sum<{A}>", f"attn_delta<{T}>"]
     for kind in (0, 1, 2):
         for vec in attention_vecs(vt):
             for nch in attention_nchs(vec):
