@@ -39,10 +39,12 @@
 // (C values each; one row for gatv2, whose S and V are both xl), the edge term
 // if any, the index (and the caller id with an edge term or dropout); Dn[i]
 // and att are loaded once per task.
-// The backward target pass adds g[i] (once per task) and writes per-edge
-// gradients; the source pass keeps S[j], V[j] in registers and gathers
-// Dn[i], g[i], lse and delta per edge. So per edge and head: forward 1 row
-// (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source pass).
+// The backward target pass adds g[i] and out[i] (once per task; delta_i =
+// <g_i, out_i> is computed there, no separate pass over g and out) and writes
+// per-edge gradients; the source pass keeps S[j], V[j] in registers and
+// gathers Dn[i], g[i], lse and delta per edge. So per edge and head: forward
+// 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source
+// pass); per target and head 3 rows (Dn, g, out) and delta written once.
 
 #include "common.cuh"
 
@@ -178,6 +180,28 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 #pragma unroll
         for (int q = 0; q < VEC; ++q) partial[partial_off + q] = vals[q];
     }
+}
+
+// p[0, VEC) += v[0, VEC) with float atomics (the results unused: reductions):
+// 16- and 8-byte vector atomics of float on sm_90, else one per value.
+template <typename A, int VEC>
+__device__ __forceinline__ void atomic_add_vec(A* __restrict__ p, const A* v) {
+#if __CUDA_ARCH__ >= 900
+    if constexpr (sizeof(A) == 4 && VEC % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < VEC; q += 4)
+            atomicAdd(reinterpret_cast<float4*>(p + q), make_float4(v[q], v[q + 1], v[q + 2], v[q + 3]));
+        return;
+    }
+    if constexpr (sizeof(A) == 4 && VEC % 2 == 0) {
+#pragma unroll
+        for (int q = 0; q < VEC; q += 2)
+            atomicAdd(reinterpret_cast<float2*>(p + q), make_float2(v[q], v[q + 1]));
+        return;
+    }
+#endif
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) atomicAdd(p + q, v[q]);
 }
 
 // Task t, head h, the lane layout L and the task's n edges (eidx, ecid: its
@@ -496,7 +520,17 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 // write gDn[i], split rows a partial slot), the per-edge gradient written at
 // the caller's id, and gatv2's grad_att as one partial row per task. U edges
 // per step, their source rows gathered before any arithmetic.
-template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
+// ATOMIC (the opt-in deterministic=False backward): the pass also adds each
+// edge's source-side gradients (gS; gV for gat and dot) to fp32/fp64
+// zero-initialised [num_src, H, Cs | C] buffers aS, aV with float atomics
+// (vector atomics on sm_90), and the source pass is not run: no transpose
+// walk and no second gather of Dn[i], g[i], but the sums' order varies.
+// delta: with `out` given (grad_out given, no grad_alpha) every task computes
+// delta_i = <g_i, out_i> itself from out_i (same lanes and vector loads as
+// g_i, fp32/fp64 sums; the same bits in every task of a split row) and the
+// row's first task writes it to `delta` (if not null) for the source pass;
+// without `out`, delta is read (attn_delta and the grad_alpha term).
+template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E, bool ATOMIC>
 __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
@@ -506,11 +540,14 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
                              const typename value_traits<T>::acc_t* __restrict__ lse,
                              const T* __restrict__ g,          // [num_dst, H, C] or null
                              const T* __restrict__ ga,         // [E, H] or null
-                             const typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
+                             const T* __restrict__ out,        // [num_dst, H, C] or null
+                             typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
                              T* __restrict__ gDn,              // [num_dst, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_dn,  // [slots, H, Cs]
                              T* __restrict__ gEd,              // [E, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ gatt_part,  // [tasks, H, C] or null
+                             typename value_traits<T>::acc_t* __restrict__ aS,  // ATOMIC: [num_src, H, Cs] or null
+                             typename value_traits<T>::acc_t* __restrict__ aV,  // ATOMIC: [num_src, H, C] or null
                              i64 num_tasks, int H, int C, int nch, int chunk, int group,
                              typename value_traits<T>::acc_t slope,
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
@@ -532,7 +569,20 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
     zero_slice(dacc);
     zero_slice(patt);
     const A row_lse = lse[row * H + h];
-    const A D = delta[row * H + h];
+    A D;
+    if (out != nullptr) {              // delta = <g_i, out_i>, computed by every task of the row
+        Sl o;
+        load_slice<false>(L, rows_of<false>(L, out, H, h), row, o);
+        A part = A(0);
+#pragma unroll
+        for (int k = 0; k < NCH; ++k)
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) part += gr.v[k][q] * o.v[k][q];
+        D = group_sum_fixed<GROUP>(part, group);
+        if (delta != nullptr && L.lane == 0 && e0 == (i64)indptr[row]) delta[row * H + h] = D;
+    } else {
+        D = delta[row * H + h];
+    }
     const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
     A dgat = A(0);                                  // gat's scalar target-side gradient
     for (int b = 0; b < n; b += U) {
@@ -558,18 +608,31 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
             A dp = z != A(0) ? z * gm[u] : A(0);
             if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
             const A ds = p * (dp - D);
+            const A w = p * z;                            // the message's weight
+            const i64 jrow = ((i64)nb_[u] * H + h) * (GAT ? 1 : C);   // ATOMIC: source row
             if (KIND == KIND_GAT) {
                 A x = s[u].v[0][0] + d.v[0][0];
                 if (HAS_E) x += e[u].v[0][0];
                 const A du = ds * lrelu_grad(x, slope);
                 dgat += du;
                 if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
+                if (ATOMIC && aS != nullptr && L.lane == 0) atomicAdd(aS + jrow, du);
+                if (ATOMIC && aV != nullptr && w != A(0)) {
+#pragma unroll
+                    for (int k = 0; k < NCH; ++k) {
+                        A vv[VEC];
+#pragma unroll
+                        for (int q = 0; q < VEC; ++q) vv[q] = w * gr.v[k][q];
+                        if (L.has(k)) atomic_add_vec<A, VEC>(aV + jrow * C + L.chan(k), vv);
+                    }
+                }
                 continue;
             }
             T* __restrict__ ge_row = gEr.at(ce[u]);
 #pragma unroll
             for (int k = 0; k < NCH; ++k) {
                 pack_t<T, VEC> ge;
+                A sv[VEC], vv[VEC];                       // ATOMIC: gS, gV terms
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) {
                     A dv;
@@ -578,15 +641,25 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
                         dv = ds * a.v[k][q] * lrelu_grad(tt, slope);
                         patt.v[k][q] += ds * lrelu(tt, slope);
                         dacc.v[k][q] += dv;
+                        if (ATOMIC) sv[q] = dv + w * gr.v[k][q];
                     } else {                              // dot
                         A x = s[u].v[k][q];
                         if (HAS_E) x += e[u].v[k][q];
                         dacc.v[k][q] += scale * ds * x;
                         dv = scale * ds * d.v[k][q] + p * z * gr.v[k][q];
+                        if (ATOMIC) {
+                            sv[q] = scale * ds * d.v[k][q];
+                            vv[q] = w * gr.v[k][q];
+                        }
                     }
                     ge.v[q] = value_traits<T>::from_acc(dv);
                 }
                 if (gEd != nullptr && L.has(k)) store_pack<T, VEC>(ge_row + k * L.grp() * VEC, ge);
+                if (ATOMIC && L.has(k)) {
+                    if (aS != nullptr) atomic_add_vec<A, VEC>(aS + jrow + L.chan(k), sv);
+                    if (KIND == KIND_DOT && aV != nullptr && w != A(0))
+                        atomic_add_vec<A, VEC>(aV + jrow + L.chan(k), vv);
+                }
             }
         }
     }
@@ -715,6 +788,36 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
             store_row<T, VEC>(gV, p_v, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
                               vacc.v[k]);
     }
+}
+
+// delta[i, h] = <g[i, h], out[i, h]> (fp32/fp64 sums) where the target pass
+// does not compute it (grad_alpha given, or no target-side gradient wanted).
+// A lane group per (row, head), lanes over channels; reads g and out once.
+template <typename T>
+__global__ void attn_delta(const T* __restrict__ g, const T* __restrict__ out,
+                           typename value_traits<T>::acc_t* __restrict__ delta,  // [rows, H]
+                           i64 num_rows, int H, int C, int group) {
+    typedef typename value_traits<T>::acc_t A;
+    const i64 gid = group_index(group);
+    const i64 row = gid / H;
+    const int h = (int)(gid - row * H);
+    if (row >= num_rows) return;
+    const int lane = group_lane(group);
+    const i64 base = (row * H + h) * (i64)C;
+    A s = A(0);
+    for (int c = lane; c < C; c += group)
+        s += value_traits<T>::to_acc(g[base + c]) * value_traits<T>::to_acc(out[base + c]);
+    s = group_sum(s, group);
+    if (lane == 0) delta[row * H + h] = s;
+}
+
+// out[k] = in[k] in the value type (the atomic backward's fp32 sums of 16-bit
+// gradients). Thread per value.
+template <typename T>
+__global__ void cast_from_acc(const typename value_traits<T>::acc_t* __restrict__ in,
+                              T* __restrict__ out, i64 n) {
+    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n) out[k] = value_traits<T>::from_acc(in[k]);
 }
 
 // Edge softmax over each target's in-edges, per head (warp per row, lanes

@@ -5,9 +5,13 @@ CPU and (when CuPy sees one) GPU."""
 import numpy as np
 import pytest
 
-from fastgnn import Graph, edge_softmax, edge_softmax_bwd, edge_softmax_fwd, rng
+from fastgnn import Graph, edge_softmax, edge_softmax_bwd, edge_softmax_fwd, gpu_available, rng
 from fastgnn.backends import reference as ref
-from fastgnn.testing import assert_close, awkward_edge_index, devices, to_device, to_numpy
+from fastgnn.testing import (TOLERANCES, assert_close, awkward_edge_index, devices,
+                             from_bf16_bits, to_bf16_bits, to_device, to_numpy)
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA device visible to CuPy")
 
 
 def _seed():
@@ -505,6 +509,8 @@ def test_attention_bad_inputs(device):
         (lambda: edge_attention(g, "gat", **gat, dropout=1.0), ValueError,
          "dropout must be in [0, 1)"),
         (lambda: edge_attention(g, "gat", **gat, seed=-3), ValueError, "seed must be in"),
+        (lambda: edge_attention(g, "gat", **gat, deterministic="no"), TypeError,
+         "deterministic must be a bool"),
         (lambda: edge_attention(ei, "gat", **gat), TypeError, "graph must be a fastgnn.Graph"),
         (lambda: edge_attention_bwd(g, res, d(np.ones((120, 2, 4)))), ValueError,
          "grad_out must have shape [num_dst, heads, C] = [120, 2, 3]"),
@@ -581,3 +587,138 @@ def test_edge_softmax_nan_score_poisons_its_row_like_pyg(device):
     ref = pyg_softmax(torch.tensor(s), torch.tensor(ei[1]), num_nodes=3).numpy()
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_allclose(out[~np.isnan(out)], ref[~np.isnan(ref)])
+
+
+# ------------------------------------------------- GPU backward: fp32 and bf16
+# Gradients of fp32 and bf16 runs against the float64 reference on the values
+# the GPU saw, covering every path of delta_i = <g_i, out_i>: computed inside
+# the target pass (grad_out only; hub rows of > 256 in-edges split into
+# several tasks, each computing it), by attn_delta (no target-side gradient
+# wanted: the target pass does not run) and with grad_alpha's term (the
+# attention weights' cotangent). bf16: delta uses the bf16-rounded `out`, and
+# the target-side sums of ds_e (which cancel exactly for the exact delta) carry
+# that rounding: ~1e-2 relative in a NumPy emulation of these cases, so 3x that.
+GPU_GRAD_TOL = {"float32": TOLERANCES["float32"], "bfloat16": 3e-2}
+# the source-side inputs of each score (the gradients of the source pass)
+SOURCE_SIDE = {"gat": ["a_src", "v"], "gatv2": ["xl"], "dot": ["k", "v"]}
+# case: (heads, channels, edge term, dropout, attention weights, needs, num_src)
+GPU_CASES = {
+    "plain": (4, 32, False, 0.0, False, None, None),
+    "odd_width": (3, 7, False, 0.0, False, None, None),
+    "wide": (2, 320, False, 0.0, False, None, None),        # several register chunks
+    "edge_dropout": (4, 32, True, 0.3, False, None, None),
+    "weights": (4, 32, True, 0.3, True, None, None),        # grad_alpha given
+    "source_only": (4, 32, True, 0.3, False, "source", None),
+    "bipartite": (2, 16, True, 0.0, False, None, 9),         # split source rows too
+}
+
+
+def _gpu_cast(a, vtype):
+    """NumPy float64 -> (CuPy array in vtype (bf16 as its uint16 bits), the
+    float64 values it holds)."""
+    import cupy as cp
+    if vtype == "bfloat16":
+        bits = to_bf16_bits(a)
+        return cp.asarray(bits), from_bf16_bits(bits).astype(np.float64)
+    return cp.asarray(a.astype(vtype)), a.astype(vtype).astype(np.float64)
+
+
+def _gpu_values(a, vtype):
+    a = to_numpy(a)
+    return from_bf16_bits(a).astype(np.float64) if vtype == "bfloat16" else a.astype(np.float64)
+
+
+def _gpu_backward(score, vtype, case, rng_, **options):
+    """Run one GPU_CASES case; check out (and alpha) and every wanted gradient
+    against the reference; returns {name: gradient (float64)}."""
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    from fastgnn.ops.attention import SCORE_INPUTS
+    heads, channels, edge_term, dropout, weights, needs, num_src = GPU_CASES[case]
+    n = 300
+    ei, g = _graph("cuda", n=n, e=3000, hub=700, num_src=num_src, seed=int(rng_.integers(1 << 30)))
+    x = _inputs(score, g, heads, channels, edge_term, rng_)
+    dev, xr = {}, {}
+    for k, v in x.items():
+        dev[k], xr[k] = _gpu_cast(v, vtype)
+    go_d, go = _gpu_cast(rng_.standard_normal((n, heads, channels)), vtype)
+    ga_d, ga = (_gpu_cast(rng_.standard_normal((g.num_edges, heads)), vtype) if weights
+                else (None, None))
+    kw = dict(dropout=dropout, seed=17, offset=3)
+    vt = {"vtype": "bfloat16"} if vtype == "bfloat16" else {}
+    out, res = edge_attention_fwd(g, score, **dev, return_attention_weights=weights, **kw, **vt,
+                                  **options)
+    out, alpha = out if weights else (out, None)
+    r_out, r_alpha = ref.edge_attention(ei, score, n, xr, **kw)
+    assert_close(_gpu_values(out, vtype), r_out, vtype, f"{score} out")
+    if weights:
+        assert_close(_gpu_values(alpha, vtype), r_alpha, vtype, f"{score} alpha")
+    wanted = SOURCE_SIDE[score] if needs == "source" else list(x)
+    grads = edge_attention_bwd(g, res, go_d, ga_d, needs=wanted)
+    r_grads = ref.edge_attention_vjp(ei, score, n, xr, go, ga, **kw)
+    got = {}
+    for name, gr in zip(SCORE_INPUTS[score], grads):
+        if name not in wanted:
+            assert gr is None, name
+            continue
+        assert gr.shape == x[name].shape, name
+        got[name] = _gpu_values(gr, vtype)
+        assert_close(got[name], r_grads[name], vtype, f"{score} {case} grad {name}",
+                     tol=GPU_GRAD_TOL[vtype])
+    return got
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("case", list(GPU_CASES))
+@pytest.mark.parametrize("vtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("score", SCORES)
+def test_gpu_attention_backward_matches_reference(score, vtype, case):
+    _gpu_backward(score, vtype, case, np.random.default_rng(_seed()))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("score", SCORES)
+def test_gpu_attention_backward_bitwise_repeatable(score):
+    """The default backward has no float atomics: the same bits every run."""
+    seed = _seed()
+    a = _gpu_backward(score, "float32", "edge_dropout", np.random.default_rng(seed))
+    b = _gpu_backward(score, "float32", "edge_dropout", np.random.default_rng(seed))
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+# ------------------------------------------- the atomic backward (opt-in)
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("case", ["plain", "odd_width", "wide", "weights", "source_only",
+                                  "bipartite"])
+@pytest.mark.parametrize("vtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("score", SCORES)
+def test_gpu_atomic_backward_close_to_deterministic(score, vtype, case):
+    """deterministic=False (source-side gradients by float atomics in the
+    target pass, no source pass) matches the reference and the default
+    backward up to rounding: the same sums in another order (fp32 sums of
+    bf16 values round once to bf16 at the end, so 1 ulp at most there)."""
+    seed = _seed()
+    atomic = _gpu_backward(score, vtype, case, np.random.default_rng(seed), deterministic=False)
+    default = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
+    assert sorted(atomic) == sorted(default)
+    for name in atomic:
+        assert_close(atomic[name], default[name], vtype, f"{score} {case} {name}: atomic vs default")
+
+
+def test_cpu_ignores_deterministic_false():
+    """The CPU backend has no atomic variant: deterministic=False gives the same bits."""
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    ei, g = _graph("cpu", hub=300)
+    r = np.random.default_rng(_seed())
+    for score in SCORES:
+        x = _inputs(score, g, 2, 5, True, r)
+        go = r.standard_normal((120, 2, 5))
+        runs = []
+        for det in (True, False):
+            out, res = edge_attention_fwd(g, score, **x, dropout=0.2, seed=3, deterministic=det)
+            runs.append([out, *edge_attention_bwd(g, res, go)])
+        for a, b in zip(*runs):
+            np.testing.assert_array_equal(a, b)

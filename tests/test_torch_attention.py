@@ -652,6 +652,31 @@ def test_gpu_functional_matches_cpu():
     assert rel_err(dev.cpu().double().numpy(), cpu.numpy()) < TOLERANCES["float32"]
 
 
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("score", ["gat", "gatv2", "dot"])
+def test_gpu_functional_atomic_backward(score):
+    """deterministic=False reaches the CUDA backward through autograd: every
+    gradient close to the default (bitwise repeatable) one."""
+    ei = torch.from_numpy(awkward_edge_index(N, 5 * N, seed=26, hub_degree=600)).cuda()
+    H, C = 4, 32
+    g = torch.Generator(device="cuda").manual_seed(27)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device="cuda")
+    t = {"gat": dict(a_src=rnd(N, H), a_dst=rnd(N, H), v=rnd(N, H, C)),
+         "gatv2": dict(xl=rnd(N, H, C), xr=rnd(N, H, C), att=rnd(H, C)),
+         "dot": dict(q=rnd(N, H, C), k=rnd(N, H, C), v=rnd(N, H, C))}[score]
+    cot = rnd(N, H, C)
+    grads = []
+    for det in (True, False):
+        leaves = {k: v.clone().requires_grad_() for k, v in t.items()}
+        (ft.edge_attention(ei, score, **leaves, deterministic=det) * cot).sum().backward()
+        grads.append({k: v.grad.double().cpu().numpy() for k, v in leaves.items()})
+    for k in t:
+        assert rel_err(grads[1][k], grads[0][k]) < TOLERANCES["float32"], k
+
+
 def test_inplace_edit_of_output_before_backward_is_caught():
     """The attention residuals reference the output: editing it in place must
     raise (autograd's version check) instead of giving wrong gradients."""

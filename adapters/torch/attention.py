@@ -147,7 +147,8 @@ _SIDES = {"gat": (("v", "a_src"), ("a_dst",)), "gatv2": (("xl",), ("xr",)),
 def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
                    xl=None, xr=None, att=None, xe=None, q=None, k=None, ee=None,
                    negative_slope=0.2, scale=None, dropout=0.0, seed=None, offset=0,
-                   training=True, return_attention_weights=False, num_nodes=None):
+                   training=True, return_attention_weights=False, num_nodes=None,
+                   deterministic=True):
     r"""Fused edge attention over each target's in-edges, differentiable in
     every tensor input (see `fastgnn.edge_attention` for the math). Per head h,
     for edges e = (j -> i):
@@ -171,6 +172,9 @@ def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge
                before dropout, in the edges' order (differentiable).
     num_nodes: (num_src, num_dst) or an int (square); default from the inputs'
                rows (source side: a_src/v, xl, k/v; target side: a_dst, xr, q).
+    deterministic: True (default) keeps the backward bitwise repeatable; False
+               (CUDA only, ignored on the CPU) lets it add the source-side
+               gradients with float atomics, skipping a pass (faster).
     Returns out [num_dst, H, C] (and alpha) in the inputs' dtype.
     """
     tensors = dict(a_src=a_src, a_dst=a_dst, a_edge=a_edge, v=v, xl=xl, xr=xr, att=att, xe=xe,
@@ -189,7 +193,8 @@ def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge
     p, seed, offset = _dropout(dropout, seed, offset, training)
     return apply(EDGE_ATTENTION, graph, *(tensors[n] for n in _ATTN_INPUTS), score=score,
                  negative_slope=negative_slope, scale=scale, dropout=p, seed=seed,
-                 offset=offset, return_attention_weights=bool(return_attention_weights))
+                 offset=offset, return_attention_weights=bool(return_attention_weights),
+                 deterministic=deterministic)
 
 
 # ------------------------------------------------------------------ helpers

@@ -16,6 +16,9 @@ input (random upstream gradient); agreement is checked on out and grad_x.
 Op implementations:
   fastgnn                 fastgnn.torch.edge_attention(graph, score, ...) on a
                           graph built once by fastgnn.torch.to_graph
+  fastgnn[nondeterministic]  the same with deterministic=False (GPU): the
+                          backward adds the source-side gradients with float
+                          atomics instead of a pass over the transpose
   pyg-style[edge_index]   PyG 2.8's message passing written out with torch ops:
                           index_select x[src] / x[dst] per edge, leaky_relu,
                           torch_geometric.utils.softmax, multiply, then
@@ -37,6 +40,7 @@ sorted EdgeIndex for these layers (docs/GPU notes), so only edge_index runs.
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 from . import external, report
@@ -84,6 +88,15 @@ def _inputs(ctx, score):
 
 def _leaves(tensors, score):
     return [tensors[k].detach().requires_grad_(True) for k in NAMES[score]]
+
+
+def _takes_deterministic():
+    """Whether fastgnn.torch.edge_attention exposes the core's `deterministic` switch."""
+    try:
+        import fastgnn.torch as fgt
+        return "deterministic" in inspect.signature(fgt.edge_attention).parameters
+    except Exception:  # noqa: BLE001
+        return False
 
 
 # ------------------------------------------------------------ PyG-style baseline
@@ -176,7 +189,7 @@ def attn_impls(score):
         names = NAMES[score]
         out = []
 
-        def build_fastgnn(ctx):
+        def build_fastgnn(ctx, det=None):
             import fastgnn.torch as fgt
             if not hasattr(fgt, "edge_attention"):
                 raise NotImplementedError("fastgnn.torch.edge_attention is not available")
@@ -185,13 +198,19 @@ def attn_impls(score):
             kw = dict(zip(names, leaves))
             if score != "dot":
                 kw["negative_slope"] = SLOPE
+            if det is not None:
+                kw["deterministic"] = det
             return Prepared(lambda: fgt.edge_attention(g, score, **kw).reshape(n, H * C), leaves,
                             lambda: {"path": "cuda" if ctx.cuda else "cpu (numba)", "heads": H},
                             cleanup=lambda: clear_fastgnn_cache(fgt))
-        out.append(Impl("fastgnn", f"fastgnn.torch.edge_attention(graph, {score!r}, "
-                        f"{', '.join(names)}) with H={H}, C={C}; graph = fastgnn.torch.to_graph("
-                        "edge_index) built once (CSR by target, cached transpose)",
-                        build_fastgnn, fastgnn=True))
+        settings = (f"fastgnn.torch.edge_attention(graph, {score!r}, {', '.join(names)}) with "
+                    f"H={H}, C={C}; graph = fastgnn.torch.to_graph(edge_index) built once (CSR "
+                    "by target, cached transpose)")
+        out.append(Impl("fastgnn", settings, build_fastgnn, fastgnn=True))
+        if ctx.cuda and _takes_deterministic():
+            out.append(Impl("fastgnn[nondeterministic]", settings.replace(
+                ") with", ", deterministic=False) with", 1) + "; backward with float atomics",
+                lambda ctx: build_fastgnn(ctx, False), fastgnn=True))
 
         def build_pyg(ctx):
             leaves = _leaves(t, score)

@@ -54,6 +54,8 @@ computed without atomics: D and the target-side and per-edge terms in one
 pass per target over the CSR, the source-side terms in one pass per source
 over the cached transpose, and grad_att as per-chunk partial sums (a fixed
 chunking of the targets) added in a fixed order. Results are bitwise repeatable.
+(Opt-in `deterministic=False`, GPU only: the pass per target also adds the
+source-side terms with float atomics and the pass per source is skipped.)
 
 Dropout
 -------
@@ -107,14 +109,15 @@ optional edge term):
 
 (xl may be the same array as xr.) `params` is an `AttentionParams`
 (negative_slope, scale: the value to use, 1/sqrt(C) already filled in for
-"dot", drop). `need_alpha` asks for alpha[e, h] = p[e, h] (before dropout).
+"dot", drop, deterministic: False allows float atomics in the backward, which
+a backend may ignore). `need_alpha` asks for alpha[e, h] = p[e, h] (before dropout).
 Backward: `out` and `lse` are the forward's; grad_out [num_dst, H, C] or None
 (zero), grad_alpha [E, H] or None (zero); `needs` maps every name of
 SCORE_INPUTS[score] to whether its gradient is wanted (False for absent
 inputs). Each wanted gradient is returned in its input's backend shape and in
 vtype, fully written (0 for nodes without edges); the others are None. The
 reference semantics are the formulas above: D from `out` (not recomputed),
-no float atomics (bitwise repeatable), grad_att summed from per-chunk
+no float atomics unless params.deterministic is False (bitwise repeatable), grad_att summed from per-chunk
 partials in a fixed order. Accumulate in float32 (float64 for float64).
 """
 from __future__ import annotations
@@ -302,6 +305,7 @@ class AttentionParams:
     negative_slope: float    # LeakyReLU slope ("gat", "gatv2")
     scale: float             # score scale ("dot"; 1 otherwise)
     drop: DropoutSpec
+    deterministic: bool = True   # False: GPU backward may use float atomics
 
 
 @dataclass
@@ -391,7 +395,10 @@ def _validate_inputs(graph, score, given, vtype):
     return arrays, shapes, vt, H, C
 
 
-def _attention_params(score, negative_slope, scale, channels, dropout, seed, offset):
+def _attention_params(score, negative_slope, scale, channels, dropout, seed, offset,
+                      deterministic=True):
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     if isinstance(negative_slope, (bool, np.bool_)) or not isinstance(
             negative_slope, (int, float, np.number)) or not math.isfinite(negative_slope):
         raise TypeError(f"negative_slope must be a finite float, got {negative_slope!r}")
@@ -407,19 +414,20 @@ def _attention_params(score, negative_slope, scale, channels, dropout, seed, off
     else:
         scale = 1.0
     return AttentionParams(float(negative_slope), float(scale),
-                           dropout_spec(dropout, seed, offset))
+                           dropout_spec(dropout, seed, offset), bool(deterministic))
 
 
 def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
                        xr=None, att=None, xe=None, q=None, k=None, ee=None,
                        negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0,
-                       return_attention_weights=False, vtype=None):
+                       return_attention_weights=False, vtype=None, deterministic=True):
     """Forward of `edge_attention`; returns (out or (out, alpha), AttentionResiduals)."""
     graph = as_graph(graph)
     given = {"a_src": a_src, "a_dst": a_dst, "a_edge": a_edge, "v": v, "xl": xl, "xr": xr,
              "att": att, "xe": xe, "q": q, "k": k, "ee": ee}
     arrays, shapes, vt, H, C = _validate_inputs(graph, score, given, vtype)
-    params = _attention_params(score, negative_slope, scale, C, dropout, seed, offset)
+    params = _attention_params(score, negative_slope, scale, C, dropout, seed, offset,
+                               deterministic)
     anchor = arrays[_ANCHOR[score]]
     out, lse, alpha = _backend(anchor, "edge_attention_fwd")(
         graph, score, arrays, params, bool(return_attention_weights))
@@ -480,7 +488,7 @@ def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None
 def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
                    xr=None, att=None, xe=None, q=None, k=None, ee=None, negative_slope=0.2,
                    scale=None, dropout=0.0, seed=0, offset=0, return_attention_weights=False,
-                   vtype=None):
+                   vtype=None, deterministic=True):
     """Fused edge attention over each target's in-edges (see the module
     docstring for the math and the gradients). Per head h, for edges
     e = (j -> i):
@@ -512,6 +520,12 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
               offset + e*H + h): no mask is stored, same mask in backward.
     return_attention_weights: also return alpha [E, H] (the softmax weights,
               before dropout) in the caller's edge order.
+    deterministic: True (default): the backward uses no float atomics and is
+              bitwise repeatable. False (GPU only; the CPU backend ignores it
+              and stays deterministic): the backward's pass over the targets
+              also adds the source-side gradients (a_src and v; xl; k and v)
+              with float atomics and the pass over the cached transpose is
+              skipped: faster, but the sums' order, so their last bits, vary.
     Per-edge inputs and outputs are in the caller's edge order. Targets
     without in-edges get 0. Returns out [num_dst, H, C] (and alpha) in the
     inputs' dtype; nothing of size E x H x C is allocated.
@@ -520,5 +534,6 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
                                 xl=xl, xr=xr, att=att, xe=xe, q=q, k=k, ee=ee,
                                 negative_slope=negative_slope, scale=scale, dropout=dropout,
                                 seed=seed, offset=offset,
-                                return_attention_weights=return_attention_weights, vtype=vtype)
+                                return_attention_weights=return_attention_weights, vtype=vtype,
+                                deterministic=deterministic)
     return out

@@ -5,7 +5,10 @@ the task mapping of the SpMM family: a lane group per (task, head), hub rows
 split into tasks whose partials are merged in slot order (attn_combine for
 the forward's (m, l, acc) states, spmm_combine for backward sums), grad_att
 summed from per-task partial rows by a fixed-order column sum. Per-edge
-arrays stay in the caller's order. No float atomics: bitwise repeatable.
+arrays stay in the caller's order. No float atomics by default: bitwise
+repeatable. With params.deterministic False the backward's target pass also
+scatters the source-side gradients with float atomics into fp32/fp64 buffers
+and the source pass over the transpose is skipped (faster, not repeatable).
 
 """
 from __future__ import annotations
@@ -43,9 +46,7 @@ def _shape(vtype, C, arrays):
                              for a in arrays if a is not None):
         vec = wide
     lanes = -(-C // vec)
-    group = 1
-    while group < min(lanes, 32):
-        group *= 2
+    group = _group(lanes)
     nch = -(-lanes // group)
     NCH = next((n for n in attention_nchs(vec) if n >= nch), None)
     if NCH is None:
@@ -102,10 +103,11 @@ def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
 
 
 # ---------------------------------------------------------- edge_attention
-def _kernel(kernel, score, vtype, itype, vec, nch, grp, has_e):
+def _kernel(kernel, score, vtype, itype, vec, nch, grp, has_e, *flags):
     T, I = C_VALUE[vtype], C_INDEX[itype]
+    extra = "".join(f", {str(f).lower()}" for f in flags)
     return get_function("attention", vtype, itype, f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, "
-                        f"{nch}, {grp}, {str(has_e).lower()}>")
+                        f"{nch}, {grp}, {str(has_e).lower()}{extra}>")
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
@@ -139,9 +141,7 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     if num_split:
         comb = get_function("attention", vtype, itype,
                             f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>")
-        g1 = 1
-        while g1 < min(C, 32):
-            g1 *= 2
+        g1 = _group(C)
         comb(_grid(num_split * H, g1), (BLOCK,),
              (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, out, lse, np.int64(num_split),
               np.int32(H), np.int32(C), np.int32(g1)))
@@ -158,12 +158,29 @@ def _vtype(V, arrays):
     return "bfloat16"
 
 
+def _group(width):
+    """Lanes per group for `width` values: a power of two, at most 32."""
+    group = 1
+    while group < min(width, 32):
+        group *= 2
+    return group
+
+
 def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
-    """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type."""
+    """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
+    Only where the target pass does not compute D itself (see attn_bwd_dst):
+    grad_alpha given, grad_out None, or no target-side gradient wanted."""
     acc = _acc(vtype)
-    H = out.shape[1]
+    H, C = out.shape[1], out.shape[2]
     if grad_out is not None:
-        d = (_as_acc(grad_out, vtype, acc) * _as_acc(out, vtype, acc)).sum(axis=2)
+        d = cp.empty((graph.num_dst, H), dtype=acc)
+        if graph.num_dst:
+            itype = _ITYPE[np.dtype(graph.index_dtype)]
+            fn = get_function("attention", vtype, itype, f"attn_delta<{C_VALUE[vtype]}>")
+            group = _group(C)
+            fn(_grid(graph.num_dst * H, group), (BLOCK,),
+               (grad_out, out, d, np.int64(graph.num_dst), np.int32(H), np.int32(C),
+                np.int32(group)))
     else:
         d = cp.zeros((graph.num_dst, H), dtype=acc)
     if grad_alpha is not None and graph.num_edges:
@@ -190,9 +207,7 @@ def _combine(plan, partial, out, width, vtype, itype):
     if not num_split or partial is None or out is None:
         return
     fn = get_function("spmm", vtype, itype, f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>")
-    group = 1
-    while group < min(width, 32):
-        group *= 2
+    group = _group(width)
     fn(_grid(num_split, group), (BLOCK,),
        (plan.split_row, plan.slot_ptr, partial, NULL, out, np.int64(num_split),
         np.int32(width), np.int32(group)))
@@ -237,16 +252,27 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
             grads["att"] = cp.zeros_like(att)
         return grads
     g = None if grad_out is None else cp.ascontiguousarray(grad_out)
+    out = cp.ascontiguousarray(out)
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
-    delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g) if score != "gat"
-                                       else (V, g))
+    # deterministic=False: the target pass scatters the source-side gradients
+    # too (float atomics) and the source pass does not run
+    atomic = not params.deterministic and (need_gS or need_gV)
+    src_pass = (need_gS or need_gV) and not atomic
+    dst_pass = need_gDn or need_gEd or need_gatt or atomic
+    # the common case: the target pass computes delta = <g_i, out_i> itself
+    fused = dst_pass and g is not None and ga is None
+    if fused:
+        delta = cp.empty((graph.num_dst, H), dtype=acc) if src_pass else None
+    else:
+        delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
+                                       else (V, g, out))
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
                np.int32(group), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
-    if need_gDn or need_gEd or need_gatt:
+    if dst_pass:
         plan = task_plan(graph, DEFAULT_CHUNK)
         ntask = int(plan.task_row.shape[0])
         gDn = cp.empty_like(Dn) if need_gDn else None
@@ -254,11 +280,20 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                 if need_gDn and plan.num_slots else None)
         gEd = cp.empty_like(Ed) if need_gEd else None
         gatt_part = cp.empty((ntask, H * C), dtype=acc) if need_gatt else None
-        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None)
+        # atomic: fp32/fp64 sums, zeroed (the gradients themselves for fp32/fp64)
+        aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
+        aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
+        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
+                       atomic)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga), delta,
-              _arg(gDn), _arg(p_dn), _arg(gEd), _arg(gatt_part), np.int64(ntask)) + scalars)
+              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
+              out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
+              _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars)
+        if aS is not None:
+            grads[s_name] = _from_acc(aS, S, vtype, itype)
+        if aV is not None:
+            grads[v_name] = _from_acc(aV, V, vtype, itype)
         _combine(plan, p_dn, gDn, H * Cs, vtype, itype)
         if need_gDn:
             grads[d_name] = gDn
@@ -270,7 +305,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                     _column_sum(gatt_part, vtype, itype).reshape(att.shape)).view(att.dtype)
 
     # source pass over the transpose
-    if need_gS or need_gV:
+    if src_pass:
         t = graph.transpose()
         plan = task_plan(t, DEFAULT_CHUNK)
         ntask = int(plan.task_row.shape[0])
@@ -292,6 +327,16 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         if need_gV:
             grads[v_name] = gV
     return {name: grads[name] for name in SCORE_INPUTS[score]}
+
+
+def _from_acc(a, like, vtype, itype):
+    """The fp32/fp64 sums `a` as an array like `like` (a itself if same type)."""
+    if a.dtype == like.dtype:
+        return a
+    out = cp.empty_like(like)
+    fn = get_function("attention", vtype, itype, f"cast_from_acc<{C_VALUE[vtype]}>")
+    fn((max(1, -(-a.size // BLOCK)),), (BLOCK,), (a, out, np.int64(a.size)))
+    return out
 
 
 def _to_bf16(a):

@@ -98,14 +98,16 @@ def _attention_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
     A = "double" if vt == "float64" else "float"
     names = [f"attn_combine<{T}, {I}>", f"softmax_fwd<{T}, {I}>", f"softmax_bwd<{T}, {I}>",
-             f"column_sum<{A}>"]
+             f"column_sum<{A}>", f"attn_delta<{T}>", f"cast_from_acc<{T}>"]
     for kind in (0, 1, 2):
         for vec in attention_vecs(vt):
             for nch in attention_nchs(vec):
                 for grp in attention_groups(vec, nch):
-                    for k in ("attn_fwd", "attn_bwd_dst", "attn_bwd_src"):
-                        for has_e in ("false", "true"):
-                            names.append(f"{k}<{kind}, {T}, {I}, {vec}, {nch}, {grp}, {has_e}>")
+                    for has_e in ("false", "true"):
+                        args = f"{kind}, {T}, {I}, {vec}, {nch}, {grp}, {has_e}"
+                        names += [f"attn_fwd<{args}>", f"attn_bwd_src<{args}>"]
+                        # the last flag: the atomic backward (deterministic=False)
+                        names += [f"attn_bwd_dst<{args}, {atomic}>" for atomic in ("false", "true")]
     return names
 
 
