@@ -40,12 +40,6 @@
 #define STAT_MAX 4
 #define STAT_MIN 8
 
-// Edges in flight per lane in segment_bwd when each is at most 2 registers
-// of gathered data (tuning knob: FASTGNN_NVRTC_OPTIONS="-DSEGMENT_BWD_NARROW_UNROLL=4").
-#ifndef SEGMENT_BWD_NARROW_UNROLL
-#define SEGMENT_BWD_NARROW_UNROLL 8
-#endif
-
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
 // signed P) is "no edge".
 template <typename I, typename P>
@@ -377,13 +371,12 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
                             typename value_traits<T>::acc_t* __restrict__ partial,      // [slots, F]
                             i64 num_tasks, int F, i64 ldg, int chunk, int group) {
     typedef typename value_traits<T>::acc_t A;
-    // edges in flight: about 32 registers of gathered data per lane;
-    // SEGMENT_BWD_NARROW_UNROLL (default 8: 70 registers instead of 52 for a
-    // fp32 max with 16-bit args, VEC=4) when one edge is at most 2 registers
-    // (16-bit args with VEC <= 4, or VEC = 1)
-    constexpr int EDGE_REGS = VEC * (LIN * (int)sizeof(A) + NARG * (int)sizeof(P)) / 4;
-    constexpr int UNROLL = EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : EDGE_REGS > 2 ? 4
-                         : SEGMENT_BWD_NARROW_UNROLL;
+    // edges in flight: about 32 registers of gathered data per lane, counting
+    // args at the index type's width even when they are 16-bit (measured on
+    // the H200, rmat20: 8 narrow max edges in flight were slower than 4, and
+    // 4 edges of the 4-reduction multi backward twice as slow as 2)
+    constexpr int EDGE_REGS = VEC * (LIN * (int)sizeof(A) + NARG * (int)sizeof(I)) / 4;
+    constexpr int UNROLL = EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : 4;
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
     const int lane = group_lane(group);
