@@ -677,6 +677,50 @@ def test_gpu_functional_atomic_backward(score):
         assert rel_err(grads[1][k], grads[0][k]) < TOLERANCES["float32"], k
 
 
+LAYER_MAKERS = [
+    ("GATConv", lambda **kw: ft.GATConv(F_IN, 8, heads=2, edge_dim=D_E, **kw)),
+    ("GATv2Conv", lambda **kw: ft.GATv2Conv(F_IN, 8, heads=2, edge_dim=D_E, **kw)),
+    ("TransformerConv", lambda **kw: ft.TransformerConv(F_IN, 8, heads=2, edge_dim=D_E, **kw)),
+]
+
+
+@pytest.mark.parametrize("name,make", LAYER_MAKERS, ids=[c[0] for c in LAYER_MAKERS])
+def test_layer_deterministic_keyword(name, make):
+    """deterministic=False (fastgnn's own keyword) only changes the GPU
+    backward: on the CPU outputs and every gradient are identical, the
+    state_dict is PyG's, and a non-bool is refused by name."""
+    x, ei, ea = _graph(16, "square")
+    torch.manual_seed(0)
+    a = make().double()
+    torch.manual_seed(0)
+    b = make(deterministic=False).double()
+    assert a.deterministic is True and b.deterministic is False
+    b.load_state_dict(a.state_dict(), strict=True)
+    out_a, g_a = _grads(a, x, ei, ea)
+    out_b, g_b = _grads(b, x, ei, ea)
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(u, v) for u, v in zip(g_a, g_b))
+    with pytest.raises(TypeError, match="deterministic"):
+        make(deterministic="no")
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name,make", LAYER_MAKERS, ids=[c[0] for c in LAYER_MAKERS])
+def test_gpu_layer_atomic_backward_close_to_default(name, make):
+    x, ei, ea = _graph(16, "square")
+    x, ei, ea = x.float().cuda(), ei.cuda(), ea.float().cuda()
+    torch.manual_seed(0)
+    a = make().cuda()
+    torch.manual_seed(0)
+    b = make(deterministic=False).cuda()
+    out_a, g_a = _grads(a, x, ei, ea)
+    out_b, g_b = _grads(b, x, ei, ea)
+    assert torch.equal(out_a, out_b)                 # the forward is the same kernel
+    for u, v in zip(g_a, g_b):
+        assert rel_err(v.double().cpu().numpy(), u.double().cpu().numpy()) < TOLERANCES["float32"]
+
+
 def test_inplace_edit_of_output_before_backward_is_caught():
     """The attention residuals reference the output: editing it in place must
     raise (autograd's version check) instead of giving wrong gradients."""

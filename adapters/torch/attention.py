@@ -335,6 +335,7 @@ def _set_gat_options(layer, kwargs, **options):
     """Constructor options GATConv and GATv2Conv share, stored under PyG's names
     (after refusing unknown keyword arguments and any aggr but "add")."""
     layer.aggr = _pop_aggr(type(layer).__name__, kwargs)
+    layer.deterministic = _pop_deterministic(type(layer).__name__, kwargs)
     _check_kwargs(type(layer).__name__, kwargs)
     for name, value in options.items():
         setattr(layer, name, value)
@@ -363,7 +364,8 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     want = bool(return_attention_weights)
     out = apply(EDGE_ATTENTION, graph, *(tensors.get(n) for n in _ATTN_INPUTS), score=score,
                 negative_slope=layer.negative_slope, scale=None, dropout=p, seed=seed,
-                offset=offset, return_attention_weights=want)
+                offset=offset, return_attention_weights=want,
+                deterministic=layer.deterministic)
     alpha = None
     if want:
         out, alpha = out
@@ -376,6 +378,17 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
         return out, (_returned(ei_out, edge_index),
                      _dropped(alpha, p, seed, offset, layer.training))
     return out
+
+
+def _pop_deterministic(layer, kwargs):
+    """fastgnn's own constructor keyword of the attention layers (not in PyG):
+    deterministic=False lets the GPU backward add source-side gradients with
+    float atomics instead of a second pass over the transpose (faster, not
+    bitwise repeatable; ignored on the CPU)."""
+    value = kwargs.pop("deterministic", True)
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{layer}: deterministic must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def _pop_aggr(layer, kwargs):
@@ -402,6 +415,8 @@ class GATConv(torch.nn.Module):
     add_self_loops (remove existing loops, add one per node), edge_dim,
     fill_value (edge features of added loops: "mean", "add", "max", "min",
     "mul", a scalar, a tensor or None = 1), bias, residual: as in PyG.
+    deterministic (fastgnn only, keyword): False lets the GPU backward use
+    float atomics (faster, not bitwise repeatable).
     forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t] or None),
             edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
             size = None, return_attention_weights = None)
@@ -528,7 +543,8 @@ class GATv2Conv(torch.nn.Module):
     in_channels:    int or (source, target) sizes (-1: lazy).
     out_channels, heads, concat, negative_slope, dropout, add_self_loops,
     edge_dim, fill_value, bias (also of lin_l/lin_r), share_weights (lin_r is
-    lin_l), residual: as in PyG.
+    lin_l), residual: as in PyG. deterministic (fastgnn only, keyword): False
+    lets the GPU backward use float atomics (faster, not bitwise repeatable).
     forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t]),
             edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
             return_attention_weights = None)
@@ -631,7 +647,8 @@ class TransformerConv(torch.nn.Module):
     sigmoid(w_5 . [m_i, W_1 x_i, m_i - W_1 x_i]). No self-loops are added.
 
     in_channels, out_channels, heads, concat, beta (only with root_weight),
-    dropout, edge_dim, bias, root_weight: as in PyG.
+    dropout, edge_dim, bias, root_weight: as in PyG. deterministic (fastgnn
+    only, keyword): False lets the GPU backward use float atomics.
     forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t]),
             edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
             return_attention_weights = None)
@@ -648,6 +665,7 @@ class TransformerConv(torch.nn.Module):
                  bias: bool = True, root_weight: bool = True, **kwargs):
         super().__init__()
         self.aggr = _pop_aggr(type(self).__name__, kwargs)
+        self.deterministic = _pop_deterministic(type(self).__name__, kwargs)
         _check_kwargs(type(self).__name__, kwargs)
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -710,7 +728,8 @@ class TransformerConv(torch.nn.Module):
         want = isinstance(return_attention_weights, bool)
         out = apply(EDGE_ATTENTION, graph, None, None, None, v, None, None, None, None, q, k,
                     ee, score="dot", negative_slope=0.2, scale=1.0 / math.sqrt(C), dropout=p,
-                    seed=seed, offset=offset, return_attention_weights=want)
+                    seed=seed, offset=offset, return_attention_weights=want,
+                    deterministic=self.deterministic)
         alpha = None
         if want:
             out, alpha = out
