@@ -14,9 +14,12 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1
 if [ -z "${SKIP_TESTS:-}" ]; then
-    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -rf --maxfail=30 tests \
+    # -v: one line per test, so a run cut short by the timeout still names
+    # its failures (the GPU tests took about 300 s on an H200 in session 3)
+    timeout 420 python3 -m pytest -v -m gpu -p no:cacheprovider -rf --maxfail=30 tests \
         > "$OUT/gpu_tests.log" 2>&1
-    tail -3 "$OUT/gpu_tests.log"
+    grep -E "FAILED|ERROR" "$OUT/gpu_tests.log" | head -30
+    tail -1 "$OUT/gpu_tests.log"
 fi
 timeout 90 python3 benchmarks/probe_attention.py 20 > "$OUT/probe_attention.log" 2>&1
 cat "$OUT/probe_attention.log"
