@@ -232,6 +232,18 @@ struct Unroll {
     static constexpr int U = NCH > 1 ? 1 : (VEC >= 8 ? 2 : 4);
 };
 
+// The backward passes' U: the forward's unless the tuning knob
+// FASTGNN_NVRTC_OPTIONS="-DATTN_BWD_UNROLL=n" sets it for one-chunk heads
+// (fewer rows in flight, fewer registers; benchmarks/sweep_attention.py).
+#ifndef ATTN_BWD_UNROLL
+#define ATTN_BWD_UNROLL 0
+#endif
+template <int VEC, int NCH>
+struct BwdUnroll {
+    static constexpr int U = (ATTN_BWD_UNROLL > 0 && NCH == 1) ? ATTN_BWD_UNROLL
+                                                              : Unroll<VEC, NCH>::U;
+};
+
 // One lane's values of one head of one row: NCH chunks of VEC channels
 // (zeros where the lane has no channel); a scalar in v[0][0] for gat's
 // per-head score inputs.
@@ -554,7 +566,7 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = Unroll<VEC, NCH>::U;
+    constexpr int U = BwdUnroll<VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
     const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
@@ -710,7 +722,7 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = Unroll<VEC, NCH>::U;
+    constexpr int U = BwdUnroll<VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
     const i64 j = row;

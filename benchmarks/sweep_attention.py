@@ -1,0 +1,58 @@
+"""Developer sweep (H200): the attention kernels' compile-time tuning knobs
+against each other in one process, on one rmat graph, 4 heads x 32.
+
+For each set of NVRTC defines (FASTGNN_NVRTC_OPTIONS, see
+kernels_cuda/attention.cu: ATTN_FWD_MIN_BLOCKS, ATTN_MIN_BLOCKS,
+ATTN_BWD_UNROLL) the compiled modules are dropped and rebuilt, then the
+forward and the backward of the three scores are timed (CUDA events, median
+of 10) in fp32 and bf16. One line per (defines, dtype).
+
+    python benchmarks/sweep_attention.py [scale] ["-DATTN_BWD_UNROLL=2" ...]
+"""
+import os
+import sys
+
+import cupy as cp
+
+import fastgnn
+from fastgnn.backends.cuda import loader
+from fastgnn.backends.cuda.spmm import median_ms
+from fastgnn.testing import rmat_edge_index
+
+DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=2", "-DATTN_MIN_BLOCKS=2",
+                    "-DATTN_BWD_UNROLL=2 -DATTN_MIN_BLOCKS=2", "-DATTN_FWD_MIN_BLOCKS=2"]
+
+
+def _inputs(rng, n, H, C, vtype):
+    def arr(*shape):
+        a = rng.standard_normal(shape, dtype=cp.float32)
+        return a if vtype == "float32" else (a.view(cp.uint32) >> 16).astype(cp.uint16)
+    return ({"gatv2": dict(xl=arr(n, H, C), xr=arr(n, H, C), att=arr(H, C)),
+             "dot": dict(q=arr(n, H, C), k=arr(n, H, C), v=arr(n, H, C)),
+             "gat": dict(a_src=arr(n, H), a_dst=arr(n, H), v=arr(n, H, C))},
+            arr(n, H, C))
+
+
+def main(scale=20, variants=None):
+    ei, n = rmat_edge_index(scale, xp=cp)
+    g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
+    rng = cp.random.default_rng(0)
+    H, C = 4, 32
+    data = {vt: _inputs(rng, n, H, C, vt) for vt in ("float32", "bfloat16")}
+    print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd ms (median of 10)")
+    for defines in variants or DEFAULT_VARIANTS:
+        os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
+        loader._modules.clear()
+        loader._functions.clear()
+        for vt, (inputs, grad) in data.items():
+            cells = []
+            for kind, kw in inputs.items():
+                tf = median_ms(lambda: fastgnn.edge_attention(g, kind, vtype=vt, **kw), 10)
+                _, res = fastgnn.edge_attention_fwd(g, kind, vtype=vt, **kw)
+                tb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res, grad), 10)
+                cells.append(f"{kind} {tf:.2f}/{tb:.2f}")
+            print(f"[{defines or 'defaults'}] {vt:8s} " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20, sys.argv[2:] or None)
