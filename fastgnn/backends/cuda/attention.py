@@ -21,7 +21,7 @@ from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, s
                               transpose_caller_ids)
 from .loader import (C_INDEX, C_VALUE, VALUE_BYTES, attention_groups, attention_nchs,
                      attention_vecs, get_function)
-from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, spmm_custom, task_plan
+from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, lane_group, spmm_custom, task_plan
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 COLUMN_SUM_ROWS = 1024
@@ -46,7 +46,7 @@ def _shape(vtype, C, arrays):
                              for a in arrays if a is not None):
         vec = wide
     lanes = -(-C // vec)
-    group = _group(lanes)
+    group = lane_group(lanes)
     nch = -(-lanes // group)
     NCH = next((n for n in attention_nchs(vec) if n >= nch), None)
     if NCH is None:
@@ -141,7 +141,7 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     if num_split:
         comb = get_function("attention", vtype, itype,
                             f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>")
-        g1 = _group(C)
+        g1 = lane_group(C)
         comb(_grid(num_split * H, g1), (BLOCK,),
              (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, out, lse, np.int64(num_split),
               np.int32(H), np.int32(C), np.int32(g1)))
@@ -158,14 +158,6 @@ def _vtype(V, arrays):
     return "bfloat16"
 
 
-def _group(width):
-    """Lanes per group for `width` values: a power of two, at most 32."""
-    group = 1
-    while group < min(width, 32):
-        group *= 2
-    return group
-
-
 def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
     """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
     Only where the target pass does not compute D itself (see attn_bwd_dst):
@@ -177,7 +169,7 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
         if graph.num_dst:
             itype = _ITYPE[np.dtype(graph.index_dtype)]
             fn = get_function("attention", vtype, itype, f"attn_delta<{C_VALUE[vtype]}>")
-            group = _group(C)
+            group = lane_group(C)
             fn(_grid(graph.num_dst * H, group), (BLOCK,),
                (grad_out, out, d, np.int64(graph.num_dst), np.int32(H), np.int32(C),
                 np.int32(group)))
@@ -207,7 +199,7 @@ def _combine(plan, partial, out, width, vtype, itype):
     if not num_split or partial is None or out is None:
         return
     fn = get_function("spmm", vtype, itype, f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>")
-    group = _group(width)
+    group = lane_group(width)
     fn(_grid(num_split, group), (BLOCK,),
        (plan.split_row, plan.slot_ptr, partial, NULL, out, np.int64(num_split),
         np.int32(width), np.int32(group)))
@@ -300,9 +292,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         if need_gEd:
             grads[e_name] = gEd
         if need_gatt:
-            grads["att"] = _column_sum(gatt_part, vtype, itype).reshape(att.shape).astype(
-                att.dtype) if vtype != "bfloat16" else _to_bf16(
-                    _column_sum(gatt_part, vtype, itype).reshape(att.shape)).view(att.dtype)
+            grads["att"] = _from_acc(_column_sum(gatt_part, vtype, itype).reshape(att.shape),
+                                     att, vtype, itype)
 
     # source pass over the transpose
     if src_pass:
@@ -337,10 +328,3 @@ def _from_acc(a, like, vtype, itype):
     fn = get_function("attention", vtype, itype, f"cast_from_acc<{C_VALUE[vtype]}>")
     fn((max(1, -(-a.size // BLOCK)),), (BLOCK,), (a, out, np.int64(a.size)))
     return out
-
-
-def _to_bf16(a):
-    """float32 -> bfloat16 bit patterns (round to nearest even), as uint16."""
-    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
-    u = u + 0x7FFF + ((u >> 16) & 1)
-    return (u >> 16).astype(np.uint16)

@@ -77,11 +77,16 @@ def _launch_shape(vtype, F, *arrays):
     for v in vec_widths(vtype):
         if F % v == 0 and all(a.data.ptr % (v * a.itemsize) == 0 for a in arrays):
             vec = v
-    lanes = -(-F // vec)
+    return vec, lane_group(-(-F // vec))
+
+
+def lane_group(width):
+    """Lanes per group for `width` lane-sized units: the power of two covering
+    it, at most 32 (every family's kernels map groups this way)."""
     group = 1
-    while group < min(lanes, 32):
+    while group < min(width, 32):
         group *= 2
-    return vec, group
+    return group
 
 
 def _grid(num_units, group):
