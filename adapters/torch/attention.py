@@ -45,8 +45,9 @@ from torch import Tensor
 
 from fastgnn import rng
 from fastgnn.graph import Graph
-from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bwd,
-                                   edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
+from fastgnn.ops.attention import (SCORE_INPUTS, check_deterministic, dropout_spec,
+                                   edge_attention_bwd, edge_attention_fwd, edge_softmax_bwd,
+                                   edge_softmax_fwd)
 
 from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import segment_reduce
@@ -385,10 +386,7 @@ def _pop_deterministic(layer, kwargs):
     deterministic=False lets the GPU backward add source-side gradients with
     float atomics instead of a second pass over the transpose (faster, not
     bitwise repeatable; ignored on the CPU)."""
-    value = kwargs.pop("deterministic", True)
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{layer}: deterministic must be a bool, got {type(value).__name__}")
-    return bool(value)
+    return check_deterministic(kwargs.pop("deterministic", True), f"{layer}: ")
 
 
 def _pop_aggr(layer, kwargs):

@@ -395,10 +395,17 @@ def _validate_inputs(graph, score, given, vtype):
     return arrays, shapes, vt, H, C
 
 
+def check_deterministic(value, where=""):
+    """The `deterministic` switch as a bool; TypeError naming it otherwise
+    (`where`: a prefix for the message, e.g. the layer's name)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}deterministic must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def _attention_params(score, negative_slope, scale, channels, dropout, seed, offset,
                       deterministic=True):
-    if not isinstance(deterministic, (bool, np.bool_)):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    check_deterministic(deterministic)
     if isinstance(negative_slope, (bool, np.bool_)) or not isinstance(
             negative_slope, (int, float, np.number)) or not math.isfinite(negative_slope):
         raise TypeError(f"negative_slope must be a finite float, got {negative_slope!r}")
