@@ -15,6 +15,18 @@ from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
 
 
+def attention_inputs(rng, n, H, C, vtype):
+    """({score: its inputs}, a cotangent [n, H, C]): random, fp32 or bf16 bits
+    (truncated) as the op takes them."""
+    def arr(*shape):
+        a = rng.standard_normal(shape, dtype=cp.float32)
+        return a if vtype == "float32" else (a.view(cp.uint32) >> 16).astype(cp.uint16)
+    return ({"gatv2": dict(xl=arr(n, H, C), xr=arr(n, H, C), att=arr(H, C)),
+             "dot": dict(q=arr(n, H, C), k=arr(n, H, C), v=arr(n, H, C)),
+             "gat": dict(a_src=arr(n, H), a_dst=arr(n, H), v=arr(n, H, C))},
+            arr(n, H, C))
+
+
 def main(scale=20):
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
@@ -34,22 +46,13 @@ def main(scale=20):
         print(f"H={H} C={C}: gatv2 fwd {t2:.3f} ms  dot fwd {td:.3f} ms  gat fwd {tg:.3f} ms")
     H, C = 4, 32
     for vtype in ("float32", "bfloat16"):
-        def arr(*shape):
-            a = rng.standard_normal(shape, dtype=cp.float32)
-            if vtype == "float32":
-                return a
-            return (a.view(cp.uint32) >> 16).astype(cp.uint16)   # bf16 bits (truncated)
-        inputs = {"gatv2": dict(xl=arr(n, H, C), xr=arr(n, H, C), att=arr(H, C)),
-                  "dot": dict(q=arr(n, H, C), k=arr(n, H, C), v=arr(n, H, C)),
-                  "gat": dict(a_src=arr(n, H), a_dst=arr(n, H), v=arr(n, H, C))}
-        grad = arr(n, H, C)
+        inputs, grad = attention_inputs(rng, n, H, C, vtype)
         line = []
         for kind, kw in inputs.items():
             _, res = fastgnn.edge_attention_fwd(g, kind, vtype=vtype, **kw)
             tb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res, grad), 10)
             line.append(f"{kind} bwd {tb:.3f} ms")
         print(f"{vtype} H={H} C={C}: " + "  ".join(line))
-
 
 if __name__ == "__main__":
     main(*(int(a) for a in sys.argv[1:2]))

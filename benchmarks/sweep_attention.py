@@ -18,19 +18,10 @@ import fastgnn
 from fastgnn.backends.cuda import loader
 from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
+from probe_attention import attention_inputs   # benchmarks/ (the script's directory)
 
 DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=2", "-DATTN_MIN_BLOCKS=2",
                     "-DATTN_BWD_UNROLL=2 -DATTN_MIN_BLOCKS=2", "-DATTN_FWD_MIN_BLOCKS=2"]
-
-
-def _inputs(rng, n, H, C, vtype):
-    def arr(*shape):
-        a = rng.standard_normal(shape, dtype=cp.float32)
-        return a if vtype == "float32" else (a.view(cp.uint32) >> 16).astype(cp.uint16)
-    return ({"gatv2": dict(xl=arr(n, H, C), xr=arr(n, H, C), att=arr(H, C)),
-             "dot": dict(q=arr(n, H, C), k=arr(n, H, C), v=arr(n, H, C)),
-             "gat": dict(a_src=arr(n, H), a_dst=arr(n, H), v=arr(n, H, C))},
-            arr(n, H, C))
 
 
 def main(scale=20, variants=None):
@@ -38,7 +29,7 @@ def main(scale=20, variants=None):
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
     H, C = 4, 32
-    data = {vt: _inputs(rng, n, H, C, vt) for vt in ("float32", "bfloat16")}
+    data = {vt: attention_inputs(rng, n, H, C, vt) for vt in ("float32", "bfloat16")}
     print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd ms (median of 10)")
     for defines in variants or DEFAULT_VARIANTS:
         os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
