@@ -33,8 +33,7 @@ def main(scale=20, variants=None):
     print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd ms (median of 10)")
     for defines in variants or DEFAULT_VARIANTS:
         os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
-        loader._modules.clear()
-        loader._functions.clear()
+        loader.clear_compiled()
         for vt, (inputs, grad) in data.items():
             cells = []
             for kind, kw in inputs.items():

@@ -150,6 +150,14 @@ _modules: dict = {}
 _functions: dict = {}
 
 
+def clear_compiled():
+    """Forget every compiled module, so the next launch recompiles with the
+    current options() (FASTGNN_NVRTC_OPTIONS is read at compile time only;
+    benchmarks/sweep_attention.py uses this between knob settings)."""
+    _modules.clear()
+    _functions.clear()
+
+
 def get_function(family: str, vtype: str, itype: str, name: str):
     """The compiled kernel `name` (a name expression of KERNELS[family]) on
     the current device, compiling its (family, vtype, itype) module once."""
