@@ -351,7 +351,7 @@ DROP_LAYERS = [
 def _grads(layer, x, ei, ea):
     xl = x.clone().requires_grad_()
     out = layer(xl, ei, edge_attr=ea)
-    (out * _cot(out.shape, 3)).sum().backward()
+    (out * _cot(out.shape, 3).to(out)).sum().backward()
     g = [xl.grad] + [p.grad.clone() for p in layer.parameters()]
     layer.zero_grad()
     return out.detach(), g
