@@ -3,11 +3,11 @@ against each other in one process, on one rmat graph, 4 heads x 32.
 
 For each set of NVRTC defines (FASTGNN_NVRTC_OPTIONS, see
 kernels_cuda/attention.cu: ATTN_FWD_MIN_BLOCKS, ATTN_MIN_BLOCKS,
-ATTN_BWD_UNROLL) the compiled modules are dropped and rebuilt, then the
+ATTN_BWD_UNROLL, ATTN_FWD_UNROLL) the compiled modules are dropped and rebuilt, then the
 forward and the backward of the three scores are timed (CUDA events, median
 of 10) in fp32 and bf16. One line per (defines, dtype).
 
-    python benchmarks/sweep_attention.py [scale] ["-DATTN_BWD_UNROLL=2" ...]
+    python benchmarks/sweep_attention.py [scale] ["-DATTN_BWD_UNROLL=4" ...]
 """
 import os
 import sys
@@ -20,8 +20,8 @@ from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
 from probe_attention import attention_inputs   # benchmarks/ (the script's directory)
 
-DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=2", "-DATTN_MIN_BLOCKS=2",
-                    "-DATTN_BWD_UNROLL=2 -DATTN_MIN_BLOCKS=2", "-DATTN_FWD_MIN_BLOCKS=2"]
+DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=4", "-DATTN_FWD_UNROLL=2",
+                    "-DATTN_FWD_UNROLL=2 -DATTN_FWD_MIN_BLOCKS=2", "-DATTN_MIN_BLOCKS=2"]
 
 
 def main(scale=20, variants=None):

@@ -227,21 +227,30 @@ __device__ __forceinline__ void atomic_add_vec(A* __restrict__ p, const A* v) {
 // before any of their arithmetic, so U rows per lane are in flight: 4 rows
 // of VEC <= 4 values, 2 of 8 (16-bit types: the same registers per lane),
 // 1 when a lane holds several channel chunks, to stay within registers.
+// FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_UNROLL=n" overrides it for one-chunk
+// heads (an experiment knob, benchmarks/sweep_attention.py).
+#ifndef ATTN_FWD_UNROLL
+#define ATTN_FWD_UNROLL 0
+#endif
 template <int VEC, int NCH>
 struct Unroll {
-    static constexpr int U = NCH > 1 ? 1 : (VEC >= 8 ? 2 : 4);
+    static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL
+                                                               : (VEC >= 8 ? 2 : 4);
 };
 
-// The backward passes' U: the forward's unless the tuning knob
-// FASTGNN_NVRTC_OPTIONS="-DATTN_BWD_UNROLL=n" sets it for one-chunk heads
-// (fewer rows in flight, fewer registers; benchmarks/sweep_attention.py).
+// The backward passes' U: 2 rows in flight for one-chunk heads (1 for
+// several chunks). The backward holds more state per row than the forward,
+// and on an H200 (rmat20, 4 heads x 32, fp32) U=2 against the forward's 4
+// took the backward of gatv2 13.2 -> 10.5 ms, dot 12.8 -> 9.9, gat 9.6 -> 8.9
+// (benchmarks/results/sweep_attention_rmat20_h200_session4.log); 16-bit
+// types already had U=2. FASTGNN_NVRTC_OPTIONS="-DATTN_BWD_UNROLL=n" overrides
+// it for one-chunk heads (benchmarks/sweep_attention.py).
 #ifndef ATTN_BWD_UNROLL
-#define ATTN_BWD_UNROLL 0
+#define ATTN_BWD_UNROLL 2
 #endif
 template <int VEC, int NCH>
 struct BwdUnroll {
-    static constexpr int U = (ATTN_BWD_UNROLL > 0 && NCH == 1) ? ATTN_BWD_UNROLL
-                                                              : Unroll<VEC, NCH>::U;
+    static constexpr int U = NCH == 1 ? ATTN_BWD_UNROLL : 1;
 };
 
 // One lane's values of one head of one row: NCH chunks of VEC channels
