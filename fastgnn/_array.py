@@ -106,3 +106,12 @@ def vtype_of(a, vtype: str | None, name: str) -> str:
         raise TypeError(f"{name} must be a floating-point array (float32, float64, float16, "
                         f"or 16-bit data with vtype='bfloat16'), got dtype {a.dtype}")
     return name_
+
+
+def check_deterministic(value, where=""):
+    """The `deterministic` switch of the attention and reduction families as a
+    bool; TypeError naming it otherwise (`where`: a prefix for the message,
+    e.g. the layer's name)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}deterministic must be a bool, got {type(value).__name__}")
+    return bool(value)

@@ -182,28 +182,6 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     }
 }
 
-// p[0, VEC) += v[0, VEC) with float atomics (the results unused: reductions):
-// 16- and 8-byte vector atomics of float on sm_90, else one per value.
-template <typename A, int VEC>
-__device__ __forceinline__ void atomic_add_vec(A* __restrict__ p, const A* v) {
-#if __CUDA_ARCH__ >= 900
-    if constexpr (sizeof(A) == 4 && VEC % 4 == 0) {
-#pragma unroll
-        for (int q = 0; q < VEC; q += 4)
-            atomicAdd(reinterpret_cast<float4*>(p + q), make_float4(v[q], v[q + 1], v[q + 2], v[q + 3]));
-        return;
-    }
-    if constexpr (sizeof(A) == 4 && VEC % 2 == 0) {
-#pragma unroll
-        for (int q = 0; q < VEC; q += 2)
-            atomicAdd(reinterpret_cast<float2*>(p + q), make_float2(v[q], v[q + 1]));
-        return;
-    }
-#endif
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) atomicAdd(p + q, v[q]);
-}
-
 // Task t, head h, the lane layout L and the task's n edges (eidx, ecid: its
 // indices and caller ids, n <= chunk so edge positions are 32-bit).
 #define GROUP_PROLOGUE                                                              \
@@ -830,15 +808,6 @@ __global__ void attn_delta(const T* __restrict__ g, const T* __restrict__ out,
         s += value_traits<T>::to_acc(g[base + c]) * value_traits<T>::to_acc(out[base + c]);
     s = group_sum(s, group);
     if (lane == 0) delta[row * H + h] = s;
-}
-
-// out[k] = in[k] in the value type (the atomic backward's fp32 sums of 16-bit
-// gradients). Thread per value.
-template <typename T>
-__global__ void cast_from_acc(const typename value_traits<T>::acc_t* __restrict__ in,
-                              T* __restrict__ out, i64 n) {
-    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k < n) out[k] = value_traits<T>::from_acc(in[k]);
 }
 
 // Edge softmax over each target's in-edges, per head (warp per row, lanes

@@ -1,6 +1,7 @@
-// Shared device helpers of fastgnn's kernels: value-type traits and packed
-// vector loads. Self-contained (no CUDA headers), so NVRTC compiles it
-// without include paths.
+// Shared device helpers of fastgnn's kernels: value-type traits, packed
+// vector loads, float atomics, and the acc_t -> value type cast kernel of the
+// atomic (deterministic=False) backwards. Self-contained (no CUDA headers),
+// so NVRTC compiles it without include paths.
 //
 // Value types: float, double, and two 16-bit storage types (fp16, bf16)
 // converted with PTX `cvt` instructions; arithmetic is done in `acc_t`
@@ -114,4 +115,35 @@ __device__ __forceinline__ void task_range(const I* __restrict__ task_row,
     e0 = (i64)task_begin[t];
     const i64 row_end = (i64)indptr[row + 1];
     e1 = e0 + chunk < row_end ? e0 + chunk : row_end;
+}
+
+// p[0, VEC) += v[0, VEC) with float atomics (the results unused: reductions):
+// 16- and 8-byte vector atomics of float on sm_90, else one per value.
+template <typename A, int VEC>
+__device__ __forceinline__ void atomic_add_vec(A* __restrict__ p, const A* v) {
+#if __CUDA_ARCH__ >= 900
+    if constexpr (sizeof(A) == 4 && VEC % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < VEC; q += 4)
+            atomicAdd(reinterpret_cast<float4*>(p + q), make_float4(v[q], v[q + 1], v[q + 2], v[q + 3]));
+        return;
+    }
+    if constexpr (sizeof(A) == 4 && VEC % 2 == 0) {
+#pragma unroll
+        for (int q = 0; q < VEC; q += 2)
+            atomicAdd(reinterpret_cast<float2*>(p + q), make_float2(v[q], v[q + 1]));
+        return;
+    }
+#endif
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) atomicAdd(p + q, v[q]);
+}
+
+// out[k] = in[k] in the value type (the atomic backwards' fp32 sums of 16-bit
+// gradients). Thread per value.
+template <typename T>
+__global__ void cast_from_acc(const typename value_traits<T>::acc_t* __restrict__ in,
+                              T* __restrict__ out, i64 n) {
+    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n) out[k] = value_traits<T>::from_acc(in[k]);
 }

@@ -1,6 +1,8 @@
 // Reduction family kernels: several neighbour reductions in one pass
 // (sum, mean, max, min, var, std, any subset), one fused pass building the
-// backward coefficients, and one fused backward pass.
+// backward coefficients, and one fused backward pass (no atomics); opt-in
+// (deterministic=False), the max/min backward terms by float atomics over the
+// targets instead (segment_arg_scatter).
 //
 // Forward mapping: the task list of spmm.cu (rows cut into tasks of at most
 // `chunk` edges; hubs split, their partial states merged in slot order by
@@ -350,7 +352,11 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 // graph, read only with arg terms); same lane mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
 // and coef_b) and NARG (arg terms, 0-2) are compile-time upper bounds; a null
 // pointer switches a term off at run time (uniform branch). Split source rows
-// write fp32 partials (combined by spmm_combine).
+// write fp32 partials (combined by spmm_combine). `addend` (acc_t, [num_cols_fwd,
+// F], or null): sums added to row j before the single rounding to T, by the
+// row's first task only (e0 == t_indptr[j]): the deterministic=False backward
+// of a 16-bit multi-reduction passes the max/min terms scattered by
+// segment_arg_scatter there (NARG = 0), 1 acc_t row read per source row.
 //
 // Traffic per edge: sizeof(I) (+ sizeof(P) with arg terms) + F*(LIN*sizeof(acc_t)
 // + NARG*sizeof(P)) gathered as VEC-wide loads, UNROLL edges in flight;
@@ -367,6 +373,7 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
                             const typename value_traits<T>::acc_t* __restrict__ coef_b,
                             const P* __restrict__ arg0, const T* __restrict__ g0,       // [num_rows_fwd, F] / ldg
                             const P* __restrict__ arg1, const T* __restrict__ g1,
+                            const typename value_traits<T>::acc_t* __restrict__ addend,  // [num_cols_fwd, F] or null
                             T* __restrict__ grad_x,                                     // [num_cols_fwd, F]
                             typename value_traits<T>::acc_t* __restrict__ partial,      // [slots, F]
                             i64 num_tasks, int F, i64 ldg, int chunk, int group) {
@@ -442,6 +449,11 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
 #pragma unroll
             for (int v = 0; v < VEC; ++v) res[v] = acc_a[v];
         }
+        if (addend != nullptr && e0 == (i64)t_indptr[j]) {
+            const pack_t<A, VEC> ad = load_pack<A, VEC>(addend + j * F + f0);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) res[v] += ad.v[v];
+        }
         if (slot < 0) {
             pack_t<T, VEC> o;
 #pragma unroll
@@ -450,6 +462,65 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
         } else {
 #pragma unroll
             for (int v = 0; v < VEC; ++v) partial[slot * F + f0 + v] = res[v];
+        }
+    }
+}
+
+// The max/min terms of the backward with float atomics (deterministic=False,
+// opt-in; segment_bwd's transpose walk is the default): for each target row i
+// with edges and feature f,
+//   grad[indices[indptr[i] + arg0[i,f]], f] += g0[i,f]     (and arg1 / g1)
+// into a zeroed acc_t accumulator (for float/double it may be grad_x holding
+// segment_bwd's linear terms already; 16-bit types are cast once afterwards,
+// by cast_from_acc or by segment_bwd's addend). args are positions within the
+// row in P (uint16 or I; all ones = no edge, skipped), decoded by from_pos.
+// Mapping: one thread per (row, VEC features), rows in order; VEC-wide loads
+// of the args and of the cotangent block (row stride ldg); when the VEC
+// winners are one source (always for a degree-1 row) one vector atomic (sm_90)
+// adds them, else one atomic per feature. Empty rows return before any load.
+// No transpose, no per-edge positions.
+// Traffic per row of degree > 0 and arg term: F*(sizeof(P) + sizeof(T)) read,
+// up to F/VEC indices (the row's own, cached), F atomic adds of acc_t
+// (read-modify-write in L2, scattered over the row's sources). rmat20, F=128,
+// fp32 max: 256 MB of args and 512 MB of cotangent read, 128M atomic adds,
+// instead of segment_bwd's 16.1M x 256 B = 4.1 GB of gathered arg rows.
+template <typename T, typename I, int VEC, typename P>
+__global__ void segment_arg_scatter(const I* __restrict__ indptr,     // [num_rows + 1]
+                                    const I* __restrict__ indices,    // [E] source of each edge
+                                    const P* __restrict__ arg0, const T* __restrict__ g0,  // [num_rows, F] / ldg
+                                    const P* __restrict__ arg1, const T* __restrict__ g1,  // or null
+                                    typename value_traits<T>::acc_t* __restrict__ grad,    // [num_cols, F]
+                                    i64 num_rows, int F, i64 ldg) {
+    typedef typename value_traits<T>::acc_t A;
+    const int per_row = F / VEC;
+    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= num_rows * per_row) return;
+    const i64 row = k / per_row;
+    const int f0 = (int)(k - row * per_row) * VEC;
+    const i64 rb = (i64)indptr[row];
+    if ((i64)indptr[row + 1] == rb) return;            // empty row: contributes nothing
+    for (int term = 0; term < 2; ++term) {
+        const P* __restrict__ arg = term == 0 ? arg0 : arg1;
+        const T* __restrict__ g = term == 0 ? g0 : g1;
+        if (arg == nullptr) continue;
+        const pack_t<P, VEC> a = load_pack<P, VEC>(arg + row * F + f0);
+        const pack_t<T, VEC> gv = load_pack<T, VEC>(g + row * ldg + f0);
+        A val[VEC];
+        bool one_source = true;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            val[v] = value_traits<T>::to_acc(gv.v[v]);
+            one_source = one_source && a.v[v] == a.v[0];
+        }
+        if (one_source) {
+            const I p = from_pos<I>(a.v[0]);
+            if (p >= 0) atomic_add_vec<A, VEC>(grad + (i64)indices[rb + p] * F + f0, val);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const I p = from_pos<I>(a.v[v]);
+                if (p >= 0) atomicAdd(grad + (i64)indices[rb + p] * F + f0 + v, val[v]);
+            }
         }
     }
 }

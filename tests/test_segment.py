@@ -280,6 +280,42 @@ def test_segment_csr_matches_reference(device, reduce):
 
 
 @pytest.mark.parametrize("device", devices())
+def test_deterministic_flag_is_validated(device):
+    """`deterministic` must be a bool (NumPy's too) on every public entry point
+    of the family; anything else raises TypeError naming it, before any work."""
+    ei, g, x, _ = _case(device, 3)
+    xd = to_device(x, device)
+    indptr = to_device(np.array([0, 2, 2, 5]), device)
+    vals = to_device(np.ones((5, 3)), device)
+    calls = [lambda d: segment_reduce(g, xd, "max", deterministic=d),
+             lambda d: segment_reduce_fwd(g, xd, ["mean", "min"], deterministic=d),
+             lambda d: segment_csr(indptr, vals, "max", deterministic=d),
+             lambda d: segment_csr_fwd(indptr, vals, ["sum", "max"], deterministic=d)]
+    for call in calls:
+        for bad in ("no", 0, 1, None, np.int64(0)):
+            with pytest.raises(TypeError, match="deterministic must be a bool"):
+                call(bad)
+        for ok in (True, False, np.bool_(False)):
+            call(ok)
+    _, res = segment_reduce_fwd(g, xd, "max", deterministic=np.bool_(False))
+    assert res.deterministic is False
+
+
+def test_cpu_ignores_deterministic_false():
+    """The CPU backend has no atomic variant: deterministic=False gives the
+    same bits as the default, forward and backward."""
+    for reduce in ["max", "min", ["mean", "max", "min", "std"], ["sum", "var"]]:
+        ei, g, x, go = _case("cpu", 7, hub=500, reduce=reduce)
+        x = np.random.default_rng(_seed()).integers(-3, 4, x.shape).astype(np.float64)  # ties
+        runs = []
+        for det in (True, False):
+            out, res = segment_reduce_fwd(g, x, reduce, deterministic=det)
+            runs.append((out, segment_reduce_bwd(g, res, go)))
+        for a, b in zip(*runs):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("device", devices())
 def test_inputs_not_mutated_and_repeatable(device):
     reduce = list(SINGLE)
     ei, g, x, go = _case(device, 9, reduce=reduce)
@@ -365,3 +401,69 @@ def test_gpu_half_types(device, vtype, reduce, width):
     assert_close(back(out), ref.segment_reduce(ei, xr, reduce, 300), vtype, "out")
     gx = segment_reduce_bwd(g, res, to_device(gob, device))
     assert_close(back(gx), ref.segment_reduce_vjp(ei, xr, reduce, 300, gor), vtype, "grad_x")
+
+
+# ------------------------------- the atomic max/min backward (opt-in, GPU)
+NONDET_REDUCES = ["max", "min", ["mean", "max", "min", "std"], ["max", "min"], ["sum", "max"]]
+# elementwise: the same fp32/fp64 sums in another order, rounded once to the
+# value type (16-bit: within about one ulp)
+_ELEMENT_RTOL = {"float64": 1e-12, "float32": 1e-5, "float16": 2.0 ** -9, "bfloat16": 2.0 ** -6}
+_ARG_CASES = {"uint16": (3000, None), "wide-int32": (65536, np.int32),
+              "wide-int64": (65536, np.int64)}
+
+
+def _typed(a, vtype, device):
+    """(device array in vtype's storage, the float64 values it holds, fwd kwargs)."""
+    if vtype == "bfloat16":
+        bits = to_bf16_bits(a)
+        return to_device(bits, device), from_bf16_bits(bits).astype(np.float64), {
+            "vtype": "bfloat16"}
+    a = a.astype(vtype)
+    return to_device(a, device), a.astype(np.float64), {}
+
+
+def _values(a, vtype):
+    a = to_numpy(a)
+    return (from_bf16_bits(a) if vtype == "bfloat16" else a).astype(np.float64)
+
+
+@pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
+@pytest.mark.parametrize("args", list(_ARG_CASES))
+@pytest.mark.parametrize("width", [5, 64])
+@pytest.mark.parametrize("vtype", ["float32", "bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("reduce", NONDET_REDUCES, ids=_id)
+def test_gpu_nondeterministic_backward_matches_default(device, reduce, vtype, width, args):
+    """deterministic=False (max/min terms by float atomics over the targets;
+    the transpose walk skipped, or kept for the linear terms only) gives the
+    default's forward bit for bit and its gradient up to summation order, on
+    a graph with empty rows, a hub (split into tasks; 65536 in-edges: args in
+    the index dtype, else uint16), duplicates, self-loops and ties everywhere
+    (small integer features), at an odd width (scalar loads and atomics) and
+    a vector one."""
+    hub, index_dtype = _ARG_CASES[args]
+    ei, g, x, go = _case(device, width, hub=hub, index_dtype=index_dtype, reduce=reduce)
+    rng = np.random.default_rng(_seed())
+    x = rng.integers(-3, 4, x.shape).astype(np.float64)
+    xd, xr, kw = _typed(x, vtype, device)
+    god, gor, _ = _typed(go, vtype, device)
+    out_d, res_d = segment_reduce_fwd(g, xd, reduce, **kw)
+    out_n, res_n = segment_reduce_fwd(g, xd, reduce, deterministic=False, **kw)
+    np.testing.assert_array_equal(to_numpy(out_n), to_numpy(out_d))
+    want = np.uint16 if hub < 65536 else g.index_dtype
+    for a in (res_n.argmax, res_n.argmin):
+        assert a is None or a.dtype == want
+    gx_d = _values(segment_reduce_bwd(g, res_d, god), vtype)
+    gx_n = segment_reduce_bwd(g, res_n, god)
+    assert gx_n.dtype == xd.dtype and gx_n.shape == xd.shape
+    gx_n = _values(gx_n, vtype)
+    assert np.isfinite(gx_n).all()
+    assert_close(gx_n, gx_d, vtype, f"{_id(reduce)} grad_x: atomic vs default")
+    scale = float(np.abs(gx_d).max())
+    np.testing.assert_allclose(gx_n, gx_d, rtol=_ELEMENT_RTOL[vtype],
+                               atol=_ELEMENT_RTOL[vtype] * scale)
+    if vtype in ("float32", "float64"):
+        r = ref.segment_reduce_vjp(ei, xr, reduce, g.num_dst, gor)
+        names = [reduce] if isinstance(reduce, str) else reduce
+        loose = vtype == "float32" and "std" in names
+        assert_close(gx_n, r, vtype, f"{_id(reduce)} grad_x: atomic vs reference",
+                     tol=1e-4 if loose else None)

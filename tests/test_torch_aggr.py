@@ -379,6 +379,84 @@ def test_sage_lazy_multi_and_unsupported():
 
 
 # ------------------------------------------------------------------------ GPU
+def test_deterministic_keyword_validated():
+    """fastgnn's `deterministic` keyword: a bool everywhere, TypeError naming it."""
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    x = torch.randn(3, 4, dtype=torch.float64)
+    ptr = torch.tensor([0, 2, 3])
+    bad = [lambda: ft.segment_reduce(ei, x, "max", deterministic="no"),
+           lambda: ft.segment_csr(ptr, x, "max", deterministic=1),
+           lambda: ft.MaxAggregation(deterministic=None),
+           lambda: ft.StdAggregation(deterministic="no"),
+           lambda: ft.MultiAggregation(["max", "mean"], deterministic=0),
+           lambda: ft.MaxAggregation().neighbour(ei, x, deterministic="no"),
+           lambda: ft.SAGEConv(4, 4, aggr="max", deterministic="no")]
+    for fn in bad:
+        with pytest.raises(TypeError, match="deterministic must be a bool"):
+            fn()
+    with pytest.raises(TypeError, match="SAGEConv: deterministic"):
+        ft.SAGEConv(4, 4, aggr="max", deterministic="no")
+    assert ft.SAGEConv(4, 4, aggr="max").deterministic is True
+    assert repr(ft.MaxAggregation()) == "MaxAggregation()"
+    assert "deterministic=False" in repr(ft.MinAggregation(deterministic=False))
+
+
+@pytest.mark.parametrize("make,want", [
+    (lambda: ft.SAGEConv(4, 3, aggr="max"), True),
+    (lambda: ft.SAGEConv(4, 3, aggr="max", deterministic=False), False),
+    (lambda: ft.SAGEConv(4, 3, aggr=["mean", "min"], deterministic=False), False),
+    (lambda: ft.SAGEConv(4, 3, aggr=ft.MaxAggregation(deterministic=False)), False),
+    (lambda: ft.SAGEConv(4, 3, aggr="max", aggr_kwargs={"deterministic": False}), False),
+    (lambda: ft.MultiAggregation(["max", ft.MinAggregation(deterministic=False)]), False),
+    (lambda: ft.MultiAggregation(["max", "std"], deterministic=False), False),
+    (lambda: ft.MultiAggregation(["max", "std"]), True),
+    (lambda: ft.MaxAggregation(deterministic=False), False),
+], ids=["sage_default", "sage_false", "sage_multi_false", "sage_instance_false",
+        "sage_aggr_kwargs", "multi_sub_false", "multi_false", "multi_default", "max_false"])
+def test_deterministic_reaches_the_backward(monkeypatch, make, want):
+    """The keyword travels from the module through autograd to the backend's
+    backward (the CPU one ignores it; the CUDA one switches to atomics), and
+    the gradients stay those of the default."""
+    from fastgnn.backends import cpu
+    seen = []
+    inner = cpu.segment_bwd
+
+    def spy(*args, **kw):
+        seen.append(kw.get("deterministic", True))
+        return inner(*args, **kw)
+    monkeypatch.setattr(cpu, "segment_bwd", spy)
+    ei = torch.from_numpy(awkward_edge_index(40, 200, seed=5))
+    x = torch.randn(40, 4, dtype=torch.float64, requires_grad=True)
+    m = make().double()
+    if isinstance(m, ft.SAGEConv):
+        outs = [m(x, ei)]
+    else:                     # the fused path and PyG's call (segment_csr)
+        outs = [m.neighbour(ei, x), m(x[ei[0]], index=ei[1], dim_size=40)]
+    for out in outs:
+        (out * torch.randn_like(out)).sum().backward()
+    assert len(seen) == len(outs) and all(s is want for s in seen), seen
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("aggr", ["max", ["mean", "max", "min", "std"]], ids=_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_sage_nondeterministic_matches_default(aggr, dtype):
+    """SAGEConv(deterministic=False) on CUDA: the output bit for bit and every
+    gradient (x and parameters) within rounding of the default layer."""
+    n = 1501
+    ei = torch.from_numpy(awkward_edge_index(n, 12 * n, hub_degree=3000, seed=17)).cuda()
+    x = torch.randint(-3, 4, (n, 24), device="cuda").to(dtype)     # ties
+    torch.manual_seed(0)
+    a = ft.SAGEConv(24, 16, aggr=aggr).to("cuda", dtype)
+    b = ft.SAGEConv(24, 16, aggr=aggr, deterministic=False).to("cuda", dtype)
+    b.load_state_dict(a.state_dict(), strict=True)
+    got = _grads(lambda x: b(x, ei), (x,), list(b.named_parameters()))
+    want = _grads(lambda x: a(x, ei), (x,), list(a.named_parameters()))
+    assert torch.equal(got["output"], want["output"])
+    assert_results_match(got, want, "tf32" if dtype == torch.float32 else "bfloat16")
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("aggr", SINGLE + [MULTI], ids=_id)

@@ -23,6 +23,13 @@ Two ways in:
 Semantics are PyG's (empty groups give 0; var = E[x^2] - E[x]^2; std clamps
 at 1e-5 and zeroes tiny values), except that max/min send the gradient to one
 winner where PyG splits it among exact ties.
+
+Every module takes fastgnn's keyword `deterministic` (default True: bitwise
+repeatable backward). With deterministic=False the GPU backward of max/min
+(alone or inside a MultiAggregation) adds its gradient with float atomics,
+one per (group, feature), instead of walking the transpose: faster, last bits
+vary. It changes nothing on the CPU, in the forward, or for sum/mean/var/std.
+A MultiAggregation opts in when it or any of its aggregations says False.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from fastgnn._array import check_deterministic
 
 from .functional import segment_csr, segment_reduce
 
@@ -52,8 +61,13 @@ class _SegmentAggregation(_Base):
     _codes: tuple = ()
     _single = True                        # a str reduce: [S, F] (else [S, R*F])
 
-    def __init__(self):
+    def __init__(self, *, deterministic: bool = True):
         super().__init__()
+        self.deterministic = check_deterministic(deterministic, f"{type(self).__name__}: ")
+
+    def _deterministic_backward(self) -> bool:
+        """False when this module opts into the atomic max/min backward."""
+        return self.deterministic
 
     def reset_parameters(self):
         """Nothing to reset: these aggregations have no parameters."""
@@ -111,7 +125,8 @@ class _SegmentAggregation(_Base):
         rows = x.movedim(dim, 0).reshape(e, math.prod(rest))
         if perm is not None:
             rows = rows[perm]              # a differentiable gather into group order
-        out = self._run(lambda r: segment_csr(ptr, rows, r))      # [S, R*M]
+        det = self._deterministic_backward()
+        out = self._run(lambda r: segment_csr(ptr, rows, r, deterministic=det))   # [S, R*M]
         s, nr = out.shape[0], len(self._codes)
         if nr == 1:
             return out.reshape(s, *rest).movedim(0, dim)
@@ -119,12 +134,17 @@ class _SegmentAggregation(_Base):
         return torch.cat([b.movedim(0, dim) for b in blocks], dim=-1)
 
     # ---------------------------------------------------------- fused path
-    def neighbour(self, graph, x_src: Tensor, num_nodes=None) -> Tensor:
+    def neighbour(self, graph, x_src: Tensor, num_nodes=None, *,
+                  deterministic: bool = True) -> Tensor:
         """out[i] = reduce_{e=(j->i)} x_src[j] by `fastgnn.torch.segment_reduce`
         (gather fused; no per-edge tensor). graph: edge_index, EdgeIndex,
         unweighted adj_t or fastgnn.Graph; x_src [num_src, F]; num_nodes as in
-        segment_reduce. Returns [num_dst, F] ([num_dst, R*F] for MultiAggregation)."""
-        return self._run(lambda r: segment_reduce(graph, x_src, r, num_nodes))
+        segment_reduce; deterministic=False (here or on the module) opts into
+        the atomic max/min backward (SAGEConv passes its own keyword).
+        Returns [num_dst, F] ([num_dst, R*F] for MultiAggregation)."""
+        det = check_deterministic(deterministic) and self._deterministic_backward()
+        return self._run(lambda r: segment_reduce(graph, x_src, r, num_nodes,
+                                                  deterministic=det))
 
     def _run(self, fn):
         """fn(reduce) once over the distinct reductions, blocks reordered into
@@ -138,7 +158,7 @@ class _SegmentAggregation(_Base):
         return torch.cat([out[:, uniq.index(c) * f:(uniq.index(c) + 1) * f] for c in codes], 1)
 
     def __repr__(self):
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}({'' if self.deterministic else 'deterministic=False'})"
 
 
 def _check_index(t, name, device):
@@ -184,9 +204,9 @@ class VarAggregation(_SegmentAggregation):
     semi_grad=True is not supported)."""
     _codes = ("var",)
 
-    def __init__(self, semi_grad: bool = False):
+    def __init__(self, semi_grad: bool = False, *, deterministic: bool = True):
         _no_semi_grad(type(self).__name__, semi_grad)
-        super().__init__()
+        super().__init__(deterministic=deterministic)
         self.semi_grad = False
 
 
@@ -195,9 +215,9 @@ class StdAggregation(_SegmentAggregation):
     (PyG's StdAggregation; semi_grad=True is not supported)."""
     _codes = ("std",)
 
-    def __init__(self, semi_grad: bool = False):
+    def __init__(self, semi_grad: bool = False, *, deterministic: bool = True):
         _no_semi_grad(type(self).__name__, semi_grad)
-        super().__init__()
+        super().__init__(deterministic=deterministic)
         self.semi_grad = False
 
 
@@ -220,16 +240,22 @@ class MultiAggregation(*_MULTI_BASES):
     aggrs:        list of names ("sum"/"add", "mean", "max", "min", "var", "std",
                   or PyG class names such as "MaxAggregation") or Aggregation
                   instances of those kinds (ours or PyG's).
-    aggrs_kwargs: optional list of per-aggregation kwargs (only semi_grad=False).
+    aggrs_kwargs: optional list of per-aggregation kwargs (semi_grad=False,
+                  deterministic).
     mode:         "cat" only; PyG's other combine modes raise NotImplementedError.
     mode_kwargs:  must be empty (it configures the proj/attn modes only).
+    deterministic: fastgnn's keyword; False (here or on any of the aggrs) lets
+                  the GPU backward add the max/min blocks' gradients with float
+                  atomics (one pass computes every block, so one switch).
     Sub-modules sit in `aggrs` (a ModuleList), as in PyG. With PyG installed this
     is also a `torch_geometric.nn.aggr.MultiAggregation`.
     """
     _single = False
 
-    def __init__(self, aggrs, aggrs_kwargs=None, mode: str | None = "cat", mode_kwargs=None):
+    def __init__(self, aggrs, aggrs_kwargs=None, mode: str | None = "cat", mode_kwargs=None,
+                 *, deterministic: bool = True):
         _Base.__init__(self)              # not PyG MultiAggregation's (it builds its own aggrs)
+        self.deterministic = check_deterministic(deterministic, f"{type(self).__name__}: ")
         if mode != "cat":
             raise NotImplementedError(
                 f"MultiAggregation(mode={mode!r}) is not supported by fastgnn.torch: only "
@@ -258,6 +284,9 @@ class MultiAggregation(*_MULTI_BASES):
         self.mode = "cat"
         self.in_channels = self.out_channels = None
 
+    def _deterministic_backward(self) -> bool:
+        return self.deterministic and all(a.deterministic for a in self.aggrs)
+
     def get_out_channels(self, in_channels: int) -> int:
         """Output width for `in_channels` input features: R * in_channels (cat)."""
         return in_channels * len(self.aggrs)
@@ -268,7 +297,8 @@ class MultiAggregation(*_MULTI_BASES):
 
     def __repr__(self):
         aggrs = ",\n".join(f"  {a}" for a in self.aggrs) + ",\n"
-        return f"{type(self).__name__}([\n{aggrs}], mode={self.mode})"
+        det = "" if self.deterministic else ", deterministic=False"
+        return f"{type(self).__name__}([\n{aggrs}], mode={self.mode}{det})"
 
 
 def _code_of_name(name: str):
@@ -298,7 +328,8 @@ def resolve_aggregation(aggr, **kwargs):
     "max", "min", "var", "std" or PyG's class name), a list of names or
     instances (MultiAggregation, mode "cat"), one of our instances (returned
     as is) or a PyG instance of a basic kind (translated). kwargs: only
-    semi_grad=False (or, for a list, MultiAggregation's own arguments).
+    semi_grad=False and deterministic (or, for a list, MultiAggregation's own
+    arguments).
     Anything else raises NotImplementedError naming what is supported."""
     if isinstance(aggr, _SegmentAggregation):
         if kwargs:
@@ -306,25 +337,26 @@ def resolve_aggregation(aggr, **kwargs):
         return aggr
     if isinstance(aggr, (list, tuple)):
         return MultiAggregation(list(aggr), **kwargs)
-    if kwargs and set(kwargs) != {"semi_grad"}:
+    if set(kwargs) - {"semi_grad", "deterministic"}:
         raise NotImplementedError(f"aggregation arguments {sorted(kwargs)} are not supported "
-                                  "by fastgnn.torch (only semi_grad=False)")
+                                  "by fastgnn.torch (only semi_grad=False and deterministic)")
+    det = {k: v for k, v in kwargs.items() if k == "deterministic"}
     if isinstance(aggr, str):
         code = _code_of_name(aggr)
         if code is not None:
             cls = _CLASSES[code]
-            return cls(**kwargs) if code in ("var", "std") else cls()
+            return cls(**kwargs) if code in ("var", "std") else cls(**det)
     elif _pyg_aggr is not None and isinstance(aggr, _pyg_aggr.MultiAggregation):
         if aggr.mode != "cat" or aggr.out_channels is not None:
             raise NotImplementedError(f"PyG MultiAggregation(mode={aggr.mode!r}) is not "
                                       "supported by fastgnn.torch (only mode='cat')")
-        return MultiAggregation(list(aggr.aggrs))
+        return MultiAggregation(list(aggr.aggrs), **det)
     else:
         code = _code_of_pyg(aggr)
         if code == "semi_grad":
             _no_semi_grad(type(aggr).__name__, True)
         if code is not None:
-            return _CLASSES[code]()
+            return _CLASSES[code](**det)
     raise NotImplementedError(
         f"aggregation {aggr!r} is not supported by fastgnn.torch (supported: "
         f"{', '.join(('add',) + _CODES)}, a list of them, or their Aggregation modules)")

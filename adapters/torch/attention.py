@@ -45,14 +45,13 @@ from torch import Tensor
 
 from fastgnn import rng
 from fastgnn.graph import Graph
-from fastgnn.ops.attention import (SCORE_INPUTS, check_deterministic, dropout_spec,
-                                   edge_attention_bwd, edge_attention_fwd, edge_softmax_bwd,
-                                   edge_softmax_fwd)
+from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bwd,
+                                   edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
 
 from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import segment_reduce
 from .graph_cache import _GRAPHS, _is_edge_index_type, _tkey, resolve
-from .nn import _check_kwargs, _graph_sizes, _linear, _pair
+from .nn import _check_kwargs, _graph_sizes, _linear, _pair, _pop_deterministic
 
 __all__ = ["edge_softmax", "edge_attention", "GATConv", "GATv2Conv", "TransformerConv",
            "EDGE_SOFTMAX", "EDGE_ATTENTION"]
@@ -379,14 +378,6 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
         return out, (_returned(ei_out, edge_index),
                      _dropped(alpha, p, seed, offset, layer.training))
     return out
-
-
-def _pop_deterministic(layer, kwargs):
-    """fastgnn's own constructor keyword of the attention layers (not in PyG):
-    deterministic=False lets the GPU backward add source-side gradients with
-    float atomics instead of a second pass over the transpose (faster, not
-    bitwise repeatable; ignored on the CPU)."""
-    return check_deterministic(kwargs.pop("deterministic", True), f"{layer}: ")
 
 
 def _pop_aggr(layer, kwargs):

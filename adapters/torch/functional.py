@@ -102,7 +102,8 @@ def _reduce_arg(reduce):
     return reduce
 
 
-def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None):
+def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
+                   deterministic=True):
     r"""Neighbour reductions, differentiable in x (gather fused: no per-edge tensor).
 
     Messages flow source j -> target i along each edge e = (j -> i), d_i = deg_in(i):
@@ -127,6 +128,11 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None):
                  list of distinct ones, computed in one pass over the neighbours.
     num_nodes:   None (square graph with x.size(0) nodes), an int (square), or
                  (num_src, num_dst) for a bipartite graph.
+    deterministic: True (default) keeps the backward bitwise repeatable (no
+                 float atomics). False (CUDA only; ignored on the CPU) adds the
+                 max/min gradients with float atomics, one per (target,
+                 feature), instead of walking the transpose: faster, last
+                 bits vary. No effect on the forward, nor on sum/mean/var/std.
     Returns [num_dst, F] for a single str, else [num_dst, R*F] with block r
     = reduce[r] (PyG MultiAggregation mode="cat" order), in x's dtype.
     """
@@ -134,10 +140,11 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None):
     if adj_w is not None:
         raise ValueError("segment_reduce takes no edge weights, but the sparse adj_t has values "
                          "other than 1; pass an edge_index, a fastgnn.Graph or an adj_t of ones")
-    return apply(SEGMENT_REDUCE, graph, x, reduce=_reduce_arg(reduce))
+    return apply(SEGMENT_REDUCE, graph, x, reduce=_reduce_arg(reduce),
+                 deterministic=deterministic)
 
 
-def segment_csr(ptr, src, reduce="sum"):
+def segment_csr(ptr, src, reduce="sum", *, deterministic=True):
     r"""Reductions of per-row values over CSR segments (torch_scatter's `segment_csr`),
     differentiable in src:
 
@@ -149,6 +156,7 @@ def segment_csr(ptr, src, reduce="sum"):
     ptr:    [S + 1] integer tensor, non-decreasing from 0 to E, on src's device.
     src:    [E] or [E, *] float tensor (trailing dimensions are reduced independently).
     reduce: a str, or a list of distinct reductions (then src must be [E, F]).
+    deterministic: as in `segment_reduce` (False: atomic max/min backward on CUDA).
     Returns [S, *] for a str (the trailing shape of src), [S, R*F] for a list
     (block r = reduce[r]), in src's dtype.
     """
@@ -167,7 +175,7 @@ def segment_csr(ptr, src, reduce="sum"):
         raise ValueError(f"ptr is on {ptr.device} but src on {src.device}")
     rest = tuple(src.shape[1:])
     flat = src.reshape(src.shape[0], math.prod(rest)) if src.dim() != 2 else src
-    out = apply(SEGMENT_CSR, None, ptr, flat, reduce=reduce)
+    out = apply(SEGMENT_CSR, None, ptr, flat, reduce=reduce, deterministic=deterministic)
     return out.reshape(out.shape[0], *rest) if src.dim() != 2 else out
 
 

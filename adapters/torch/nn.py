@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import fastgnn
+from fastgnn._array import check_deterministic
 
 from .functional import _norm_dtype, gcn_norm, spmm
 from .graph_cache import resolve, to_graph
@@ -82,6 +83,15 @@ def _aggr(aggr, layer, supported=("sum", "mean")):
             f"{layer}: aggr={aggr!r} is not supported by fastgnn.torch yet "
             f"(supported: {', '.join(supported)}; max/min/std come with the segment ops)")
     return reduce
+
+
+def _pop_deterministic(layer, kwargs):
+    """fastgnn's own constructor keyword (not in PyG) of the attention layers
+    and SAGEConv, validated: deterministic=False lets the GPU backward use float
+    atomics (attention: source-side gradients without a second pass over the
+    transpose; SAGEConv: the max/min terms of its segment reduction) instead of
+    its bitwise repeatable default; ignored on the CPU."""
+    return check_deterministic(kwargs.pop("deterministic", True), f"{layer}: ")
 
 
 def _check_kwargs(layer, kwargs):
@@ -246,8 +256,14 @@ class SAGEConv(torch.nn.Module):
                   those kinds (`fastgnn.torch.aggr`, or PyG's basic ones).
                   Mean and sum strings run through SpMM (fused scales); the
                   others through `segment_reduce` (gather fused).
-    aggr_kwargs:  as in PyG (only semi_grad=False here).
+    aggr_kwargs:  as in PyG (only semi_grad=False here, and fastgnn's deterministic).
     normalize, root_weight, project, bias: as in PyG.
+    deterministic (fastgnn only, keyword): False lets the GPU backward of a
+                  max/min aggregation (alone or in a list) add its gradient with
+                  float atomics instead of walking the transpose: faster, not
+                  bitwise repeatable. An Aggregation instance given as aggr with
+                  its own deterministic=False opts in too. No effect on the CPU,
+                  on the forward, or on sum/mean/var/std aggregations.
     forward(x [N, in] | (x_src [Ns, in_s], x_dst [Nt, in_t] or None),
             edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], size=None) -> [Nt, out]
 
@@ -270,6 +286,7 @@ class SAGEConv(torch.nn.Module):
         self.root_weight = root_weight
         self.project = project
         aggr_kwargs = kwargs.pop("aggr_kwargs", None) or {}
+        self.deterministic = _pop_deterministic(type(self).__name__, kwargs)
         _check_kwargs(type(self).__name__, kwargs)
         # PyG's string form of aggr (kept for repr and code that reads it)
         if isinstance(aggr, str):
@@ -329,7 +346,8 @@ class SAGEConv(torch.nn.Module):
                     f"{type(self).__name__}(aggr={self.aggr!r}) with a weighted sparse adj_t "
                     "(PyG computes max/min of value * x there) is not supported by "
                     "fastgnn.torch; pass an adj_t of ones or an edge_index")
-            out = lin_l(self.aggr_module.neighbour(graph, x_src))
+            out = lin_l(self.aggr_module.neighbour(graph, x_src,
+                                                   deterministic=self.deterministic))
         else:
             if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
                 lin_l(x_src[:0])                       # materialise from the input width

@@ -43,12 +43,11 @@ default, bitwise repeatable fastgnn[edge_index].
 """
 from __future__ import annotations
 
-import inspect
 import math
 
 from . import external, report
 from .cases_layers import _load, _master_state, _prepared, compiled_impl, layer_reference
-from .cases_spmm import clear_fastgnn_cache
+from .cases_spmm import clear_fastgnn_cache, fastgnn_takes
 from .core import Case, Impl, Prepared, register
 
 SCORES = {"attn_gatv2": "gatv2", "attn_dot": "dot", "attn_gat": "gat"}
@@ -91,15 +90,6 @@ def _inputs(ctx, score):
 
 def _leaves(tensors, score):
     return [tensors[k].detach().requires_grad_(True) for k in NAMES[score]]
-
-
-def _takes_deterministic():
-    """Whether fastgnn.torch.edge_attention exposes the core's `deterministic` switch."""
-    try:
-        import fastgnn.torch as fgt
-        return "deterministic" in inspect.signature(fgt.edge_attention).parameters
-    except Exception:  # noqa: BLE001
-        return False
 
 
 # ------------------------------------------------------------ PyG-style baseline
@@ -210,7 +200,7 @@ def attn_impls(score):
                     f"H={H}, C={C}; graph = fastgnn.torch.to_graph(edge_index) built once (CSR "
                     "by target, cached transpose)")
         out.append(Impl("fastgnn", settings, build_fastgnn, fastgnn=True))
-        if ctx.cuda and _takes_deterministic():
+        if ctx.cuda and fastgnn_takes("edge_attention"):
             out.append(Impl("fastgnn[nondeterministic]", settings.replace(
                 ") with", ", deterministic=False) with", 1) + "; backward with float atomics",
                 lambda ctx: build_fastgnn(ctx, False), fastgnn=True))

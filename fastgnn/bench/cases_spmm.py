@@ -100,10 +100,12 @@ def reference_spmm(torch, ctx, reduce, x, chunk=1 << 22):
     return out
 
 
-def _takes_deterministic():
-    """Whether fastgnn.torch.spmm exposes the core's `deterministic` switch."""
+def fastgnn_takes(fn, keyword="deterministic"):
+    """Whether fastgnn.torch.<fn> exists and takes `keyword` (e.g. the core's
+    `deterministic` switch); False when fastgnn.torch does not import."""
     try:
-        return "deterministic" in inspect.signature(fastgnn_torch().spmm).parameters
+        import fastgnn.torch as fgt
+        return keyword in inspect.signature(getattr(fgt, fn)).parameters
     except Exception:  # noqa: BLE001
         return False
 
@@ -131,7 +133,7 @@ def spmm_impls(reduce):
         variants = [("auto", None)]
         if ctx.cuda:
             variants += [("cusparse", None), ("custom", None)]
-            if _takes_deterministic():
+            if fastgnn_takes("spmm"):
                 variants.append(("auto", False))
         for path, det in variants:
             def build(ctx, path=path, det=det):

@@ -128,7 +128,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import rng
-from .._array import CPU_VALUE_TYPES, as_backend_array, is_cupy, same_device, vtype_of
+from .._array import (CPU_VALUE_TYPES, as_backend_array, check_deterministic, is_cupy, same_device,
+                      vtype_of)
 from ..backends import backend_for
 from ..graph import Graph, as_graph
 
@@ -393,14 +394,6 @@ def _validate_inputs(graph, score, given, vtype):
             a = a.reshape(shape + (1,))
         arrays[n] = a
     return arrays, shapes, vt, H, C
-
-
-def check_deterministic(value, where=""):
-    """The `deterministic` switch as a bool; TypeError naming it otherwise
-    (`where`: a prefix for the message, e.g. the layer's name)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{where}deterministic must be a bool, got {type(value).__name__}")
-    return bool(value)
 
 
 def _attention_params(score, negative_slope, scale, channels, dropout, seed, offset,

@@ -35,6 +35,19 @@ float64 for float64 inputs). The residuals hold only what the VJP needs: the
 argmax/argmin positions within the row (uint16 when no target has 65536
 in-edges or more, else the index dtype: Graph.position_dtype), the mean (and std) written by the forward kernel for
 var/std, in that accumulation precision, and x for var/std.
+
+Opt-in `deterministic=False` (GPU only): the max/min terms are scattered
+instead, one float atomic per (target, feature):
+
+    grad_x[j_i,f] += g_max[i,f]      j_i,f = the source of row i's winning edge
+
+into a zeroed float32 (float64 for float64) accumulator, cast once to the
+value type for float16/bfloat16. A pure max/min then skips the transpose
+walk (and its per-edge read of the arg rows) entirely; a multi-reduction's
+walk keeps only the coef_a/coef_b terms. Faster, but the order of the sums,
+so their last bits, vary from run to run. The forward is unchanged, and so is
+a backward without max/min (sum, mean, var, std: the flag has no effect). The
+CPU backend accepts the flag and stays deterministic.
 """
 from __future__ import annotations
 
@@ -42,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._array import as_backend_array, xp_of
+from .._array import as_backend_array, check_deterministic, xp_of
 from ..backends import backend_for
 from ..graph import Graph, as_graph
 from .spmm import validate_features
@@ -63,6 +76,7 @@ class SegmentResiduals:
     argmax: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with max
     argmin: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with min
     has_grad: bool           # False when the forward ran with needs_x_grad=False
+    deterministic: bool = True   # False: the GPU max/min backward may use float atomics
 
 
 def parse_reduce(reduce):
@@ -85,12 +99,16 @@ def parse_reduce(reduce):
     return names, single
 
 
-def segment_reduce_fwd(graph, x, reduce="sum", *, vtype=None, needs_x_grad=True):
-    """Forward of `segment_reduce`; returns (out, SegmentResiduals)."""
-    return _fwd(as_graph(graph), x, reduce, vtype, needs_x_grad, "x")
+def segment_reduce_fwd(graph, x, reduce="sum", *, vtype=None, needs_x_grad=True,
+                       deterministic=True):
+    """Forward of `segment_reduce`; returns (out, SegmentResiduals). The
+    residuals carry `deterministic` to `segment_reduce_bwd` (see the module
+    docstring); the forward itself does not depend on it."""
+    return _fwd(as_graph(graph), x, reduce, vtype, needs_x_grad, "x", deterministic)
 
 
-def _fwd(graph, x, reduce, vtype, needs_x_grad, name):
+def _fwd(graph, x, reduce, vtype, needs_x_grad, name, deterministic):
+    deterministic = check_deterministic(deterministic)
     codes, _ = parse_reduce(reduce)
     x, vt = validate_features(graph, x, vtype, name=name)
     needs_x_grad = bool(needs_x_grad)
@@ -98,14 +116,16 @@ def _fwd(graph, x, reduce, vtype, needs_x_grad, name):
                                                                residuals=needs_x_grad)
     keep_x = x if mean is not None else None
     res = SegmentResiduals(codes, vt, x.shape[1], graph.num_src, keep_x, mean, std,
-                           argmax, argmin, needs_x_grad)
+                           argmax, argmin, needs_x_grad, deterministic)
     return out, res
 
 
 def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out):
     """Backward of `segment_reduce`: grad_x [num_src, F] in x's value type.
 
-    grad_out: [num_dst, R*F] (or [num_dst, F] for a single reduction)."""
+    grad_out: [num_dst, R*F] (or [num_dst, F] for a single reduction).
+    Bitwise repeatable unless the forward ran with deterministic=False (then,
+    on the GPU, the max/min terms are added with float atomics)."""
     graph = as_graph(graph)
     if not res.has_grad:
         raise ValueError("segment_reduce_fwd was called with needs_x_grad=False")
@@ -118,10 +138,11 @@ def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out):
         raise ValueError(f"grad_out must have shape [num_dst, {nr * f}] = [{graph.num_dst}, "
                          f"{nr} reductions x {f}], got {tuple(g.shape)}")
     return backend_for(g).segment_bwd(graph, res.x, g, res.codes, res.mean, res.std,
-                                      res.argmax, res.argmin, res.vtype)
+                                      res.argmax, res.argmin, res.vtype,
+                                      deterministic=res.deterministic)
 
 
-def segment_reduce(graph, x, reduce="sum", *, vtype=None):
+def segment_reduce(graph, x, reduce="sum", *, vtype=None, deterministic=True):
     """Neighbour reductions: out[i] = reduce_{e=(j->i)} x[j] (see module docstring).
 
     graph:  fastgnn.Graph with num_src source and num_dst target nodes.
@@ -129,11 +150,19 @@ def segment_reduce(graph, x, reduce="sum", *, vtype=None):
             16-bit integers with vtype="bfloat16").
     reduce: one of "sum", "mean", "max", "min", "var", "std", or a list/tuple
             of distinct ones (computed in one pass over the neighbours).
+    deterministic: a bool (TypeError otherwise). True (default): the backward
+            (`segment_reduce_fwd` / `segment_reduce_bwd`) uses no float atomics
+            and is bitwise repeatable. False (GPU only; the CPU backend accepts
+            it and stays deterministic): the max/min terms of the backward are
+            added with float atomics over the targets, skipping the transpose
+            walk for a pure max/min: faster, last bits vary. No effect on the
+            forward, nor on sum/mean/var/std alone.
     Returns [num_dst, F] for a single str, else [num_dst, R*F] with block r
     holding reduce[r] (PyG MultiAggregation mode="cat" order); x's dtype.
     Empty rows give 0.
     """
-    out, _ = segment_reduce_fwd(graph, x, reduce, vtype=vtype, needs_x_grad=False)
+    out, _ = segment_reduce_fwd(graph, x, reduce, vtype=vtype, needs_x_grad=False,
+                                deterministic=deterministic)
     return out
 
 
@@ -164,10 +193,11 @@ def _csr_graph(indptr, values):
     return Graph.from_csr(indptr, xp.arange(e, dtype=np.int64), num_src=e), values
 
 
-def segment_csr_fwd(indptr, values, reduce="sum", *, vtype=None, needs_x_grad=True):
+def segment_csr_fwd(indptr, values, reduce="sum", *, vtype=None, needs_x_grad=True,
+                    deterministic=True):
     """Forward of `segment_csr`; returns (out, SegmentCsrResiduals)."""
     graph, values = _csr_graph(indptr, values)
-    out, res = _fwd(graph, values, reduce, vtype, needs_x_grad, "values")
+    out, res = _fwd(graph, values, reduce, vtype, needs_x_grad, "values", deterministic)
     return out, SegmentCsrResiduals(graph, res)
 
 
@@ -180,7 +210,7 @@ def segment_csr_bwd(indptr, res: SegmentCsrResiduals, grad_out):
     return segment_reduce_bwd(res.graph, res.inner, grad_out)
 
 
-def segment_csr(indptr, values, reduce="sum", *, vtype=None):
+def segment_csr(indptr, values, reduce="sum", *, vtype=None, deterministic=True):
     """Reductions of per-edge values over CSR segments (torch_scatter's segment_csr):
 
         out[i] = reduce_{indptr[i] <= e < indptr[i+1]} values[e]
@@ -188,10 +218,12 @@ def segment_csr(indptr, values, reduce="sum", *, vtype=None):
     indptr: [num_segments + 1] non-decreasing offsets from 0 to E.
     values: [E, F] float values (NumPy -> CPU, CuPy -> GPU).
     reduce: as in `segment_reduce` (a str or a list of distinct reductions).
+    deterministic: as in `segment_reduce` (for `segment_csr_fwd`'s backward).
     Implemented as `segment_reduce(Graph.from_csr(indptr, arange(E)), values,
     reduce)`, so every semantic (empty segments give 0, first-position ties,
     NaN propagation, var/std as PyG) is the same.
     Returns [num_segments, F] (or [num_segments, R*F]) in values' dtype.
     """
-    out, _ = segment_csr_fwd(indptr, values, reduce, vtype=vtype, needs_x_grad=False)
+    out, _ = segment_csr_fwd(indptr, values, reduce, vtype=vtype, needs_x_grad=False,
+                             deterministic=deterministic)
     return out

@@ -17,7 +17,9 @@ segment_bwd: one fused pass over the target rows building coef_a/coef_b from
                      + [argmax[i] == p_e] g_max[i] + [argmin[i] == p_e] g_min[i]
 
     accumulated in float64 (g_max, g_min: the max/min blocks of the cotangent;
-    p_e from Graph.transpose_positions).
+    p_e from Graph.transpose_positions). Always deterministic: the CUDA
+    backend's opt-in atomic variant (deterministic=False) has no CPU twin, the
+    flag is accepted and ignored here.
 
 Reduction codes (shared with kernels_cuda/segment.cu): 0 sum, 1 mean, 2 max,
 3 min, 4 var, 5 std.
@@ -216,11 +218,13 @@ def segment_fwd(graph, x, codes, vtype, residuals=True):
     return (out,) + tuple(a if fl else None for a, fl in zip((argmax, argmin, mean, std), flags))
 
 
-def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype):
+def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, deterministic=True):
     """grad_x [num_src, F] in the value type `vtype`; see module docstring.
     g: [num_dst, R*F] cotangent (block r for codes[r]); mean, std, argmax,
     argmin: the residuals of segment_fwd (None when not needed); x [num_src,
-    F] is needed only with var/std."""
+    F] is needed only with var/std. deterministic: accepted for the CUDA
+    backend's interface and ignored: this pass has no atomic variant, so
+    deterministic=False gives the same bits."""
     R = len(codes)
     f = g.shape[1] // R
     n = graph.num_dst

@@ -21,7 +21,8 @@ from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, s
                               transpose_caller_ids)
 from .loader import (C_INDEX, C_VALUE, VALUE_BYTES, attention_groups, attention_nchs,
                      attention_vecs, get_function)
-from .spmm import _ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, lane_group, spmm_custom, task_plan
+from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, from_acc, lane_group, spmm_custom,
+                   task_plan)
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 COLUMN_SUM_ROWS = 1024
@@ -283,17 +284,17 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
               out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
               _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars)
         if aS is not None:
-            grads[s_name] = _from_acc(aS, S, vtype, itype)
+            grads[s_name] = from_acc(aS, S.dtype, "attention", vtype, itype)
         if aV is not None:
-            grads[v_name] = _from_acc(aV, V, vtype, itype)
+            grads[v_name] = from_acc(aV, V.dtype, "attention", vtype, itype)
         _combine(plan, p_dn, gDn, H * Cs, vtype, itype)
         if need_gDn:
             grads[d_name] = gDn
         if need_gEd:
             grads[e_name] = gEd
         if need_gatt:
-            grads["att"] = _from_acc(_column_sum(gatt_part, vtype, itype).reshape(att.shape),
-                                     att, vtype, itype)
+            grads["att"] = from_acc(_column_sum(gatt_part, vtype, itype).reshape(att.shape),
+                                    att.dtype, "attention", vtype, itype)
 
     # source pass over the transpose
     if src_pass:
@@ -318,13 +319,3 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         if need_gV:
             grads[v_name] = gV
     return {name: grads[name] for name in SCORE_INPUTS[score]}
-
-
-def _from_acc(a, like, vtype, itype):
-    """The fp32/fp64 sums `a` as an array like `like` (a itself if same type)."""
-    if a.dtype == like.dtype:
-        return a
-    out = cp.empty_like(like)
-    fn = get_function("attention", vtype, itype, f"cast_from_acc<{C_VALUE[vtype]}>")
-    fn((max(1, -(-a.size // BLOCK)),), (BLOCK,), (a, out, np.int64(a.size)))
-    return out

@@ -56,11 +56,13 @@ def segment_position_type(itype, ptype, needed):
 
 def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
-    names = [f"segment_coef<{T}, {I}>"]
+    names = [f"segment_coef<{T}, {I}>", f"cast_from_acc<{T}>"]
     for vec in vec_widths(vt):
         for pt in ("uint16", it):
             P = C_POSITION[pt]
             names.append(f"segment_combine<{T}, {I}, {vec}, {P}>")
+            # the atomic max/min backward (deterministic=False)
+            names.append(f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
             names += [f"segment_fwd<{T}, {I}, {vec}, {s}, {P}>" for s in SEGMENT_STATS
                       if s & 12 or pt == it]
             names += [f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}, {P}>"

@@ -10,7 +10,12 @@ Backward: one fused pass building coef_a/coef_b from the cotangent
 (segment_coef), then one pass over the cached transpose summing the linear
 terms and the arg-selected max/min terms (read straight from the cotangent's
 blocks; each transpose edge's position in its forward row is cached on the
-graph, Graph.transpose_positions); no atomics. Interface as the CPU backend (fastgnn/backends/cpu/segment.py).
+graph, Graph.transpose_positions); no atomics. Opt-in deterministic=False:
+the max/min terms are added by float atomics over the targets
+(segment_arg_scatter: grad_x[source of the winning edge] += g per (row,
+feature)); a pure max/min then needs no transpose at all, a multi-reduction's
+walk keeps only the linear terms (no arg rows read). Interface as the CPU
+backend (fastgnn/backends/cpu/segment.py).
 """
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ import functools
 import cupy as cp
 import numpy as np
 
-from .loader import (C_INDEX, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function,
+from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function,
                      segment_position_type)
-from .spmm import _ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape, task_plan
+from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
+                   from_acc, task_plan)
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN = 1, 2, 4, 8
@@ -103,16 +109,37 @@ def _terms(lin, narg):
     return next(t for t in SEGMENT_TERMS if t[0] >= lin and t[1] >= narg)
 
 
-def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFAULT_CHUNK):
-    """grad_x [num_src, F] (see kernels_cuda/segment.cu, segment_coef and segment_bwd)."""
-    t = graph.transpose()
+def _arg_scatter(graph, args, acc, vtype, itype, ldg):
+    """acc[source of each (row, feature)'s winning edge] += its cotangent, with
+    float atomics (kernels_cuda/segment.cu, segment_arg_scatter). args: one or
+    two (positions [num_dst, F] in Graph.position_dtype, cotangent block with
+    row stride ldg); acc: [num_src, F] float32/float64, zeroed or holding the
+    linear terms."""
+    F = acc.shape[1]
+    n = graph.num_dst
+    pairs = args + [(None, None)] * (2 - len(args))
+    T, I = C_VALUE[vtype], C_INDEX[itype]
+    P = C_POSITION[args[0][0].dtype.name]
+    vec, _ = _launch_shape(vtype, F, acc, *(a for pair in args for a in pair))
+    kern = get_function("segment", vtype, itype, f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
+    kern(_grid(n * (F // vec), 1), (BLOCK,),
+         (graph.indptr, graph.indices, _arg(pairs[0][0]), _arg(pairs[0][1]),
+          _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
+
+
+def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFAULT_CHUNK,
+                deterministic=True):
+    """grad_x [num_src, F] (see kernels_cuda/segment.cu: segment_coef and
+    segment_bwd; with deterministic=False and max/min requested,
+    segment_arg_scatter adds the max/min terms with float atomics and the
+    transpose walk keeps only the linear terms, or does not run at all)."""
     codes = tuple(codes)
     R = len(codes)
     F = g.shape[1] // R
     dtype = g.dtype
-    grad = cp.empty((graph.num_src, F), dtype=dtype)
-    if F == 0 or graph.num_src == 0:
-        return grad
+    ns = graph.num_src
+    if F == 0 or ns == 0:
+        return cp.empty((ns, F), dtype=dtype)
     idx = graph.index_dtype
     itype = _ITYPE[np.dtype(idx)]
     acc = _acc_dtype(vtype)
@@ -120,6 +147,32 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
     n = graph.num_dst
     has_a = any(c not in ("max", "min") for c in codes)
     has_b = any(c in ("var", "std") for c in codes)
+    # max/min terms: the arg arrays (positions within the forward row, in the
+    # graph's position dtype) and the cotangent's blocks (row stride R*F)
+    args = [(a, g[:, codes.index(c) * F:]) for c, a in (("max", argmax), ("min", argmin))
+            if a is not None]
+    pos = graph.position_dtype if args else np.dtype(idx)
+    args = [(a.astype(pos, copy=False), gb) for a, gb in args]
+    addend = None
+    if args and not deterministic:
+        # float atomics over the targets instead of reading arg rows per transpose edge:
+        # into grad_x itself for float/double (after the walk's linear terms),
+        # else into fp32 sums rounded once (cast, or added by the walk)
+        if np.dtype(acc) == dtype:
+            if not has_a:
+                grad = cp.zeros((ns, F), dtype=dtype)
+                _arg_scatter(graph, args, grad, vtype, itype, R * F)
+                return grad
+        else:
+            addend = cp.zeros((ns, F), dtype=acc)
+            _arg_scatter(graph, args, addend, vtype, itype, R * F)
+            if not has_a:
+                return from_acc(addend, dtype, "segment", vtype, itype)
+        atomic, args = args, []
+    else:
+        atomic = []
+    t = graph.transpose()
+    grad = cp.empty((ns, F), dtype=dtype)
     coef_a = cp.empty((n, F), dtype=acc) if has_a else None
     coef_b = cp.empty((n, F), dtype=acc) if has_b else None
     if has_a and n:
@@ -127,20 +180,14 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
         coef(_grid(n * F, 1), (BLOCK,),
              (graph.indptr, g, _arg(mean, acc), _arg(std, acc), coef_a, _arg(coef_b),
               np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
-    # max/min terms: the arg arrays (positions within the forward row, in the
-    # graph's position dtype) and the cotangent's blocks (row stride R*F)
-    args = [(a, g[:, codes.index(c) * F:]) for c, a in (("max", argmax), ("min", argmin))
-            if a is not None]
-    pos = graph.position_dtype if args else np.dtype(idx)
-    args = [(a.astype(pos, copy=False), gb) for a, gb in args]
     t_pos = graph.transpose_positions if args else None
     lin, narg = _terms(2 if has_b else int(has_a), len(args))
     P = segment_position_type(itype, pos.name, narg > 0)
     args += [(None, None)] * (2 - len(args))
     plan = task_plan(t, chunk)
     partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else NULL
-    arrays = [a for a in (x if has_b else None, coef_a, coef_b, args[0][0], args[1][0], grad)
-              if a is not None]
+    arrays = [a for a in (x if has_b else None, coef_a, coef_b, args[0][0], args[1][0], addend,
+                          grad) if a is not None]
     vec, group = _launch_shape(vtype, F, *arrays)
     kern = get_function("segment", vtype, itype, f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
     num_tasks = int(plan.task_row.shape[0])
@@ -148,12 +195,14 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
          (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_pos),
           _arg(x if has_b else None), _arg(coef_a), _arg(coef_b),
           _arg(args[0][0]), _arg(args[0][1]), _arg(args[1][0]), _arg(args[1][1]),
-          grad, partial, np.int64(num_tasks), np.int32(F), np.int64(R * F), np.int32(chunk),
-          np.int32(group)))
+          _arg(addend), grad, partial, np.int64(num_tasks), np.int32(F), np.int64(R * F),
+          np.int32(chunk), np.int32(group)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
         combine(_grid(num_split, group), (BLOCK,),
                 (plan.split_row, plan.slot_ptr, partial, NULL, grad, np.int64(num_split),
                  np.int32(F), np.int32(group)))
+    if atomic and addend is None:
+        _arg_scatter(graph, atomic, grad, vtype, itype, R * F)
     return grad

@@ -34,6 +34,18 @@ def _acc_dtype(vtype):
     return np.float64 if vtype == "float64" else np.float32
 
 
+def from_acc(a, dtype, family, vtype, itype):
+    """The fp32/fp64 sums `a` (contiguous) in `dtype`, the storage of vtype: `a`
+    itself when that is its dtype, else cast by `family`'s cast_from_acc
+    instantiation (kernels_cuda/common.cuh; the atomic backwards of 16-bit types)."""
+    if a.dtype == dtype:
+        return a
+    out = cp.empty(a.shape, dtype=dtype)
+    fn = get_function(family, vtype, itype, f"cast_from_acc<{C_VALUE[vtype]}>")
+    fn((max(1, -(-a.size // BLOCK)),), (BLOCK,), (a, out, np.int64(a.size)))
+    return out
+
+
 # ------------------------------------------------------------------ tasks
 @dataclasses.dataclass
 class TaskPlan:
