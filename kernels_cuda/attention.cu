@@ -29,11 +29,14 @@
 // can ask for): KIND, value and index type, VEC, NCH, GROUP = G (lanes per
 // group: 4, 8, 16 or 32 for one chunk of wide vectors, so the per-edge
 // reductions unroll with constant masks; 32 with several chunks; 0 = the
-// runtime `group` for VEC = 1) and HAS_E (edge term). Edge positions inside a
-// task are 32-bit; a gather address is one wide multiply-add from a per-lane
-// base pointer (Rows). Dropout and the alpha pass stay runtime switches: the
-// alpha pass runs its own loop, the dropout factors of a step are drawn
-// before its rows are gathered.
+// runtime `group` for VEC = 1), HAS_E (edge term), and for attn_bwd_dst
+// ATOMIC (the opt-in atomic backward) and BLOCK_GATT (gatv2's grad_att
+// partials per thread block through shared memory: only that variant has a
+// barrier and shared memory, the others keep their registers and
+// occupancy). Edge positions inside a task are 32-bit; a gather address is
+// one wide multiply-add from a per-lane base pointer (Rows). Dropout and the
+// alpha pass stay runtime switches: the alpha pass runs its own loop, the
+// dropout factors of a step are drawn before its rows are gathered.
 //
 // Traffic per edge and head (forward): the source rows S[j] and V[j] slices
 // (C values each; one row for gatv2, whose S and V are both xl), the edge term
@@ -45,6 +48,10 @@
 // gathers Dn[i], g[i], lse and delta per edge. So per edge and head: forward
 // 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source
 // pass); per target and head 3 rows (Dn, g, out) and delta written once.
+// gatv2's grad_att: per thread block of the target pass one row [H, C] of
+// acc values (BLOCK_GATT; blockDim / group (task, head) pairs per block, so
+// e.g. 8 tasks per row at H = 4, C = 32 in fp32, 16 in bf16), else one row
+// [H, C] per task; either summed by column_sum.
 
 #include "common.cuh"
 
@@ -64,7 +71,14 @@
 #endif
 #define ATTN_FWD_BOUNDS \
     __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
-#define ATTN_BOUNDS __launch_bounds__(256, (NCH == 1 && sizeof(T) == 4) ? ATTN_MIN_BLOCKS : 1)
+#define ATTN_BWD_MIN_BLOCKS ((NCH == 1 && sizeof(T) == 4) ? ATTN_MIN_BLOCKS : 1)
+#define ATTN_BOUNDS __launch_bounds__(256, ATTN_BWD_MIN_BLOCKS)
+// The target pass: its BLOCK_GATT variants of one chunk (not atomic) ask for
+// at least 2 blocks (<= 128 registers, what their per-task twins take), so
+// the shared-slot write costs them no occupancy.
+#define ATTN_DST_BOUNDS                                                                 \
+    __launch_bounds__(256, (BLOCK_GATT && NCH == 1 && !ATOMIC && ATTN_BWD_MIN_BLOCKS < 2) \
+                               ? 2 : ATTN_BWD_MIN_BLOCKS)
 
 #define KIND_GAT 0
 #define KIND_GATV2 1
@@ -183,13 +197,16 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 }
 
 // Task t, head h, the lane layout L and the task's n edges (eidx, ecid: its
-// indices and caller ids, n <= chunk so edge positions are 32-bit).
-#define GROUP_PROLOGUE                                                              \
+// indices and caller ids, n <= chunk so edge positions are 32-bit). A group
+// without a task (the grid's tail) runs NO_TASK: `return`, or a jump past the
+// task's scope where the block meets at a barrier afterwards.
+#define GROUP_PROLOGUE GROUP_PROLOGUE_OR(return)
+#define GROUP_PROLOGUE_OR(NO_TASK)                                                  \
     const int grp_ = GROUP ? GROUP : group;                                         \
     const i64 gid = group_index(grp_);                                              \
     const i64 t = gid / H;                                                          \
     const int h = (int)(gid - t * H);                                               \
-    if (t >= num_tasks) return;                                                     \
+    if (t >= num_tasks) NO_TASK;                                                    \
     Lanes<VEC, GROUP> L;                                                            \
     L.lane = group_lane(grp_);                                                      \
     L.group = grp_;                                                                 \
@@ -514,11 +531,50 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
     if (lane == 0) lse[row * H + h] = M + log(Lsum);
 }
 
+// gatv2's grad_att partials per thread block (attn_bwd_dst with BLOCK_GATT):
+// the group of (task, head) gid = gid0 + s, s < blockDim / group, leaves its
+// C terms in shared slot s (dynamic shared memory of (blockDim / group) * C
+// acc values, sized by the launcher); after the barrier, thread x of the block
+// sums column (h, c) = x, x + blockDim, ... of the block's row part[b, H, C]
+// over the slots s == h - gid0 (mod H) of groups that have a task, in slot
+// order: a fixed order for a launch shape, so the same bits every run; no
+// atomics. The launcher runs it only where blockDim / group > H, so every
+// head has groups in a block; only the grid's last block may have fewer
+// groups with a task, and a head without any there gets 0. Every thread of
+// the block calls it (the barrier), also those without a task.
+template <typename A>
+__device__ __forceinline__ A* gatt_slots() {
+    extern __shared__ __align__(16) unsigned char gatt_smem[];
+    return reinterpret_cast<A*>(gatt_smem);
+}
+
+template <typename A>
+__device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [blocks, H, C]
+                                               i64 num_groups, int H, int C, int group) {
+    __syncthreads();
+    const A* __restrict__ slots = gatt_slots<A>();
+    const int per_block = blockDim.x / group;
+    const i64 gid0 = (i64)blockIdx.x * per_block;
+    const int live = num_groups - gid0 < per_block ? (int)(num_groups - gid0) : per_block;
+    const int h0 = (int)(gid0 % H);
+    A* __restrict__ row = part + (i64)blockIdx.x * H * C;
+    for (int x = threadIdx.x; x < H * C; x += blockDim.x) {
+        const int h = x / C;
+        const int c = x - h * C;
+        A sum = A(0);
+        for (int s = h >= h0 ? h - h0 : h - h0 + H; s < live; s += H) sum += slots[s * C + c];
+        row[x] = sum;
+    }
+}
+
 // Backward, target pass over the CSR: per edge ds_e = p (z <g_i, m_e> + ga_e
 // - delta_i); the target-side gradient summed over the task (direct rows
 // write gDn[i], split rows a partial slot), the per-edge gradient written at
-// the caller's id, and gatv2's grad_att as one partial row per task. U edges
-// per step, their source rows gathered before any arithmetic.
+// the caller's id, and gatv2's grad_att: one partial row [H, C] per thread
+// block (BLOCK_GATT, gatt_block_sum) or, where the launcher finds the slots
+// too big or the blocks no fewer than the tasks, one per task (C values per
+// (task, head)). U edges per step, their source rows gathered before any
+// arithmetic.
 // ATOMIC (the opt-in deterministic=False backward): the pass also adds each
 // edge's source-side gradients (gS; gV for gat and dot) to fp32/fp64
 // zero-initialised [num_src, H, Cs | C] buffers aS, aV with float atomics
@@ -529,8 +585,9 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 // g_i, fp32/fp64 sums; the same bits in every task of a split row) and the
 // row's first task writes it to `delta` (if not null) for the source pass;
 // without `out`, delta is read (attn_delta and the grad_alpha term).
-template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E, bool ATOMIC>
-__global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E, bool ATOMIC,
+          bool BLOCK_GATT>
+__global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
                              const T* __restrict__ S, const T* __restrict__ Dn,
@@ -544,7 +601,7 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
                              T* __restrict__ gDn,              // [num_dst, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_dn,  // [slots, H, Cs]
                              T* __restrict__ gEd,              // [E, H, Cs] or null
-                             typename value_traits<T>::acc_t* __restrict__ gatt_part,  // [tasks, H, C] or null
+                             typename value_traits<T>::acc_t* __restrict__ gatt_part,  // [tasks | blocks, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ aS,  // ATOMIC: [num_src, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ aV,  // ATOMIC: [num_src, H, C] or null
                              i64 num_tasks, int H, int C, int nch, int chunk, int group,
@@ -555,132 +612,150 @@ __global__ void ATTN_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I
     typedef Slice<T, VEC, NCH> Sl;
     constexpr int U = BwdUnroll<VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
-    GROUP_PROLOGUE
-    const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
-                         Vr = rows_of<false>(L, V, H, h);
-    const Rows<T*> gEr = rows_of<false>(L, gEd, H, h);   // not gat (scalar, written by lane 0)
-    const bool has_g = g != nullptr;
-    Sl d, a, gr, dacc, patt;
-    load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
-    if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
-    if (has_g) load_slice<false>(L, rows_of<false>(L, g, H, h), row, gr);
-    else zero_slice(gr);
-    zero_slice(dacc);
-    zero_slice(patt);
-    const A row_lse = lse[row * H + h];
-    A D;
-    if (out != nullptr) {              // delta = <g_i, out_i>, computed by every task of the row
-        Sl o;
-        load_slice<false>(L, rows_of<false>(L, out, H, h), row, o);
-        A part = A(0);
+    static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
+    // The task's scope: a group leaves it by `goto task_done` (a jump out of
+    // the scope, past no initialisation), never by `return`, so every thread
+    // of the block, also those without a task, reaches gatt_block_sum's
+    // barrier (a lambda would too, but it changed the registers of the
+    // variants without BLOCK_GATT; this keeps their code as it was).
+    {
+        GROUP_PROLOGUE_OR(goto task_done)
+        const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
+                             Vr = rows_of<false>(L, V, H, h);
+        const Rows<T*> gEr = rows_of<false>(L, gEd, H, h);   // not gat (scalar, written by lane 0)
+        const bool has_g = g != nullptr;
+        Sl d, a, gr, dacc, patt;
+        load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
+        if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+        if (has_g) load_slice<false>(L, rows_of<false>(L, g, H, h), row, gr);
+        else zero_slice(gr);
+        zero_slice(dacc);
+        zero_slice(patt);
+        const A row_lse = lse[row * H + h];
+        A D;
+        if (out != nullptr) {              // delta = <g_i, out_i>, computed by every task of the row
+            Sl o;
+            load_slice<false>(L, rows_of<false>(L, out, H, h), row, o);
+            A part = A(0);
 #pragma unroll
-        for (int k = 0; k < NCH; ++k)
+            for (int k = 0; k < NCH; ++k)
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) part += gr.v[k][q] * o.v[k][q];
-        D = group_sum_fixed<GROUP>(part, group);
-        if (delta != nullptr && L.lane == 0 && e0 == (i64)indptr[row]) delta[row * H + h] = D;
-    } else {
-        D = delta[row * H + h];
-    }
-    const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
-    A dgat = A(0);                                  // gat's scalar target-side gradient
-    for (int b = 0; b < n; b += U) {
-        EDGE_BATCH(need_ce)
-        Sl s[U], e[U], v[U];
-        A sc[U], gm[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            load_slice<GAT>(L, Sr, nb_[u], s[u]);
-            if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
-            if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, Vr, nb_[u], v[u]);
+                for (int q = 0; q < VEC; ++q) part += gr.v[k][q] * o.v[k][q];
+            D = group_sum_fixed<GROUP>(part, group);
+            if (delta != nullptr && L.lane == 0 && e0 == (i64)indptr[row]) delta[row * H + h] = D;
+        } else {
+            D = delta[row * H + h];
         }
+        const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
+        A dgat = A(0);                                  // gat's scalar target-side gradient
+        for (int b = 0; b < n; b += U) {
+            EDGE_BATCH(need_ce)
+            Sl s[U], e[U], v[U];
+            A sc[U], gm[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
-            gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gr, s[u], v[u], e[u], group) : A(0);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (b + u >= n) continue;
-            const A p = exp(sc[u] - row_lse);
-            const A z = (A)drop_factor(drop, ce[u], H, h);
-            A dp = z != A(0) ? z * gm[u] : A(0);
-            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
-            const A ds = p * (dp - D);
-            const A w = p * z;                            // the message's weight
-            const i64 jrow = ((i64)nb_[u] * H + h) * (GAT ? 1 : C);   // ATOMIC: source row
-            if (KIND == KIND_GAT) {
-                A x = s[u].v[0][0] + d.v[0][0];
-                if (HAS_E) x += e[u].v[0][0];
-                const A du = ds * lrelu_grad(x, slope);
-                dgat += du;
-                if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
-                if (ATOMIC && aS != nullptr && L.lane == 0) atomicAdd(aS + jrow, du);
-                if (ATOMIC && aV != nullptr && w != A(0)) {
-#pragma unroll
-                    for (int k = 0; k < NCH; ++k) {
-                        A vv[VEC];
-#pragma unroll
-                        for (int q = 0; q < VEC; ++q) vv[q] = w * gr.v[k][q];
-                        if (L.has(k)) atomic_add_vec<A, VEC>(aV + jrow * C + L.chan(k), vv);
-                    }
-                }
-                continue;
+            for (int u = 0; u < U; ++u) {
+                load_slice<GAT>(L, Sr, nb_[u], s[u]);
+                if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+                if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, Vr, nb_[u], v[u]);
             }
-            T* __restrict__ ge_row = gEr.at(ce[u]);
 #pragma unroll
-            for (int k = 0; k < NCH; ++k) {
-                pack_t<T, VEC> ge;
-                A sv[VEC], vv[VEC];                       // ATOMIC: gS, gV terms
+            for (int u = 0; u < U; ++u) {
+                sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+                gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gr, s[u], v[u], e[u], group) : A(0);
+            }
 #pragma unroll
-                for (int q = 0; q < VEC; ++q) {
-                    A dv;
-                    if (KIND == KIND_GATV2) {
-                        const A tt = lrelu_arg<HAS_E>(s[u], d, e[u], k, q);
-                        dv = ds * a.v[k][q] * lrelu_grad(tt, slope);
-                        patt.v[k][q] += ds * lrelu(tt, slope);
-                        dacc.v[k][q] += dv;
-                        if (ATOMIC) sv[q] = dv + w * gr.v[k][q];
-                    } else {                              // dot
-                        A x = s[u].v[k][q];
-                        if (HAS_E) x += e[u].v[k][q];
-                        dacc.v[k][q] += scale * ds * x;
-                        dv = scale * ds * d.v[k][q] + p * z * gr.v[k][q];
-                        if (ATOMIC) {
-                            sv[q] = scale * ds * d.v[k][q];
-                            vv[q] = w * gr.v[k][q];
+            for (int u = 0; u < U; ++u) {
+                if (b + u >= n) continue;
+                const A p = exp(sc[u] - row_lse);
+                const A z = (A)drop_factor(drop, ce[u], H, h);
+                A dp = z != A(0) ? z * gm[u] : A(0);
+                if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
+                const A ds = p * (dp - D);
+                const A w = p * z;                            // the message's weight
+                const i64 jrow = ((i64)nb_[u] * H + h) * (GAT ? 1 : C);   // ATOMIC: source row
+                if (KIND == KIND_GAT) {
+                    A x = s[u].v[0][0] + d.v[0][0];
+                    if (HAS_E) x += e[u].v[0][0];
+                    const A du = ds * lrelu_grad(x, slope);
+                    dgat += du;
+                    if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
+                    if (ATOMIC && aS != nullptr && L.lane == 0) atomicAdd(aS + jrow, du);
+                    if (ATOMIC && aV != nullptr && w != A(0)) {
+#pragma unroll
+                        for (int k = 0; k < NCH; ++k) {
+                            A vv[VEC];
+#pragma unroll
+                            for (int q = 0; q < VEC; ++q) vv[q] = w * gr.v[k][q];
+                            if (L.has(k)) atomic_add_vec<A, VEC>(aV + jrow * C + L.chan(k), vv);
                         }
                     }
-                    ge.v[q] = value_traits<T>::from_acc(dv);
+                    continue;
                 }
-                if (gEd != nullptr && L.has(k)) store_pack<T, VEC>(ge_row + k * L.grp() * VEC, ge);
-                if (ATOMIC && L.has(k)) {
-                    if (aS != nullptr) atomic_add_vec<A, VEC>(aS + jrow + L.chan(k), sv);
-                    if (KIND == KIND_DOT && aV != nullptr && w != A(0))
-                        atomic_add_vec<A, VEC>(aV + jrow + L.chan(k), vv);
+                T* __restrict__ ge_row = gEr.at(ce[u]);
+#pragma unroll
+                for (int k = 0; k < NCH; ++k) {
+                    pack_t<T, VEC> ge;
+                    A sv[VEC], vv[VEC];                       // ATOMIC: gS, gV terms
+#pragma unroll
+                    for (int q = 0; q < VEC; ++q) {
+                        A dv;
+                        if (KIND == KIND_GATV2) {
+                            const A tt = lrelu_arg<HAS_E>(s[u], d, e[u], k, q);
+                            dv = ds * a.v[k][q] * lrelu_grad(tt, slope);
+                            patt.v[k][q] += ds * lrelu(tt, slope);
+                            dacc.v[k][q] += dv;
+                            if (ATOMIC) sv[q] = dv + w * gr.v[k][q];
+                        } else {                              // dot
+                            A x = s[u].v[k][q];
+                            if (HAS_E) x += e[u].v[k][q];
+                            dacc.v[k][q] += scale * ds * x;
+                            dv = scale * ds * d.v[k][q] + p * z * gr.v[k][q];
+                            if (ATOMIC) {
+                                sv[q] = scale * ds * d.v[k][q];
+                                vv[q] = w * gr.v[k][q];
+                            }
+                        }
+                        ge.v[q] = value_traits<T>::from_acc(dv);
+                    }
+                    if (gEd != nullptr && L.has(k)) store_pack<T, VEC>(ge_row + k * L.grp() * VEC, ge);
+                    if (ATOMIC && L.has(k)) {
+                        if (aS != nullptr) atomic_add_vec<A, VEC>(aS + jrow + L.chan(k), sv);
+                        if (KIND == KIND_DOT && aV != nullptr && w != A(0))
+                            atomic_add_vec<A, VEC>(aV + jrow + L.chan(k), vv);
+                    }
                 }
             }
         }
-    }
-    const i64 slot = (i64)task_slot[t];
-    if (KIND == KIND_GAT) {
-        if (L.lane == 0) {
-            if (gDn != nullptr && slot < 0) gDn[row * H + h] = value_traits<T>::from_acc(dgat);
-            if (gDn != nullptr && slot >= 0) p_dn[slot * H + h] = dgat;
+        const i64 slot = (i64)task_slot[t];
+        if (KIND == KIND_GAT) {
+            if (L.lane == 0) {
+                if (gDn != nullptr && slot < 0) gDn[row * H + h] = value_traits<T>::from_acc(dgat);
+                if (gDn != nullptr && slot >= 0) p_dn[slot * H + h] = dgat;
+            }
+            goto task_done;
         }
-        return;
-    }
 #pragma unroll
-    for (int k = 0; k < NCH; ++k) {
-        if (!L.has(k)) continue;
-        const int c0 = L.chan(k);
-        if (gDn != nullptr)
-            store_row<T, VEC>(gDn, p_dn, slot, (row * H + h) * (i64)C + c0,
-                              (slot * H + h) * C + c0, dacc.v[k]);
-        if (KIND == KIND_GATV2 && gatt_part != nullptr) {
+        for (int k = 0; k < NCH; ++k) {
+            if (!L.has(k)) continue;
+            const int c0 = L.chan(k);
+            if (gDn != nullptr)
+                store_row<T, VEC>(gDn, p_dn, slot, (row * H + h) * (i64)C + c0,
+                                  (slot * H + h) * C + c0, dacc.v[k]);
+            if (KIND == KIND_GATV2 && gatt_part != nullptr) {
+                // the task's grad_att terms: its row of gatt_part, or (BLOCK_GATT)
+                // the group's shared slot, summed per block by gatt_block_sum
+                A* __restrict__ pa;
+                if constexpr (BLOCK_GATT) pa = gatt_slots<A>() + (threadIdx.x / grp_) * C;
+                else pa = gatt_part + (t * H + h) * C;
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) gatt_part[(t * H + h) * C + c0 + q] = patt.v[k][q];
+                for (int q = 0; q < VEC; ++q) pa[c0 + q] = patt.v[k][q];
+            }
         }
+    }
+task_done:
+    if constexpr (BLOCK_GATT) {
+        if (gatt_part != nullptr)                   // uniform: no divergent barrier
+            gatt_block_sum(gatt_part, num_tasks * H, H, C, GROUP ? GROUP : group);
     }
 }
 

@@ -688,6 +688,75 @@ def test_gpu_attention_backward_bitwise_repeatable(score):
         np.testing.assert_array_equal(a[name], b[name])
 
 
+# ------------------------------- gatv2's grad_att: partial rows per block
+# (heads, C): the target pass sums grad_att per thread block (BLOCK_GATT)
+# where a block holds more (task, head) pairs than there are heads, else per
+# task: (8, 17) takes the per-task rows (32 lanes per head, one value each: 8
+# pairs per block), every other shape is summed per block, with blocks
+# starting at any head (3, 5, 6, 7 heads). Odd widths run one value per lane
+# (runtime groups), (3, 136) several register chunks in fp32.
+GATT_SHAPES = [(1, 1), (2, 3), (3, 7), (4, 32), (5, 17), (6, 8), (7, 64), (8, 16), (8, 17),
+               (3, 136)]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("vtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads,channels", GATT_SHAPES)
+def test_gpu_gatv2_grad_att_block_partials(vtype, heads, channels):
+    """grad_att over ~5000 tasks (hundreds of thread blocks, heads mixed
+    inside them, the last block as a rule partly without tasks) matches the
+    float64 reference, and two backward calls give the same bits."""
+    from fastgnn import edge_attention_bwd, edge_attention_fwd
+    from fastgnn.ops.attention import SCORE_INPUTS
+    rng_ = np.random.default_rng(_seed())
+    n = 5001
+    ei, g = _graph("cuda", n=n, e=30000, hub=2000, seed=int(rng_.integers(1 << 30)))
+    x = _inputs("gatv2", g, heads, channels, heads % 2 == 1, rng_)
+    dev, xr = {}, {}
+    for k, v in x.items():
+        dev[k], xr[k] = _gpu_cast(v, vtype)
+    go_d, go = _gpu_cast(rng_.standard_normal((n, heads, channels)), vtype)
+    vt = {"vtype": "bfloat16"} if vtype == "bfloat16" else {}
+    _, res = edge_attention_fwd(g, "gatv2", **dev, **vt)
+    att_at = SCORE_INPUTS["gatv2"].index("att")
+    first = edge_attention_bwd(g, res, go_d)[att_at]
+    again = edge_attention_bwd(g, res, go_d)[att_at]
+    r_grads = ref.edge_attention_vjp(ei, "gatv2", n, xr, go, None)
+    assert first.shape == (heads, channels)
+    assert_close(_gpu_values(first, vtype), r_grads["att"], vtype,
+                 f"grad att ({heads}, {channels})", tol=GPU_GRAD_TOL[vtype])
+    np.testing.assert_array_equal(to_numpy(first), to_numpy(again))
+
+
+def test_gatt_partial_rows_plan():
+    """The launcher's choice for grad_att's partial rows: per block (8x fewer
+    rows than tasks on rmat20 in fp32, 16x in bf16) within the shared-memory
+    budget for every head layout, per task where blocks hold no more
+    (task, head) pairs than heads."""
+    attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
+    from types import SimpleNamespace
+    ntask = 1_048_576 + 3000                       # rmat20's rows plus split hub tasks
+    for vtype, per_block, smem in (("float32", 8, 4096), ("bfloat16", 16, 8192)):
+        aligned = SimpleNamespace(data=SimpleNamespace(ptr=0), ndim=3, shape=(1, 4, 32))
+        group = attn._shape(vtype, 32, (aligned,))[3]
+        rows, shared, block = attn._gatt_rows(ntask, 4, 32, group, attn._acc(vtype))
+        assert block and shared == smem and rows == -(-ntask // per_block), vtype
+    assert attn._gatt_rows(ntask, 8, 128, 32, np.float32) == (ntask, 0, False)
+    for vtype in ("float32", "float64", "float16", "bfloat16"):
+        for C in range(1, 1025):
+            for ptr in (0, 2):                     # wide vectors, or one value per lane
+                a = SimpleNamespace(data=SimpleNamespace(ptr=ptr), ndim=3, shape=(1, 1, C))
+                try:
+                    group = attn._shape(vtype, C, (a,))[3]
+                except NotImplementedError:        # wider than the kernels hold
+                    continue
+                for H in (1, 2, 3, 5, 8, 13, 32, 64):
+                    rows, shared, block = attn._gatt_rows(1000, H, C, group, attn._acc(vtype))
+                    assert block == (attn.BLOCK // group > H), (vtype, C, H)
+                    assert shared <= attn.GATT_SMEM_BUDGET and rows <= 1000
+
+
 # ------------------------------------------- the atomic backward (opt-in)
 @gpu
 @needs_gpu

@@ -4,7 +4,9 @@ Implements the backend interface documented in fastgnn/ops/attention.py with
 the task mapping of the SpMM family: a lane group per (task, head), hub rows
 split into tasks whose partials are merged in slot order (attn_combine for
 the forward's (m, l, acc) states, spmm_combine for backward sums), grad_att
-summed from per-task partial rows by a fixed-order column sum. Per-edge
+summed by a fixed-order column sum from partial rows [H, C], one per thread
+block of the target pass (summed in shared memory in a fixed order) or, where
+that does not pay, one per task (_gatt_rows). Per-edge
 arrays stay in the caller's order. No float atomics by default: bitwise
 repeatable. With params.deterministic False the backward's target pass also
 scatters the source-side gradients with float atomics into fp32/fp64 buffers
@@ -26,6 +28,10 @@ from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, from_acc, lane_grou
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 COLUMN_SUM_ROWS = 1024
+# Shared memory a target-pass block may take for gatv2's grad_att slots
+# (BLOCK // group slots of C acc values); every layout of _shape needs at
+# most 16 KiB (256 lanes x VEC x NCH values), so this only guards new ones.
+GATT_SMEM_BUDGET = 16 * 1024
 
 
 def _drop_args(drop):
@@ -206,6 +212,21 @@ def _combine(plan, partial, out, width, vtype, itype):
         np.int32(width), np.int32(group)))
 
 
+def _gatt_rows(ntask, H, C, group, acc):
+    """(rows, shared_mem, block) of gatv2's grad_att partials [rows, H * C]:
+    one row per thread block of the target pass (attn_bwd_dst's BLOCK_GATT,
+    BLOCK // group (task, head) slots of C values in shared memory) when the
+    slots fit GATT_SMEM_BUDGET and the blocks are fewer than the tasks (more
+    (task, head) pairs per block than heads), else one row per task. On rmat20
+    (H=4, C=32) a block holds 8 tasks in fp32 (group 8), 16 in bf16 (group 4).
+    block: whether the launch is the BLOCK_GATT variant."""
+    blocks = _grid(ntask * H, group)[0]
+    smem = (BLOCK // group) * C * np.dtype(acc).itemsize
+    if smem <= GATT_SMEM_BUDGET and blocks < ntask:
+        return blocks, smem, True
+    return ntask, 0, False
+
+
 def _column_sum(parts, vtype, itype):
     """Fixed-order sum over the rows of parts [rows, cols] (acc type)."""
     acc = parts.dtype
@@ -272,17 +293,21 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         p_dn = (cp.empty((plan.num_slots, H * Cs), dtype=acc)
                 if need_gDn and plan.num_slots else None)
         gEd = cp.empty_like(Ed) if need_gEd else None
-        gatt_part = cp.empty((ntask, H * C), dtype=acc) if need_gatt else None
+        # gatv2: grad_att partial rows per thread block (or per task)
+        gatt_rows, smem, block_gatt = (_gatt_rows(ntask, H, C, group, acc) if need_gatt
+                                       else (0, 0, False))
+        gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
         # atomic: fp32/fp64 sums, zeroed (the gradients themselves for fp32/fp64)
         aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
         aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
         kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
-                       atomic)
+                       atomic, block_gatt)
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
               out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
-              _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars)
+              _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars,
+             shared_mem=smem)
         if aS is not None:
             grads[s_name] = from_acc(aS, S.dtype, "attention", vtype, itype)
         if aV is not None:

@@ -108,8 +108,11 @@ def _attention_names(vt, it):
                     for has_e in ("false", "true"):
                         args = f"{kind}, {T}, {I}, {vec}, {nch}, {grp}, {has_e}"
                         names += [f"attn_fwd<{args}>", f"attn_bwd_src<{args}>"]
-                        # the last flag: the atomic backward (deterministic=False)
-                        names += [f"attn_bwd_dst<{args}, {atomic}>" for atomic in ("false", "true")]
+                        # the flags: the atomic backward (deterministic=False), and
+                        # gatv2's grad_att partials per thread block (BLOCK_GATT)
+                        names += [f"attn_bwd_dst<{args}, {atomic}, {block}>"
+                                  for atomic in ("false", "true")
+                                  for block in (("false", "true") if kind == 1 else ("false",))]
     return names
 
 
