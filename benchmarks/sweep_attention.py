@@ -20,8 +20,9 @@ from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
 from probe_attention import attention_inputs   # benchmarks/ (the script's directory)
 
-DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_FWD_UNROLL=2", "-DATTN_FWD_UNROLL=1",
-                    "-DATTN_MIN_BLOCKS=2", "-DATTN_FWD_UNROLL=2 -DATTN_FWD_MIN_BLOCKS=2"]
+DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2", "-DATTN_FWD_UNROLL=2",
+                    "-DATTN_FWD_UNROLL=1", "-DATTN_MIN_BLOCKS=2",
+                    "-DATTN_FWD_UNROLL=2 -DATTN_FWD_MIN_BLOCKS=2"]
 VTYPES = ("float32", "bfloat16")
 
 

@@ -219,33 +219,37 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     const int n = (int)(e1 - e0);
 
 // Edges handled per step of a task's loop: U edges' gathers are issued
-// before any of their arithmetic, so U rows per lane are in flight: 4 rows
-// of VEC <= 4 values, 2 of 8 (16-bit types: the same registers per lane),
-// 1 when a lane holds several channel chunks, to stay within registers.
-// FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_UNROLL=n" overrides it for one-chunk
-// heads (an experiment knob, benchmarks/sweep_attention.py).
+// before any of their arithmetic, so U rows per lane are in flight. Several
+// channel chunks per lane: U = 1 (registers). One chunk, chosen per score on
+// an H200 sweep (rmat20, 4 heads x 32; benchmarks/sweep_attention.py, logs
+// benchmarks/results/sweep_attention_rmat20_h200_session4*.log), where the
+// 16-bit types use VEC = 8 and fp32 VEC = 4:
+//   forward   gat U = 1 (fp32 2.86 -> 2.38 ms, bf16 2.30 -> 2.10; 2 below
+//             VEC 4), gatv2 U = 2 (fp32 3.62 -> 3.23; 4 below VEC 4),
+//             dot U = 4 (2 at VEC 8): fewer is slower (fp32 3.65 -> 4.35 at 1);
+//   backward  gat U = 1 (fp32 8.8 -> 7.0 ms, bf16 6.5 -> 5.5; 2 below VEC 4),
+//             gatv2 and dot U = 2 (fp32 gatv2 13.2 -> 10.5, dot 12.8 -> 9.9
+//             against 4; 1 is slower). The backward holds more state per row.
+// FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_UNROLL=n" / "-DATTN_BWD_UNROLL=n"
+// override U for one-chunk heads (experiment knobs).
 #ifndef ATTN_FWD_UNROLL
 #define ATTN_FWD_UNROLL 0
 #endif
-template <int VEC, int NCH>
+#ifndef ATTN_BWD_UNROLL
+#define ATTN_BWD_UNROLL 0
+#endif
+template <int KIND, int VEC, int NCH>
 struct Unroll {
-    static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL
-                                                               : (VEC >= 8 ? 2 : 4);
+    static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
+                               : KIND == KIND_GATV2 ? (VEC >= 4 ? 2 : 4)
+                               : (VEC >= 8 ? 2 : 4);
+    static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL : tuned;
 };
 
-// The backward passes' U: 2 rows in flight for one-chunk heads (1 for
-// several chunks). The backward holds more state per row than the forward,
-// and on an H200 (rmat20, 4 heads x 32, fp32) U=2 against the forward's 4
-// took the backward of gatv2 13.2 -> 10.5 ms, dot 12.8 -> 9.9, gat 9.6 -> 8.9
-// (benchmarks/results/sweep_attention_rmat20_h200_session4.log); 16-bit
-// types already had U=2. FASTGNN_NVRTC_OPTIONS="-DATTN_BWD_UNROLL=n" overrides
-// it for one-chunk heads (benchmarks/sweep_attention.py).
-#ifndef ATTN_BWD_UNROLL
-#define ATTN_BWD_UNROLL 2
-#endif
-template <int VEC, int NCH>
+template <int KIND, int VEC, int NCH>
 struct BwdUnroll {
-    static constexpr int U = NCH == 1 ? ATTN_BWD_UNROLL : 1;
+    static constexpr int tuned = KIND == KIND_GAT && VEC >= 4 ? 1 : 2;
+    static constexpr int U = NCH > 1 ? 1 : ATTN_BWD_UNROLL > 0 ? ATTN_BWD_UNROLL : tuned;
 };
 
 // One lane's values of one head of one row: NCH chunks of VEC channels
@@ -389,7 +393,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = Unroll<VEC, NCH>::U;
+    constexpr int U = Unroll<KIND, VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
     const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
@@ -610,7 +614,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = BwdUnroll<VEC, NCH>::U;
+    constexpr int U = BwdUnroll<KIND, VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
     // The task's scope: a group leaves it by `goto task_done` (a jump out of
@@ -784,7 +788,7 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = BwdUnroll<VEC, NCH>::U;
+    constexpr int U = BwdUnroll<KIND, VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     GROUP_PROLOGUE
     const i64 j = row;
