@@ -698,7 +698,12 @@ def test_gpu_layer_atomic_backward_close_to_default(name, make):
     out_b, g_b = _grads(b, x, ei, ea)
     assert torch.equal(out_a, out_b)                 # the forward is the same kernel
     for u, v in zip(g_a, g_b):
-        assert rel_err(v.double().cpu().numpy(), u.double().cpu().numpy()) < TOLERANCES["float32"]
+        # relative, with an absolute floor of 1e-6 RMS: gradients that are zero
+        # in exact arithmetic (TransformerConv's key bias: softmax ignores a
+        # shift of the scores) are float noise (~1e-7) in both runs
+        diff = torch.linalg.vector_norm((v - u).double())
+        bound = TOLERANCES["float32"] * torch.linalg.vector_norm(u.double()) + 1e-6 * u.numel() ** 0.5
+        assert diff <= bound, (diff, bound)
 
 
 def test_inplace_edit_of_output_before_backward_is_caught():
