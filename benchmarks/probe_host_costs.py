@@ -92,5 +92,51 @@ def main(calls=2000):
         print(f"{per_call_us(fn, calls // 4):8.1f} us  {name}", flush=True)
 
 
+
+
+def autograd_breakdown(calls=500):
+    """Where a fastgnn.torch fwd+bwd's host time goes: an op that does
+    nothing through the same bridge, the forward with grad alone, the
+    backward alone (retain_graph), the backward on the calling thread
+    (autograd multithreading off), and cProfile of the backward."""
+    import cProfile
+    import pstats
+    from fastgnn.testing import rmat_edge_index
+    dev = torch.device("cuda")
+    ei_np, n = rmat_edge_index(8)
+    g = ft.to_graph(torch.from_numpy(ei_np).to(dev), n)
+    x = torch.randn(n, 64, device=dev, requires_grad=True)
+    cot = torch.ones(n, 64, device=dev)
+    ident = _autograd.Op("identity", lambda graph, a: (a.copy(), 0),
+                         lambda graph, res, gr: (gr,), inputs=("x",), features=("x",),
+                         vtype_arg=None)
+    ops = {"identity op": lambda: _autograd.apply(ident, g, x),
+           "segment max": lambda: ft.segment_reduce(g, x, "max"),
+           "spmm": lambda: ft.spmm(g, x)}
+    for name, f in ops.items():
+        out = f()
+        rows = {
+            "fwd with grad": lambda: f(),
+            "bwd only (retain_graph)": lambda: torch.autograd.grad(out, [x], cot, retain_graph=True),
+            "fwd+bwd": lambda: torch.autograd.grad(f(), [x], cot),
+        }
+        for row, fn in rows.items():
+            print(f"{per_call_us(fn, calls):8.1f} us  {name}: {row}", flush=True)
+        with torch.autograd.set_multithreading_enabled(False):
+            print(f"{per_call_us(rows['bwd only (retain_graph)'], calls):8.1f} us  {name}: "
+                  "bwd only, autograd multithreading off", flush=True)
+            print(f"{per_call_us(rows['fwd+bwd'], calls):8.1f} us  {name}: "
+                  "fwd+bwd, autograd multithreading off", flush=True)
+        if name == "segment max":
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                rows["fwd+bwd"]()
+            prof.disable()
+            torch.cuda.synchronize()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+    autograd_breakdown()
