@@ -159,9 +159,12 @@ class GCNConv(torch.nn.Module):
         edge_weight is ignored, as in PyG.
 
     Parameters `lin.weight` [out, in] and `bias` [out]. The linear map is applied
-    before aggregation, as in PyG. Normalisation weights of an unweighted graph
-    are computed once and cached on the fastgnn Graph; weights that require
-    grad are normalised by differentiable torch ops.
+    before aggregation, as in PyG; the bias is added in the SpMM kernel's store
+    (its gradient a fixed-order column sum). Normalisation weights of an
+    unweighted graph (d_i d_j, d = deg^-1/2) are computed once and cached on the
+    fastgnn Graph in the orders the forward and backward kernels read them
+    (`fastgnn.gcn_norm_weights`); weights that require grad are normalised by
+    differentiable torch ops.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False,
