@@ -1,6 +1,8 @@
 """Developer probe (H200): what GCN's normalisation costs inside fastgnn.spmm
 on rmat20, F=128, fp32 -- plain sum, the self-loop graph, fused row/column
-scales (what GCNConv uses) and precomputed per-edge weights. One line each."""
+scales, precomputed per-edge weights in caller order (gathered into CSR
+order per call) and in CSR order (gcn_norm_weights: what GCNConv uses), the
+bias epilogue, and the bias gradient against torch's sum. One line each."""
 import sys
 
 import cupy as cp
@@ -15,7 +17,11 @@ def main(scale=20, F=128):
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     g2, d = fastgnn.gcn_norm_scales(g)
     gw, w = fastgnn.gcn_norm(g)
+    _, cw = fastgnn.gcn_norm_weights(g)
     x = cp.random.standard_normal((n, F), dtype=cp.float32)
+    b = cp.random.standard_normal(F, dtype=cp.float32)
+    t2 = g2.transpose()
+    from fastgnn.backends.cuda.spmm import bias_grad
     cases = {
         "plain sum": lambda: fastgnn.spmm(g, x),
         "self-loop graph, sum": lambda: fastgnn.spmm(g2, x),
@@ -26,6 +32,13 @@ def main(scale=20, F=128):
         "gcn_norm edge weights, custom": lambda: fastgnn.spmm(gw, x, w, path="custom"),
         "transpose, row+col scales": lambda: fastgnn.spmm(g2.transpose(), x, row_scale=d,
                                                           col_scale=d),
+        "csr-ordered weights (gcn_norm_weights)": lambda: fastgnn.spmm(g2, x, csr_weights=cw),
+        "csr-ordered weights + bias": lambda: fastgnn.spmm(g2, x, csr_weights=cw, bias=b),
+        "transpose, csr-ordered weights": lambda: fastgnn.spmm(
+            t2, x, csr_weights=fastgnn.CsrWeights(cw.transposed, cw.csr)),
+        "row+col scales + bias": lambda: fastgnn.spmm(g2, x, row_scale=d, col_scale=d, bias=b),
+        "bias grad (column sum)": lambda: bias_grad(g2, x, "float32"),
+        "cupy x.sum(0) (for comparison)": lambda: x.sum(0),
     }
     print(f"rmat{scale}: n={n} E={g.num_edges} E+loops={g2.num_edges}")
     for name, fn in cases.items():

@@ -8,7 +8,8 @@ from ._array import gpu_available
 from .graph import Graph
 from .ops.segment import (segment_csr, segment_csr_bwd, segment_csr_fwd, segment_reduce,
                           segment_reduce_bwd, segment_reduce_fwd)
-from .ops.spmm import gcn_norm, gcn_norm_scales, spmm, spmm_bwd, spmm_fwd
+from .ops.spmm import (CsrWeights, gcn_norm, gcn_norm_scales, gcn_norm_weights, spmm, spmm_bwd,
+                       spmm_fwd)
 from .ops.attention import (edge_attention, edge_attention_bwd, edge_attention_fwd, edge_softmax,
                             edge_softmax_bwd, edge_softmax_fwd)
 

@@ -962,19 +962,3 @@ __global__ void softmax_bwd(const I* __restrict__ indptr, const I* __restrict__ 
         }
     }
 }
-
-// out[b, c] = sum_{r in [b*R, min((b+1)*R, rows))} in[r, c]: one level of a
-// fixed-order column sum (grad_att's per-task partials). Thread per (b, c).
-template <typename A>
-__global__ void column_sum(const A* __restrict__ in, A* __restrict__ out, i64 rows, int cols,
-                           int R) {
-    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const i64 b = idx / cols;
-    const int c = (int)(idx % cols);
-    const i64 r0 = b * R;
-    if (r0 >= rows) return;
-    const i64 r1 = r0 + R < rows ? r0 + R : rows;
-    A s = A(0);
-    for (i64 r = r0; r < r1; ++r) s += in[r * cols + c];
-    out[b * cols + c] = s;
-}

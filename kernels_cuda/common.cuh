@@ -1,6 +1,7 @@
 // Shared device helpers of fastgnn's kernels: value-type traits, packed
-// vector loads, float atomics, and the acc_t -> value type cast kernel of the
-// atomic (deterministic=False) backwards. Self-contained (no CUDA headers),
+// vector loads, float atomics, the acc_t -> value type cast kernel of the
+// atomic (deterministic=False) backwards, and one level of the fixed-order
+// column sum (spmm's bias gradient, attention's grad_att). Self-contained (no CUDA headers),
 // so NVRTC compiles it without include paths.
 //
 // Value types: float, double, and two 16-bit storage types (fp16, bf16)
@@ -146,4 +147,29 @@ __global__ void cast_from_acc(const typename value_traits<T>::acc_t* __restrict_
                               T* __restrict__ out, i64 n) {
     const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (k < n) out[k] = value_traits<T>::from_acc(in[k]);
+}
+
+// out[b, c] = sum_{r in [b*R, min((b+1)*R, rows))} in[r, c], summed in order
+// in acc_t: one level of a fixed-order column sum (no atomics: bitwise
+// repeatable for a given shape and R). S is the type read: a value type
+// (first level over a [rows, cols] gradient) or an acc_t (later levels over
+// the partial sums). Thread per (b, c): a warp reads consecutive columns of
+// one row (coalesced); the loop is unrolled so several rows are in flight
+// (the adds stay in row order). Traffic: rows x cols x sizeof(S) read,
+// ceil(rows / R) x cols x sizeof(acc_t) written.
+template <typename S>
+__global__ void column_sum(const S* __restrict__ in,                          // [rows, cols]
+                           typename value_traits<S>::acc_t* __restrict__ out,  // [ceil(rows/R), cols]
+                           i64 rows, int cols, int R) {
+    typedef typename value_traits<S>::acc_t A;
+    const i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const i64 b = idx / cols;
+    const int c = (int)(idx % cols);
+    const i64 r0 = b * R;
+    if (r0 >= rows) return;
+    const i64 r1 = r0 + R < rows ? r0 + R : rows;
+    A s = A(0);
+#pragma unroll 8
+    for (i64 r = r0; r < r1; ++r) s += value_traits<S>::to_acc(in[r * cols + c]);
+    out[b * cols + c] = s;
 }

@@ -1,17 +1,21 @@
 // SpMM family kernels: weighted neighbour sum over a CSR-by-destination graph
 //
-//     out[i] = r_i * sum_{e=(j->i)} w_e * c_j * x[j]
+//     out[i] = r_i * sum_{e=(j->i)} w_e * c_j * x[j]  (+ b)
 //
-// with optional edge weights w, target-side row scale r and source-side
-// column scale c (mean: r = 1/deg; GCN: r = c = deg^-1/2, no per-edge
-// weights). The backward pass runs the same kernel on the cached transpose
-// with r and c swapped. Plus the SDDMM giving the gradient of edge weights.
+// with optional edge weights w, target-side row scale r, source-side column
+// scale c (mean: r = 1/deg; GCN: r = c = deg^-1/2, or the per-edge products
+// d_i d_j precomputed in CSR order) and a bias row b [F] added in the store
+// (so an empty row gets b, as `spmm(...) + b` would). The backward pass runs
+// the same kernel on the cached transpose with r and c swapped (weights in
+// the transpose's order, no bias); the bias gradient is a column sum of
+// grad_out (column_sum in common.cuh). Plus the SDDMM giving the gradient of
+// edge weights.
 //
 // Work unit: a *task* = up to `chunk` consecutive CSR edges of one row. Rows
 // of degree <= chunk are one task; hub rows are split into several, whose
 // fp32 partial rows are summed in a fixed order by spmm_combine (no atomics:
-// bitwise repeatable). Empty rows are one empty task, so every output row is
-// written (with 0).
+// bitwise repeatable), which then applies r and b. Empty rows are one empty
+// task, so every output row is written (with 0, or b).
 //
 // Mapping: a group of `group` lanes (power of two <= 32) per task; lane l
 // owns features [f0, f0 + VEC) with f0 = l*VEC + k*group*VEC, k = 0, 1, ...
@@ -20,13 +24,15 @@
 //
 // Memory traffic (T = value type, I = index type, per task of n edges):
 //   read  n * (sizeof(I) + sizeof(acc_t) if weighted) + n * F * sizeof(T) gathered
+//         (+ n * sizeof(acc_t) gathered c[j], a random 4-byte read per edge,
+//          + F * sizeof(T) of b, shared by all tasks: served from L2)
 //   write F * sizeof(T) (or F * sizeof(acc_t) partial for split rows)
 // The gather term dominates: rmat20, F=128, fp32: 16.1M x 512 B = 8.2 GB
 // without cache reuse, 1.2 GB if every source row were read once.
 
 #include "common.cuh"
 
-// out[row] (or partial[slot]) = sum_{e in task} w_e * x[indices[e]]
+// out[row] = r * sum_{e in task} w_e * c_j * x[j] (+ b), or partial[slot] = the sum
 template <typename T, typename I, int VEC, bool HAS_W>
 __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row of each task
                          const I* __restrict__ task_begin,  // [num_tasks] first CSR edge
@@ -36,6 +42,7 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
                          const typename value_traits<T>::acc_t* __restrict__ weights,  // [E] or null
                          const typename value_traits<T>::acc_t* __restrict__ row_scale,  // [num_rows] or null
                          const typename value_traits<T>::acc_t* __restrict__ col_scale,  // [num_cols] or null
+                         const T* __restrict__ bias,        // [F] or null (direct rows only)
                          const T* __restrict__ x,           // [num_cols, F]
                          T* __restrict__ out,               // [num_rows, F]
                          typename value_traits<T>::acc_t* __restrict__ partial,  // [slots, F]
@@ -85,8 +92,15 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
         if (slot < 0) {
             const A r = row_scale != nullptr ? row_scale[row] : A(1);
             pack_t<T, VEC> o;
+            if (bias != nullptr) {
+                const pack_t<T, VEC> b = load_pack<T, VEC>(bias + f0);
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) o.v[v] = value_traits<T>::from_acc(r * acc[v]);
+                for (int v = 0; v < VEC; ++v)
+                    o.v[v] = value_traits<T>::from_acc(r * acc[v] + value_traits<T>::to_acc(b.v[v]));
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) o.v[v] = value_traits<T>::from_acc(r * acc[v]);
+            }
             store_pack<T, VEC>(out + row * F + f0, o);
         } else {
 #pragma unroll
@@ -95,13 +109,15 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
     }
 }
 
-// out[split_row[s]] = r * sum_{k in slot_ptr[s]..slot_ptr[s+1]} partial[k], in slot order.
-// Mapping: a lane group per split row; traffic: slots x F x sizeof(acc_t) read.
+// out[split_row[s]] = r * sum_{k in slot_ptr[s]..slot_ptr[s+1]} partial[k] (+ b), in slot order.
+// Mapping: a lane group per split row; traffic: slots x F x sizeof(acc_t) read
+// (+ F x sizeof(T) of b per split row, from L2), F x sizeof(T) written per split row.
 template <typename T, typename I, int VEC>
 __global__ void spmm_combine(const I* __restrict__ split_row,  // [num_split]
                              const I* __restrict__ slot_ptr,   // [num_split + 1]
                              const typename value_traits<T>::acc_t* __restrict__ partial,
                              const typename value_traits<T>::acc_t* __restrict__ row_scale,  // or null
+                             const T* __restrict__ bias,       // [F] or null
                              T* __restrict__ out, i64 num_split, int F, int group) {
     typedef typename value_traits<T>::acc_t A;
     const i64 s = group_index(group);
@@ -111,12 +127,14 @@ __global__ void spmm_combine(const I* __restrict__ split_row,  // [num_split]
     const A r = row_scale != nullptr ? row_scale[row] : A(1);
     const i64 k0 = (i64)slot_ptr[s], k1 = (i64)slot_ptr[s + 1];
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
-        pack_t<T, VEC> o;
+        pack_t<T, VEC> o, b;
+        if (bias != nullptr) b = load_pack<T, VEC>(bias + f0);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
             A acc = A(0);
             for (i64 k = k0; k < k1; ++k) acc += partial[k * F + f0 + v];
-            o.v[v] = value_traits<T>::from_acc(r * acc);
+            const A y = r * acc;
+            o.v[v] = value_traits<T>::from_acc(bias != nullptr ? y + value_traits<T>::to_acc(b.v[v]) : y);
         }
         store_pack<T, VEC>(out + row * F + f0, o);
     }

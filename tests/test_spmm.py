@@ -41,7 +41,7 @@ def test_spmm_matches_reference(device, reduce, weighted, width, dtype):
     out, res = spmm_fwd(g, xd, wd, reduce)
     assert out.dtype == x.dtype and out.shape == (300, width)
     assert_close(to_numpy(out), ref.spmm(ei, x, w, reduce, 300), dtype)
-    gx, gw = spmm_bwd(g, res, to_device(go.astype(dtype), device))
+    gx, gw, _ = spmm_bwd(g, res, to_device(go.astype(dtype), device))
     rgx, rgw = ref.spmm_vjp(ei, x, w, reduce, go.astype(dtype))
     assert_close(to_numpy(gx), rgx, dtype, "grad_x")
     if weighted:
@@ -59,7 +59,7 @@ def test_bipartite_and_int64(device):
     assert g.index_dtype == np.int64
     out, res = spmm_fwd(g, to_device(x, device), to_device(w, device), "mean")
     assert_close(to_numpy(out), ref.spmm(ei, x, w, "mean", 300), "float64")
-    gx, gw = spmm_bwd(g, res, to_device(go, device))
+    gx, gw, _ = spmm_bwd(g, res, to_device(go, device))
     rgx, rgw = ref.spmm_vjp(ei, x, w, "mean", go)
     assert gx.shape == (77, 16)
     assert_close(to_numpy(gx), rgx, "float64")
@@ -156,7 +156,7 @@ def test_gpu_paths_and_hub_split(path, hub, width):
     x32, w32 = x.astype(np.float32), w.astype(np.float32)
     out, res = spmm_fwd(g, to_device(x32, "cuda"), to_device(w32, "cuda"), "sum", path=path)
     assert_close(to_numpy(out), ref.spmm(ei, x32, w32, "sum", 300), "float32")
-    gx, gw = spmm_bwd(g, res, to_device(go.astype(np.float32), "cuda"))
+    gx, gw, _ = spmm_bwd(g, res, to_device(go.astype(np.float32), "cuda"))
     rgx, rgw = ref.spmm_vjp(ei, x32, w32, "sum", go.astype(np.float32))
     assert_close(to_numpy(gx), rgx, "float32", "grad_x")
     assert_close(to_numpy(gw), rgw, "float32", "grad_edge_weight")
@@ -193,7 +193,7 @@ def test_gpu_half_types(vtype, width):
     o = to_numpy(out)
     o = from_bf16_bits(o) if vtype == "bfloat16" else o.astype(np.float64)
     assert_close(o, ref.spmm(ei, xr, w, "mean", 300), vtype)
-    gx, gw = spmm_bwd(g, res, to_device(gob, "cuda"))
+    gx, gw, _ = spmm_bwd(g, res, to_device(gob, "cuda"))
     gx = to_numpy(gx)
     gx = from_bf16_bits(gx) if vtype == "bfloat16" else gx.astype(np.float64)
     rgx, rgw = ref.spmm_vjp(ei, xr, w, "mean", gor)
@@ -211,7 +211,7 @@ def test_gpu_backward_is_bitwise_repeatable_and_records_choice():
     runs = []
     for _ in range(3):
         out, res = spmm_fwd(g, xd, wd)
-        gx, gw = spmm_bwd(g, res, god)
+        gx, gw, _ = spmm_bwd(g, res, god)
         runs.append((to_numpy(out), to_numpy(gx), to_numpy(gw)))
     for r in runs[1:]:
         for a, b in zip(runs[0], r):
@@ -249,7 +249,7 @@ def test_row_and_column_scales(device, reduce, weighted, hub):
                         row_scale=to_device(r, device), col_scale=to_device(c, device))
     expect = ref.spmm(ei, x * c[:, None], w, reduce, 300) * r[:, None]
     assert_close(to_numpy(out), expect, "float64")
-    gx, gw = spmm_bwd(g, res, to_device(go, device))
+    gx, gw, _ = spmm_bwd(g, res, to_device(go, device))
     rgx, rgw = ref.spmm_vjp(ei, x * c[:, None], w, reduce, go * r[:, None])
     assert_close(to_numpy(gx), rgx * c[:, None], "float64", "grad_x")
     if weighted:
@@ -258,3 +258,238 @@ def test_row_and_column_scales(device, reduce, weighted, hub):
         spmm(g, to_device(x, device), row_scale=to_device(r[:-1], device))
     with pytest.raises(ValueError, match="col_scale must have shape"):
         spmm(g, to_device(x, device), col_scale=to_device(r, device))
+
+
+# ------------------------------------------------------------ bias epilogue
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_spmm_bias_matches_reference(device, reduce, weighted, width, dtype):
+    """out = spmm(...) + b in the kernel's store (empty rows get b); grad_b =
+    column sum of grad_out; the other gradients as without a bias."""
+    ei, g, x, w, go = _case(device, width, weighted, hub=1500)
+    rng = np.random.default_rng(_seed())
+    b = rng.standard_normal(width).astype(dtype)
+    x = x.astype(dtype)
+    w = None if w is None else w.astype(dtype)
+    out, res = spmm_fwd(g, to_device(x, device), to_device(w, device), reduce,
+                        bias=to_device(b, device))
+    assert out.dtype == x.dtype
+    expect = ref.spmm(ei, x, w, reduce, 300, bias=b)
+    assert_close(to_numpy(out), expect, dtype)
+    empty = np.bincount(ei[1], minlength=300) == 0
+    assert empty.any()
+    np.testing.assert_allclose(to_numpy(out)[empty], np.broadcast_to(b, (empty.sum(), width)),
+                               rtol=0, atol=0)
+    gx, gw, gb = spmm_bwd(g, res, to_device(go.astype(dtype), device))
+    rgx, rgw = ref.spmm_vjp(ei, x, w, reduce, go.astype(dtype))
+    assert gb.dtype == x.dtype and gb.shape == (width,)
+    assert_close(to_numpy(gb), ref.column_sum(go.astype(dtype)), dtype, "grad_bias")
+    assert_close(to_numpy(gx), rgx, dtype, "grad_x")
+    if weighted:
+        assert_close(to_numpy(gw), rgw, dtype, "grad_edge_weight")
+    # no bias: no bias gradient; only the requested gradients are computed
+    _, res0 = spmm_fwd(g, to_device(x, device), to_device(w, device), reduce)
+    assert spmm_bwd(g, res0, to_device(go.astype(dtype), device))[2] is None
+    assert spmm_bwd(g, res, to_device(go.astype(dtype), device), needs_x_grad=False,
+                    needs_bias_grad=False)[::2] == (None, None)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_spmm_bias_with_scales_and_no_edges(device):
+    ei, g, x, w, go = _case(device, 7, True, num_src=90, hub=5)
+    rng = np.random.default_rng(_seed())
+    r, c, b = rng.uniform(0.5, 2, 300), rng.uniform(0.5, 2, 90), rng.standard_normal(7)
+    out = spmm(g, to_device(x, device), to_device(w, device), "mean", bias=to_device(b, device),
+               row_scale=to_device(r, device), col_scale=to_device(c, device))
+    expect = ref.spmm(ei, x * c[:, None], w, "mean", 300) * r[:, None] + b
+    assert_close(to_numpy(out), expect, "float64")
+    # a graph without edges: every row is the bias
+    g0 = Graph.from_edge_index(to_device(np.zeros((2, 0), np.int64), device), num_nodes=5)
+    out0 = spmm(g0, to_device(np.ones((5, 3)), device), bias=to_device(b[:3], device))
+    np.testing.assert_array_equal(to_numpy(out0), np.broadcast_to(b[:3], (5, 3)))
+    _, res0 = spmm_fwd(g0, to_device(np.ones((5, 3)), device), bias=to_device(b[:3], device))
+    gx0, _, gb0 = spmm_bwd(g0, res0, to_device(np.ones((5, 3)), device))
+    np.testing.assert_array_equal(to_numpy(gx0), np.zeros((5, 3)))
+    np.testing.assert_array_equal(to_numpy(gb0), np.full(3, 5.0))
+
+
+def test_bias_vjp_by_finite_differences():
+    """grad_bias of the oracle (and of the CPU backend) by central differences."""
+    rng = np.random.default_rng(_seed())
+    ei = awkward_edge_index(20, 80, seed=rng.integers(1 << 30))
+    g = Graph.from_edge_index(ei, num_nodes=20)
+    x, b, go = rng.standard_normal((20, 3)), rng.standard_normal(3), rng.standard_normal((20, 3))
+    for reduce in ("sum", "mean"):
+        f = lambda b_: np.sum(ref.spmm(ei, x, None, reduce, 20, bias=b_) * go)  # noqa: E731
+        fc = lambda b_: np.sum(spmm(g, x, reduce=reduce, bias=b_) * go)  # noqa: E731
+        _, res = spmm_fwd(g, x, reduce=reduce, bias=b)
+        gb = spmm_bwd(g, res, go)[2]
+        h = 1e-6
+        for k in range(3):
+            db = np.zeros(3)
+            db[k] = h
+            fd = (f(b + db) - f(b - db)) / (2 * h)
+            assert abs(fd - ref.column_sum(go)[k]) < 1e-6
+            assert abs((fc(b + db) - fc(b - db)) / (2 * h) - gb[k]) < 1e-6
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bad_bias_raises_clear_errors(device):
+    ei, g, x, w, go = _case(device, 4, False)
+    xd = to_device(x, device)
+    cases = [
+        (lambda: spmm(g, xd, bias=to_device(np.ones(5), device)), ValueError, "bias must have shape"),
+        (lambda: spmm(g, xd, bias=to_device(np.ones((1, 4)), device)), ValueError,
+         "bias must have shape"),
+        (lambda: spmm(g, xd, bias=to_device(np.ones(4, np.float32), device)), TypeError,
+         "bias must have x's dtype"),
+        (lambda: spmm(g, xd, bias=to_device(np.ones(4, np.int64), device)), TypeError, "bias"),
+        (lambda: spmm(g, xd, bias="zeros"), TypeError, "bias"),
+    ]
+    if device != "cpu":
+        cases.append((lambda: spmm(g, xd, bias=np.ones(4)), ValueError, "bias lives on CPU"))
+    for fn, err, words in cases:
+        with pytest.raises(err) as info:
+            fn()
+        assert words in str(info.value), str(info.value)
+
+
+# ---------------------------------------------- constant CSR-ordered weights
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("loops", [False, True])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_gcn_norm_weights_match_scales_and_reference(device, loops, reduce):
+    """w_e = d_i d_j in CSR and transpose order == fused scales == gcn_norm
+    weights; gradient of x through the transpose's weights; with a bias."""
+    rng = np.random.default_rng(_seed())
+    ei = awkward_edge_index(200, 1500, hub_degree=900, seed=rng.integers(1 << 30))
+    g = Graph.from_edge_index(to_device(ei, device), num_nodes=200)
+    g2, cw = fastgnn.gcn_norm_weights(g, add_self_loops=loops, dtype=np.float64)
+    assert fastgnn.gcn_norm_weights(g, add_self_loops=loops, dtype=np.float64)[1] is cw  # cached
+    g2s, d = fastgnn.gcn_norm_scales(g, add_self_loops=loops, dtype=np.float64)
+    assert g2s is g2
+    np.testing.assert_array_equal(to_numpy(cw.transposed),
+                                  to_numpy(cw.csr)[to_numpy(g2.transpose().edge_ids)])
+    rei, rw = ref.gcn_norm(ei, 200, None, add_self_loops=loops)
+    x, go, b = rng.standard_normal((200, 9)), rng.standard_normal((200, 9)), rng.standard_normal(9)
+    out, res = spmm_fwd(g2, to_device(x, device), None, reduce, csr_weights=cw,
+                        bias=to_device(b, device))
+    assert_close(to_numpy(out), ref.spmm(rei, x, rw, reduce, 200, bias=b), "float64")
+    out_s = spmm(g2, to_device(x, device), None, reduce, row_scale=d, col_scale=d,
+                 bias=to_device(b, device))
+    assert_close(to_numpy(out), to_numpy(out_s), "float64")
+    gx, gw, gb = spmm_bwd(g2, res, to_device(go, device))
+    assert gw is None                                    # constants: no weight gradient
+    rgx, _ = ref.spmm_vjp(rei, x, rw, reduce, go)
+    assert_close(to_numpy(gx), rgx, "float64", "grad_x")
+    assert_close(to_numpy(gb), ref.column_sum(go), "float64", "grad_bias")
+    # float32 weights for float32 features
+    _, cw32 = fastgnn.gcn_norm_weights(g, add_self_loops=loops)
+    assert cw32.csr.dtype == np.float32
+    out32 = spmm(g2, to_device(x.astype(np.float32), device), csr_weights=cw32)
+    assert_close(to_numpy(out32), ref.spmm(rei, x, rw, "sum", 200), "float32")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_bad_csr_weights_raise(device):
+    ei, g, x, w, go = _case(device, 4, True)
+    xd = to_device(x, device)
+    cw = fastgnn.CsrWeights.from_csr(g, to_device(np.ones(g.num_edges), device))
+    with pytest.raises(ValueError, match="edge_weight or csr_weights"):
+        spmm(g, xd, to_device(w, device), csr_weights=cw)
+    with pytest.raises(TypeError, match="csr_weights must be a CsrWeights"):
+        spmm(g, xd, csr_weights=to_device(np.ones(g.num_edges), device))
+    short = fastgnn.CsrWeights(cw.csr[:-1], cw.transposed)
+    with pytest.raises(ValueError, match="csr_weights.csr must have shape"):
+        spmm(g, xd, csr_weights=short)
+
+
+# ------------------------------------------------------- bias, GPU only
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("path", ["custom", "cusparse", "auto"])
+@pytest.mark.parametrize("hub", [5, 3000])
+@pytest.mark.parametrize("width", [3, 64, 128, 200])
+def test_gpu_bias_paths_and_hub_split(path, hub, width):
+    """The bias on every path (the custom kernel serves them all), direct and
+    split (spmm_combine) rows, and a bias that is not 16-byte aligned."""
+    import cupy as cp
+    ei, g, x, w, go = _case("cuda", width, True, hub=hub)
+    x32, w32 = x.astype(np.float32), w.astype(np.float32)
+    b = np.random.default_rng(_seed()).standard_normal(width + 1).astype(np.float32)
+    for bias in (cp.asarray(b[:width]), cp.asarray(b)[1:]):     # aligned, then offset by 4 B
+        out, res = spmm_fwd(g, cp.asarray(x32), cp.asarray(w32), "sum", path=path, bias=bias)
+        bh = cp.asnumpy(bias)
+        assert_close(to_numpy(out), ref.spmm(ei, x32, w32, "sum", 300, bias=bh), "float32")
+        gx, gw, gb = spmm_bwd(g, res, cp.asarray(go.astype(np.float32)))
+        rgx, rgw = ref.spmm_vjp(ei, x32, w32, "sum", go.astype(np.float32))
+        assert_close(to_numpy(gx), rgx, "float32", "grad_x")
+        assert_close(to_numpy(gw), rgw, "float32", "grad_edge_weight")
+        assert_close(to_numpy(gb), ref.column_sum(go.astype(np.float32)), "float32", "grad_bias")
+    if path == "auto":
+        from fastgnn.backends.cuda import chosen_paths
+        assert chosen_paths(g)[(width, "float32", True, "bias")].path == "custom"
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_bias_is_bitwise_repeatable_and_leaves_plain_path_unchanged():
+    import cupy as cp
+    ei, g, x, w, go = _case("cuda", 64, True, hub=4000)
+    xd, wd = cp.asarray(x.astype(np.float32)), cp.asarray(w.astype(np.float32))
+    god = cp.asarray(go.astype(np.float32))
+    b = cp.zeros(64, dtype=np.float32)
+    runs = []
+    for _ in range(3):
+        out, res = spmm_fwd(g, xd, wd, path="custom", bias=b)
+        runs.append([cp.asnumpy(a) for a in (out, *spmm_bwd(g, res, god))])
+    plain = cp.asnumpy(spmm(g, xd, wd, path="custom"))
+    for r in runs[1:]:
+        for a, c in zip(runs[0], r):
+            np.testing.assert_array_equal(a, c)
+    np.testing.assert_array_equal(runs[0][0], plain)      # + 0 in the store changes nothing
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("rows,width", [(1, 5), (63, 128), (64, 7), (300001, 33)])
+def test_gpu_bias_grad_column_sum_levels(rows, width):
+    """The fixed-order column sum over 1, 2 and 3 levels of 64-row blocks."""
+    import cupy as cp
+
+    from fastgnn.backends.cuda.spmm import bias_grad
+    g = Graph.from_edge_index(cp.zeros((2, 0), dtype=cp.int64), num_nodes=rows)
+    a = np.random.default_rng(_seed()).standard_normal((rows, width))
+    for dt, vt in ((np.float32, "float32"), (np.float64, "float64"), (np.float16, "float16")):
+        s = bias_grad(g, cp.asarray(a.astype(dt)), vt)
+        assert s.dtype == dt and s.shape == (width,)
+        assert_close(cp.asnumpy(s).astype(np.float64), a.astype(dt).astype(np.float64).sum(0), vt)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("vtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("width", [8, 128, 37])
+def test_gpu_half_types_bias(vtype, width):
+    ei, g, x, w, go = _case("cuda", width, True, hub=1000)
+    b = np.random.default_rng(_seed()).standard_normal(width)
+    if vtype == "bfloat16":
+        xb, gob, bb = to_bf16_bits(x), to_bf16_bits(go), to_bf16_bits(b)
+        xr, gor, br = from_bf16_bits(xb), from_bf16_bits(gob), from_bf16_bits(bb)
+        kw = {"vtype": "bfloat16"}
+        back = from_bf16_bits
+    else:
+        xb, gob, bb = x.astype(np.float16), go.astype(np.float16), b.astype(np.float16)
+        xr, gor, br = (a.astype(np.float64) for a in (xb, gob, bb))
+        kw = {}
+        back = lambda a: a.astype(np.float64)  # noqa: E731
+    out, res = spmm_fwd(g, to_device(xb, "cuda"), to_device(w.astype(np.float32), "cuda"),
+                        "mean", bias=to_device(bb, "cuda"), **kw)
+    assert_close(back(to_numpy(out)), ref.spmm(ei, xr, w, "mean", 300, bias=br), vtype)
+    gx, _, gb = spmm_bwd(g, res, to_device(gob, "cuda"))
+    assert to_numpy(gb).dtype == bb.dtype
+    assert_close(back(to_numpy(gx)), ref.spmm_vjp(ei, xr, w, "mean", gor)[0], vtype, "grad_x")
+    assert_close(back(to_numpy(gb)), ref.column_sum(gor), vtype, "grad_bias")

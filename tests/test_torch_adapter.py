@@ -356,3 +356,66 @@ def test_gpu_generic_bridge_plumbing():
     assert seen["vtype"] == "bfloat16" and outb.dtype == torch.bfloat16
     assert torch.equal(outb, xb * 2)
 
+
+
+# ---------------------------------------------------------------- bias
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_spmm_bias_gradcheck_and_reference(reduce):
+    """bias added in the kernel's store: output and every gradient (x, w, b)
+    by finite differences, and against the float64 reference."""
+    rng = np.random.default_rng(8)
+    n = 17
+    ei = awkward_edge_index(n, 40, seed=8)
+    eit = torch.from_numpy(ei)
+    x = torch.from_numpy(rng.standard_normal((n, 3))).requires_grad_()
+    w = torch.from_numpy(rng.random(ei.shape[1])).requires_grad_()
+    b = torch.from_numpy(rng.standard_normal(3)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w, b: ft.spmm(eit, x, w, reduce, bias=b), (x, w, b))
+    assert torch.autograd.gradcheck(lambda b: ft.spmm(eit, x.detach(), None, reduce, bias=b),
+                                    (b,))
+    out = ft.spmm(eit, x, w, reduce, bias=b)
+    assert_close(_np(out), ref.spmm(ei, _np(x), _np(w), reduce, n, bias=_np(b)), "float64")
+    cot = torch.from_numpy(rng.standard_normal((n, 3)))
+    (out * cot).sum().backward()
+    assert_close(_np(b.grad), ref.column_sum(cot.numpy()), "float64", "grad bias")
+    gx, gw = ref.spmm_vjp(ei, _np(x), _np(w), reduce, cot.numpy())
+    assert_close(_np(x.grad), gx, "float64", "grad x")
+    assert_close(_np(w.grad), gw, "float64", "grad edge_weight")
+
+
+def test_spmm_bad_bias_raises():
+    ei, eit = _graph(9)
+    x = torch.randn(N, 4)
+    for bad, err, words in [(torch.zeros(5), ValueError, "bias must have shape"),
+                            (torch.zeros(1, 4), ValueError, "bias must have shape"),
+                            (torch.zeros(4, dtype=torch.float64), TypeError, "bias must have x's dtype"),
+                            (torch.zeros(4, dtype=torch.bfloat16), TypeError, "bias must have x's dtype"),
+                            (np.zeros(4, np.float32), TypeError, "bias must be a torch.Tensor")]:
+        with pytest.raises(err) as info:
+            ft.spmm(eit, x, bias=bad)
+        assert words in str(info.value), str(info.value)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_gpu_spmm_bias(dtype, reduce):
+    ei, x64, w64, x, w = _gpu_case(dtype, reduce, True)
+    eit = torch.from_numpy(ei).cuda()
+    b64 = torch.randn(x.shape[1], dtype=torch.float64).to(dtype).double()
+    b = b64.to("cuda", dtype).requires_grad_()
+    out = ft.spmm(eit, x, w, reduce, bias=b)
+    assert out.dtype == dtype
+    w_np = w64.float().double().numpy()
+    vt = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    assert_close(_np(out), ref.spmm(ei, x64.numpy(), w_np, reduce, 1001, bias=b64.numpy()), vt)
+    cot = torch.randn(out.shape, dtype=torch.float64)
+    (out * cot.to("cuda", dtype)).sum().backward()
+    assert b.grad.dtype == dtype
+    assert_close(_np(b.grad), ref.column_sum(cot.to(dtype).double().numpy()), vt, "grad bias")
+    gx, gw = ref.spmm_vjp(ei, x64.numpy(), w_np, reduce, cot.to(dtype).double().numpy())
+    assert_close(_np(x.grad), gx, vt, "grad x")
+    assert_close(_np(w.grad), gw, vt, "grad edge_weight")
+    with pytest.raises(ValueError, match="bias lives on CPU"):
+        ft.spmm(eit, x, w, reduce, bias=b.detach().cpu())

@@ -182,7 +182,7 @@ def test_gcn_float32_and_unweighted_cache():
     x = x.float()
     a = ours(x, ei)
     g = ft.to_graph(ei, N)
-    assert ("gcn_norm_scales", True, "float32") in g.cache   # normalisation cached on the graph
+    assert ("gcn_norm_weights", True, "float32") in g.cache  # normalisation cached on the graph
     b = ours(x, ei)
     assert torch.equal(a, b)
     assert_close(a.detach().double().numpy(), ref(x, ei).detach().double().numpy(), "float32")

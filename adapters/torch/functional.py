@@ -17,9 +17,14 @@ from .graph_cache import resolve
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "SPMM", "SEGMENT_REDUCE",
            "SEGMENT_CSR"]
 
-SPMM = Op("spmm", spmm_fwd, spmm_bwd, inputs=("x", "edge_weight"), features=("x",),
-          fwd_flags={"needs_weight_grad": "edge_weight"},
-          bwd_flags={"needs_x_grad": "x", "needs_weight_grad": "edge_weight"})
+def _spmm_fwd(graph, x, edge_weight, bias, **static):
+    return spmm_fwd(graph, x, edge_weight, bias=bias, **static)
+
+
+SPMM = Op("spmm", _spmm_fwd, spmm_bwd, inputs=("x", "edge_weight", "bias"),
+          features=("x", "bias"), fwd_flags={"needs_weight_grad": "edge_weight"},
+          bwd_flags={"needs_x_grad": "x", "needs_weight_grad": "edge_weight",
+                     "needs_bias_grad": "bias"})
 
 
 def _rows(x):
@@ -35,13 +40,14 @@ def _resolve_for(edge_index_or_graph, x, num_nodes):
 
 
 def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None, path="auto",
-         *, row_scale=None, col_scale=None):
-    r"""Neighbour aggregation `out = A_w @ x`, differentiable in x and edge_weight.
+         *, row_scale=None, col_scale=None, bias=None, csr_weights=None):
+    r"""Neighbour aggregation `out = A_w @ x (+ bias)`, differentiable in x,
+    edge_weight and bias.
 
     Messages flow source j -> target i along each edge e = (j -> i):
 
-        sum:   out[i] = sum_{e=(j->i)} w_e x[j]
-        mean:  out[i] = 1/deg_in(i) * sum_{e=(j->i)} w_e x[j]     (0 for deg_in(i) = 0)
+        sum:   out[i] = sum_{e=(j->i)} w_e x[j]  (+ b)
+        mean:  out[i] = 1/deg_in(i) * sum_{e=(j->i)} w_e x[j]  (+ b)    (0 (+ b) for deg_in(i) = 0)
 
     with w_e = 1 when no weight is given.
 
@@ -60,17 +66,27 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
     row_scale, col_scale: optional [num_dst] / [num_src] factors r, c fused into
                  the kernel: out[i] = r_i * (...) with x[j] scaled by c_j
                  (constants: they take no gradient).
+    bias:        optional [F] tensor b in x's dtype (may require grad), added to
+                 every output row inside the kernel's store (no extra pass);
+                 grad_bias is a fixed-order column sum of grad_out.
+    csr_weights: optional fastgnn.CsrWeights of the graph instead of
+                 edge_weight: constant weights already in the kernels' orders
+                 (e.g. `fastgnn.gcn_norm_weights`); they take no gradient.
     Returns [num_dst, F] in x's dtype.
     """
     graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
     if adj_w is not None:
-        if edge_weight is not None:
-            raise ValueError("edge_weight must be None when the graph is a sparse adj_t: "
-                             "its values are the edge weights")
+        if edge_weight is not None or csr_weights is not None:
+            raise ValueError("edge_weight and csr_weights must be None when the graph is a "
+                             "sparse adj_t: its values are the edge weights")
         edge_weight = adj_w
-    scales = {k: (v.detach() if isinstance(v, torch.Tensor) else v)
+    if isinstance(bias, torch.Tensor) and bias.dtype != x.dtype:
+        raise TypeError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
+    static = {k: (v.detach() if isinstance(v, torch.Tensor) else v)
               for k, v in (("row_scale", row_scale), ("col_scale", col_scale)) if v is not None}
-    return apply(SPMM, graph, x, edge_weight, reduce=reduce, path=path, **scales)
+    if csr_weights is not None:
+        static["csr_weights"] = csr_weights
+    return apply(SPMM, graph, x, edge_weight, bias, reduce=reduce, path=path, **static)
 
 
 # ------------------------------------------------------------ reductions

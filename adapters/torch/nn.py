@@ -159,9 +159,12 @@ class GCNConv(torch.nn.Module):
         edge_weight is ignored, as in PyG.
 
     Parameters `lin.weight` [out, in] and `bias` [out]. The linear map is applied
-    before aggregation, as in PyG. Normalisation weights of an unweighted graph
-    are computed once and cached on the fastgnn Graph; weights that require
-    grad are normalised by differentiable torch ops.
+    before aggregation, as in PyG; the bias is added in the SpMM kernel's store
+    (its gradient a fixed-order column sum). Normalisation weights of an
+    unweighted graph (d_i d_j, d = deg^-1/2) are computed once and cached on the
+    fastgnn Graph in the orders the forward and backward kernels read them
+    (`fastgnn.gcn_norm_weights`); weights that require grad are normalised by
+    differentiable torch ops.
     """
 
     def __init__(self, in_channels: int, out_channels: int, improved: bool = False,
@@ -204,17 +207,18 @@ class GCNConv(torch.nn.Module):
                              "input while this layer does not support bipartite message "
                              "passing. Please try other layers such as 'SAGEConv' instead")
         n = int(x.shape[-2])
-        scale = None
+        csr_weights = None
         if self.normalize:
             norm = self._cached_edge_index
             if norm is None:
                 if edge_weight is None and not _is_sparse(edge_index):
-                    # all weights are 1 (PyG ignores `improved` here): deg^-1/2 is
-                    # fused into the kernel as row and column scales
-                    graph, scale = fastgnn.gcn_norm_scales(
+                    # all weights are 1 (PyG ignores `improved` here): w_e = d_i d_j
+                    # (d = deg^-1/2) built once per graph in the orders the forward and
+                    # backward kernels read (one sequential weight per edge, no gather)
+                    graph, csr_weights = fastgnn.gcn_norm_weights(
                         to_graph(edge_index, n), add_self_loops=self.add_self_loops,
                         dtype=np.float64 if x.dtype == torch.float64 else np.float32)
-                    norm = (graph, None, scale)
+                    norm = (graph, None, csr_weights)
                 else:
                     graph, weight = gcn_norm(edge_index, edge_weight, n, improved=self.improved,
                                              add_self_loops=self.add_self_loops,
@@ -222,15 +226,13 @@ class GCNConv(torch.nn.Module):
                     norm = (graph, weight, None)
                 if self.cached:
                     self._cached_edge_index = norm
-            graph, weight, scale = norm
+            graph, weight, csr_weights = norm
         else:
             graph, adj_w = resolve(edge_index, n)
             weight = edge_weight if adj_w is None and not _is_sparse(edge_index) else adj_w
         x = self.lin(x)
-        out = spmm(graph, x, weight, reduce=self._reduce, row_scale=scale, col_scale=scale)
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        return _spmm_bias(graph, x, weight, self.bias, reduce=self._reduce,
+                          csr_weights=csr_weights)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels})"
@@ -238,6 +240,15 @@ class GCNConv(torch.nn.Module):
 
 def _is_sparse(adj):
     return isinstance(adj, Tensor) and adj.layout != torch.strided
+
+
+def _spmm_bias(graph, x, weight, bias, **kw):
+    """spmm(graph, x, weight, **kw) + bias, the bias added in the kernel's store
+    when it has x's dtype (else, e.g. under autocast, by a separate add that
+    promotes as torch does)."""
+    if bias is None or bias.dtype == x.dtype:
+        return spmm(graph, x, weight, bias=bias, **kw)
+    return spmm(graph, x, weight, **kw) + bias
 
 
 # ------------------------------------------------------------------ SAGEConv
@@ -352,9 +363,8 @@ class SAGEConv(torch.nn.Module):
             if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
                 lin_l(x_src[:0])                       # materialise from the input width
             if lin_l.out_features < lin_l.in_features:  # aggregate the narrower features
-                out = spmm(graph, F.linear(x_src, lin_l.weight), weight, reduce=self._reduce)
-                if lin_l.bias is not None:
-                    out = out + lin_l.bias
+                out = _spmm_bias(graph, F.linear(x_src, lin_l.weight), weight, lin_l.bias,
+                                 reduce=self._reduce)
             else:
                 out = lin_l(spmm(graph, x_src, weight, reduce=self._reduce))
         if self.root_weight and x_dst is not None:

@@ -8,8 +8,8 @@ def _f64(a):
     return None if a is None else np.asarray(a, dtype=np.float64)
 
 
-def spmm(edge_index, x, edge_weight=None, reduce="sum", num_dst=None):
-    """out[i] = s_i * sum_{e=(j->i)} w_e x[j]; s_i = 1 or 1/deg_in(i)."""
+def spmm(edge_index, x, edge_weight=None, reduce="sum", num_dst=None, bias=None):
+    """out[i] = s_i * sum_{e=(j->i)} w_e x[j] (+ bias [F]); s_i = 1 or 1/deg_in(i)."""
     src, dst = np.asarray(edge_index)
     x = _f64(x)
     num_dst = x.shape[0] if num_dst is None else num_dst
@@ -19,7 +19,14 @@ def spmm(edge_index, x, edge_weight=None, reduce="sum", num_dst=None):
     if reduce == "mean":
         deg = np.bincount(dst, minlength=num_dst)
         out /= np.maximum(deg, 1)[:, None]
+    if bias is not None:
+        out += _f64(bias)[None, :]
     return out
+
+
+def column_sum(a):
+    """[F] sum over the rows of a [N, F]: the bias gradient of `spmm`."""
+    return _f64(a).sum(axis=0)
 
 
 def spmm_vjp(edge_index, x, edge_weight, reduce, grad_out):

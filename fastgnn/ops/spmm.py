@@ -17,6 +17,16 @@ are bitwise repeatable.
 
 Internally "mean" is a row scale 1/deg_in applied in the kernel's epilogue
 (and a column scale in the backward pass), so no per-edge weights are built.
+
+An optional bias b [F] is added to every output row in the kernel's store
+(rows without in-edges get b), so `spmm(..., bias=b) == spmm(...) + b` with
+no extra pass over the output; its gradient is the column sum of grad_out
+(a fixed-order sum: bitwise repeatable).
+
+Constant weights that are reused on every call (GCN's d_i d_j) can be given
+as `CsrWeights`, stored once in the CSR order the forward kernel reads and
+in the transpose's order the backward reads (`gcn_norm_weights`): no
+permutation gather per call, and no column-scale gather per edge.
 """
 from __future__ import annotations
 
@@ -32,6 +42,26 @@ REDUCES = ("sum", "mean")
 PATHS = ("auto", "cusparse", "custom")
 
 
+@dataclass(frozen=True)
+class CsrWeights:
+    """Constant per-edge weights of one graph in the orders the kernels read
+    them: no permutation gather per call. They take no gradient.
+
+    csr:        [E] in the graph's CSR order (the forward pass).
+    transposed: [E] the same weights in `graph.transpose()`'s CSR order
+                (the backward pass), i.e. csr[graph.transpose().edge_ids].
+    Both in the compute dtype (float32, or float64 for float64 features).
+    Built by `gcn_norm_weights`; or `CsrWeights.from_csr(graph, w_csr)`.
+    """
+    csr: object
+    transposed: object
+
+    @classmethod
+    def from_csr(cls, graph, w_csr):
+        """Weights [E] in graph's CSR order -> CsrWeights (one gather, now)."""
+        return cls(w_csr, w_csr[graph.transpose().edge_ids])
+
+
 @dataclass
 class SpmmResiduals:
     """What `spmm_bwd` needs, and nothing else."""
@@ -43,6 +73,8 @@ class SpmmResiduals:
     path: str
     weight_dtype: object      # dtype of the caller's edge_weight (None if not given)
     deterministic: bool
+    weight_t: object = None   # [E] weights in the transpose's order (CsrWeights), or None
+    has_bias: bool = False    # the forward added a bias (its gradient is a column sum)
 
 
 def _weight_dtype_for(vtype):
@@ -106,9 +138,43 @@ def validate_edge_weight(graph: Graph, edge_weight, name="edge_weight"):
     return w
 
 
-def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, row_scale=None, col_scale=None,
-             vtype=None, path="auto", deterministic=True, needs_weight_grad=True):
-    """Forward of `spmm`; returns (out [num_dst, F], SpmmResiduals)."""
+def validate_bias(graph: Graph, bias, x, vtype, name="bias"):
+    """bias [F] in x's dtype (bf16: 16-bit integers, as x), on the graph's device."""
+    if bias is None:
+        return None
+    b = as_backend_array(bias, name)
+    F = x.shape[1]
+    if b.ndim != 1 or b.shape[0] != F:
+        raise ValueError(f"{name} must have shape [F] = [{F}] (x's width), got {tuple(b.shape)}")
+    bf16_bits = vtype == "bfloat16" and b.dtype.kind in "iu" and b.dtype.itemsize == 2
+    if b.dtype != x.dtype and not bf16_bits:
+        raise TypeError(f"{name} must have x's dtype ({vtype}: {x.dtype}), got {b.dtype}")
+    if not same_device(b, graph.indices):
+        raise ValueError(f"{name} lives on {'GPU' if is_cupy(b) else 'CPU'} but the graph on "
+                         f"{graph.device}")
+    return graph.xp.ascontiguousarray(b).view(x.dtype)
+
+
+def _validate_csr_weights(graph: Graph, cw, dtype):
+    if not isinstance(cw, CsrWeights):
+        raise TypeError(f"csr_weights must be a CsrWeights, got {type(cw).__name__}")
+    arrays = []
+    for name in ("csr", "transposed"):
+        a = getattr(cw, name)
+        if a.ndim != 1 or a.shape[0] != graph.num_edges or not same_device(a, graph.indices):
+            raise ValueError(f"csr_weights.{name} must have shape [E] = [{graph.num_edges}] "
+                             f"on the graph's device ({graph.device}), got {tuple(a.shape)}")
+        arrays.append(a.astype(dtype, copy=False))
+    return arrays
+
+
+def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None,
+             col_scale=None, csr_weights=None, vtype=None, path="auto", deterministic=True,
+             needs_weight_grad=True):
+    """Forward of `spmm`; returns (out [num_dst, F], SpmmResiduals).
+
+    csr_weights: a CsrWeights of this graph, instead of edge_weight: constant
+    weights already in the kernels' orders (no gradient)."""
     graph = as_graph(graph)
     if reduce not in REDUCES:
         raise ValueError(f"reduce must be one of {REDUCES}, got {reduce!r}")
@@ -116,35 +182,51 @@ def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, row_scale=None, col_sc
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     x, vt = validate_features(graph, x, vtype)
     w = validate_edge_weight(graph, edge_weight)
+    b = validate_bias(graph, bias, x, vt)
     wdt = _weight_dtype_for(vt)
     r = _validate_scale(graph, row_scale, graph.num_dst, "row_scale", wdt)
     c = _validate_scale(graph, col_scale, graph.num_src, "col_scale", wdt)
     if reduce == "mean":
         inv = _inv_in_degree(graph, wdt)
         r = inv if r is None else r * inv
-    w_csr = None if w is None else graph.to_csr_order(w).astype(wdt, copy=False)
-    out = backend_for(x).spmm(graph, x, w_csr, vt, path, deterministic, r, c)
+    w_t = None
+    if csr_weights is not None:
+        if w is not None:
+            raise ValueError("give edge_weight or csr_weights, not both")
+        w_csr, w_t = _validate_csr_weights(graph, csr_weights, wdt)
+    else:
+        w_csr = None if w is None else graph.to_csr_order(w).astype(wdt, copy=False)
+    out = backend_for(x).spmm(graph, x, w_csr, vt, path, deterministic, r, c, bias=b)
     keep_x = x if (w is not None and needs_weight_grad) else None
     res = SpmmResiduals(keep_x, w_csr, r, c, vt, path, None if w is None else w.dtype,
-                        bool(deterministic))
+                        bool(deterministic), w_t, b is not None)
     return out, res
 
 
-def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weight_grad=True):
-    """Backward of `spmm`: returns (grad_x [num_src, F] or None, grad_edge_weight [E] or None).
+def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weight_grad=True,
+             needs_bias_grad=True):
+    """Backward of `spmm`: returns one gradient (or None) per input,
+    (grad_x [num_src, F], grad_edge_weight [E], grad_bias [F]).
 
     grad_x = c * (A_w^T (r * grad_out)) runs the forward kernel on the cached
-    transpose with the two scales swapped; grad_w[e] = r_i c_j <grad_out[i], x[j]>.
+    transpose with the two scales swapped; grad_w[e] = r_i c_j <grad_out[i], x[j]>;
+    grad_bias = sum_i grad_out[i] (a fixed-order column sum; fp32 accumulation
+    for 16-bit types), None when the forward had no bias. Weights given as
+    CsrWeights and scales take no gradient.
     """
     graph = as_graph(graph)
     g, _ = validate_features(graph, grad_out, res.vtype, name="grad_out", rows=graph.num_dst)
     be = backend_for(g)
-    grad_x = grad_w = None
+    grad_x = grad_w = grad_b = None
     if needs_x_grad:
         t = graph.transpose()
-        w_t = None if res.weight_csr is None else res.weight_csr[t.edge_ids]
+        w_t = res.weight_t
+        if w_t is None and res.weight_csr is not None:
+            w_t = res.weight_csr[t.edge_ids]
         grad_x = be.spmm(t, g, w_t, res.vtype, res.path, res.deterministic,
                          res.col_scale, res.row_scale)
+    if needs_bias_grad and res.has_bias:
+        grad_b = be.bias_grad(graph, g, res.vtype)
     if needs_weight_grad and res.weight_dtype is not None:
         if res.x is None:
             raise ValueError("spmm_fwd was called with needs_weight_grad=False")
@@ -154,24 +236,30 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
         if res.col_scale is not None:
             dots = dots * res.col_scale[graph.indices]
         grad_w = graph.to_caller_order(dots).astype(res.weight_dtype, copy=False)
-    return grad_x, grad_w
+    return grad_x, grad_w, grad_b
 
 
-def spmm(graph, x, edge_weight=None, reduce="sum", *, row_scale=None, col_scale=None,
-         vtype=None, path="auto", deterministic=True):
+def spmm(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None, col_scale=None,
+         csr_weights=None, vtype=None, path="auto", deterministic=True):
     """Neighbour aggregation by sparse-dense product:
 
-        out[i] = s_i * r_i * sum_{e=(j->i)} w_e * c_j * x[j]
+        out[i] = s_i * r_i * sum_{e=(j->i)} w_e * c_j * x[j]  (+ b)
 
     graph:       fastgnn.Graph with num_src source and num_dst target nodes.
     x:           [num_src, F] float features (NumPy -> CPU, CuPy -> GPU; bf16
                  as 16-bit integers with vtype="bfloat16").
     edge_weight: [E] optional weights w in the caller's edge order (default 1).
     reduce:      "sum" (s = 1) or "mean" (s_i = 1/deg_in(i); empty rows give 0).
+    bias:        [F] optional b in x's dtype, added to every output row inside
+                 the kernel's store (a row without in-edges gets b); on the GPU
+                 the custom kernel then serves every path.
     row_scale:   [num_dst] optional target-side factor r (default 1).
     col_scale:   [num_src] optional source-side factor c (default 1). With
                  r = c = deg^-1/2 this is GCN's normalisation, fused into the
                  kernel with no per-edge weights. Scales take no gradient.
+    csr_weights: optional CsrWeights of this graph instead of edge_weight:
+                 constant weights [E] already in CSR (and transpose) order,
+                 e.g. GCN's d_i d_j from `gcn_norm_weights`.
     path:        GPU only: "auto" (time cuSPARSE and the custom kernel once per
                  graph, width and dtype, keep the faster), "cusparse" or "custom".
                  Scales are fused by the custom kernel only.
@@ -180,9 +268,9 @@ def spmm(graph, x, edge_weight=None, reduce="sum", *, row_scale=None, col_scale=
                  cuSPARSE algorithms that are not.
     Returns [num_dst, F] in x's dtype (fp32 accumulation for 16-bit types).
     """
-    out, _ = spmm_fwd(graph, x, edge_weight, reduce, row_scale=row_scale, col_scale=col_scale,
-                      vtype=vtype, path=path, deterministic=deterministic,
-                      needs_weight_grad=False)
+    out, _ = spmm_fwd(graph, x, edge_weight, reduce, bias=bias, row_scale=row_scale,
+                      col_scale=col_scale, csr_weights=csr_weights, vtype=vtype, path=path,
+                      deterministic=deterministic, needs_weight_grad=False)
     return out
 
 
@@ -223,16 +311,48 @@ def gcn_norm_scales(graph, *, add_self_loops=True, dtype=np.float32):
     applies the scales on the fly, so no edge-sized array is read or built.
     """
     graph = as_graph(graph)
-    if graph.num_src != graph.num_dst:
-        raise ValueError("gcn_norm_scales needs a square graph (num_src == num_dst)")
 
     def build():
-        g2 = self_loop_structure(graph)[0] if add_self_loops else graph
-        deg = g2.in_degree.astype(np.float64)
-        xp = g2.xp
-        d = xp.where(deg > 0, 1 / xp.sqrt(xp.maximum(deg, 1)), 0).astype(dtype)
-        return g2, d
+        g2, d = _gcn_inv_sqrt_degree(graph, add_self_loops)
+        return g2, d.astype(dtype)
     return graph.cached(("gcn_norm_scales", add_self_loops, np.dtype(dtype).name), build)
+
+
+def gcn_norm_weights(graph, *, add_self_loops=True, dtype=np.float32):
+    """GCN normalisation of an unweighted graph as constant per-edge weights in
+    the kernels' orders: returns (graph', CsrWeights) with, for each edge
+    e = (j -> i) of graph' (as in `gcn_norm_scales`),
+
+        w_e = d_i * d_j,   d = deg'^-1/2 (0 where deg' = 0)
+
+    (computed in float64, stored in dtype) in graph''s CSR order and in its
+    transpose's order, so
+
+        spmm(graph', x, csr_weights=w) == spmm(graph', x, row_scale=d, col_scale=d)
+
+    up to rounding. The kernels then read one weight per edge in sequence
+    instead of gathering d_j per edge (and no caller-order permutation is
+    gathered per call as for edge_weight). Built once and cached on the graph
+    (2 x E' x sizeof(dtype) bytes); builds graph'.transpose() too.
+    """
+    graph = as_graph(graph)
+
+    def build():
+        g2, d = _gcn_inv_sqrt_degree(graph, add_self_loops)
+        w = (d[g2.csr_rows] * d[g2.indices]).astype(dtype)
+        return g2, CsrWeights.from_csr(g2, w)
+    return graph.cached(("gcn_norm_weights", add_self_loops, np.dtype(dtype).name), build)
+
+
+def _gcn_inv_sqrt_degree(graph, add_self_loops):
+    """(graph', d [num_nodes] float64): graph with self-loops as `gcn_norm`
+    adds them (or graph) and deg'^-1/2 over it, 0 where deg' = 0."""
+    if graph.num_src != graph.num_dst:
+        raise ValueError("GCN normalisation needs a square graph (num_src == num_dst)")
+    g2 = self_loop_structure(graph)[0] if add_self_loops else graph
+    deg = g2.in_degree.astype(np.float64)
+    xp = g2.xp
+    return g2, xp.where(deg > 0, 1 / xp.sqrt(xp.maximum(deg, 1)), 0)
 
 
 def self_loop_structure(graph: Graph):

@@ -2,7 +2,8 @@
 
 spmm:  one parallel task per target row; each walks its CSR segment and
        accumulates w_e * c[src_e] * x[src_e] into the output row (the
-       caller's dtype), then applies the row scale r[row].
+       caller's dtype), then applies the row scale r[row] and adds the bias.
+bias_grad: the column sum of grad_out (float64 accumulation, fixed order).
 sddmm: one parallel task per target row; for each in-edge, the dot product
        of grad_out[row] with x[src] (accumulated in float64).
 """
@@ -12,7 +13,7 @@ import numpy as np
 
 @numba.njit(parallel=True, cache=True)
 def _spmm_rows(indptr, indices, weights, has_weight, row_scale, has_row, col_scale, has_col,
-               x, out):
+               bias, has_bias, x, out):
     n, f = out.shape
     for i in numba.prange(n):
         for k in range(f):
@@ -27,6 +28,9 @@ def _spmm_rows(indptr, indices, weights, has_weight, row_scale, has_row, col_sca
         if has_row:
             for k in range(f):
                 out[i, k] *= row_scale[i]
+        if has_bias:
+            for k in range(f):
+                out[i, k] += bias[k]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -46,15 +50,23 @@ def _or_empty(a, dtype):
 
 
 def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale=None,
-         col_scale=None):
-    """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] on the CPU (path and
-    deterministic are GPU options; the CPU kernel is always deterministic)."""
+         col_scale=None, bias=None):
+    """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] (+ bias [F]) on the CPU
+    (path and deterministic are GPU options; the CPU kernel is always
+    deterministic)."""
     out = np.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
     w, has_w = _or_empty(weight_csr, x.dtype)
     r, has_r = _or_empty(row_scale, x.dtype)
     c, has_c = _or_empty(col_scale, x.dtype)
-    _spmm_rows(graph.indptr, graph.indices, w, has_w, r, has_r, c, has_c, x, out)
+    b, has_b = _or_empty(bias, x.dtype)
+    _spmm_rows(graph.indptr, graph.indices, w, has_w, r, has_r, c, has_c, b, has_b, x, out)
     return out
+
+
+def bias_grad(graph, grad_out, vtype):
+    """[F] column sum of grad_out [num_dst, F] (float64 accumulation, row
+    order), in grad_out's dtype."""
+    return grad_out.sum(axis=0, dtype=np.float64).astype(grad_out.dtype)
 
 
 def sddmm(graph, a, b, vtype):

@@ -23,8 +23,8 @@ from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, s
                               transpose_caller_ids)
 from .loader import (C_INDEX, C_VALUE, VALUE_BYTES, attention_groups, attention_nchs,
                      attention_vecs, get_function)
-from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, from_acc, lane_group, spmm_custom,
-                   task_plan)
+from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, from_acc, lane_group,
+                   spmm_custom, task_plan)
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 COLUMN_SUM_ROWS = 1024
@@ -208,7 +208,7 @@ def _combine(plan, partial, out, width, vtype, itype):
     fn = get_function("spmm", vtype, itype, f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>")
     group = lane_group(width)
     fn(_grid(num_split, group), (BLOCK,),
-       (plan.split_row, plan.slot_ptr, partial, NULL, out, np.int64(num_split),
+       (plan.split_row, plan.slot_ptr, partial, NULL, NULL, out, np.int64(num_split),
         np.int32(width), np.int32(group)))
 
 
@@ -225,21 +225,6 @@ def _gatt_rows(ntask, H, C, group, acc):
     if smem <= GATT_SMEM_BUDGET and blocks < ntask:
         return blocks, smem, True
     return ntask, 0, False
-
-
-def _column_sum(parts, vtype, itype):
-    """Fixed-order sum over the rows of parts [rows, cols] (acc type)."""
-    acc = parts.dtype
-    A = "double" if acc == np.float64 else "float"
-    fn = get_function("attention", vtype, itype, f"column_sum<{A}>")
-    rows, cols = parts.shape
-    while rows > 1:
-        blocks = -(-rows // COLUMN_SUM_ROWS)
-        nxt = cp.empty((blocks, cols), dtype=acc)
-        fn((max(1, -(-blocks * cols // BLOCK)),), (BLOCK,),
-           (parts, nxt, np.int64(rows), np.int32(cols), np.int32(COLUMN_SUM_ROWS)))
-        parts, rows = nxt, blocks
-    return parts[0] if rows == 1 else cp.zeros(cols, dtype=acc)
 
 
 def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
@@ -318,7 +303,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         if need_gEd:
             grads[e_name] = gEd
         if need_gatt:
-            grads["att"] = from_acc(_column_sum(gatt_part, vtype, itype).reshape(att.shape),
+            grads["att"] = from_acc(column_sum(gatt_part, "attention", vtype, itype,
+                                               COLUMN_SUM_ROWS).reshape(att.shape),
                                     att.dtype, "attention", vtype, itype)
 
     # source pass over the transpose

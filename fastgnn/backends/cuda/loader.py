@@ -29,9 +29,16 @@ def vec_widths(vtype):
     return [v for v in (1, 2, 4, 8) if v * VALUE_BYTES[vtype] <= 16]
 
 
+def column_sum_names(vt):
+    """column_sum instantiations (common.cuh) for value type vt: over the
+    value type (a first level) and over its acc type (later levels)."""
+    T, A = C_VALUE[vt], ("double" if vt == "float64" else "float")
+    return [f"column_sum<{T}>"] + ([f"column_sum<{A}>"] if A != T else [])
+
+
 def _spmm_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
-    names = []
+    names = column_sum_names(vt) + [f"cast_from_acc<{T}>"]
     for vec in vec_widths(vt):
         for has_w in ("false", "true"):
             names.append(f"spmm_fwd<{T}, {I}, {vec}, {has_w}>")

@@ -201,7 +201,7 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
         combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, NULL, grad, np.int64(num_split),
+                (plan.split_row, plan.slot_ptr, partial, NULL, NULL, grad, np.int64(num_split),
                  np.int32(F), np.int32(group)))
     if atomic and addend is None:
         _arg_scatter(graph, atomic, grad, vtype, itype, R * F)

@@ -10,7 +10,10 @@
 "auto" times every candidate (each cuSPARSE algorithm, the custom kernel at
 a few chunk sizes) once per (graph, width, value type, weighted) with CUDA
 events, keeps the fastest and records the choice in `graph.cache` under
-("spmm_plan", F, vtype, weighted) -> SpmmChoice (see `chosen_paths`).
+("spmm_plan", F, vtype, weighted, deterministic) -> SpmmChoice (see
+`chosen_paths`). A bias (added in the custom kernel's store) restricts the
+choice to the custom kernel's chunk sizes (key's last item "bias"); its
+gradient is a fixed-order column sum (`bias_grad`).
 
 All launches go to CuPy's current stream; all buffers come from CuPy's
 current allocator (PyTorch's when called through fastgnn.torch).
@@ -44,6 +47,34 @@ def from_acc(a, dtype, family, vtype, itype):
     fn = get_function(family, vtype, itype, f"cast_from_acc<{C_VALUE[vtype]}>")
     fn((max(1, -(-a.size // BLOCK)),), (BLOCK,), (a, out, np.int64(a.size)))
     return out
+
+
+# Rows per thread in the first level of `column_sum` over a [rows, cols]
+# gradient: 64 gives rmat20's 1M x 128 two million threads (enough loads in
+# flight to stream grad_out), and levels of 64x fewer rows after it.
+COLUMN_SUM_ROWS = 64
+
+
+def column_sum(a, family, vtype, itype, rows_per_block=COLUMN_SUM_ROWS):
+    """[cols] sum over the rows of a [rows, cols] (contiguous; the value type
+    of vtype or its acc type) in the acc type (fp32, fp64 for float64), in a
+    fixed order: `family`'s column_sum instantiations (common.cuh) sum blocks
+    of rows_per_block rows, level after level (no atomics: bitwise repeatable
+    for one shape). A new array, never a view of `a`."""
+    rows, cols = a.shape
+    acc = _acc_dtype(vtype)
+    if rows == 0 or cols == 0:
+        return cp.zeros(cols, dtype=acc)
+    while True:
+        S = C_VALUE[vtype] if a.dtype != acc else ("double" if acc == np.float64 else "float")
+        blocks = -(-rows // rows_per_block)
+        nxt = cp.empty((blocks, cols), dtype=acc)
+        fn = get_function(family, vtype, itype, f"column_sum<{S}>")
+        fn((max(1, -(-blocks * cols // BLOCK)),), (BLOCK,),
+           (a, nxt, np.int64(rows), np.int32(cols), np.int32(rows_per_block)))
+        a, rows = nxt, blocks
+        if rows == 1:
+            return a[0]
 
 
 # ------------------------------------------------------------------ tasks
@@ -118,7 +149,11 @@ def _arg(a, dtype=None):
 
 
 def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_scale=None,
-                col_scale=None):
+                col_scale=None, bias=None):
+    """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] (+ bias) by spmm_fwd (+
+    spmm_combine for rows split into several tasks). x [num_src, F], weight_csr
+    [E] CSR order, row_scale [num_dst], col_scale [num_src] (acc type or
+    castable), bias [F] in x's dtype; any of them None."""
     F = x.shape[1]
     itype = _ITYPE[np.dtype(graph.index_dtype)]
     out = cp.empty((graph.num_dst, F), dtype=x.dtype) if out is None else out
@@ -126,7 +161,7 @@ def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_
         return out
     plan = task_plan(graph, chunk)
     acc = _acc_dtype(vtype)
-    vec, group = _launch_shape(vtype, F, x, out)
+    vec, group = _launch_shape(vtype, F, x, out, *(() if bias is None else (bias,)))
     T, I = C_VALUE[vtype], C_INDEX[itype]
     has_w = weight_csr is not None
     partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else None
@@ -134,13 +169,13 @@ def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_
     num_tasks = int(plan.task_row.shape[0])
     fwd(_grid(num_tasks, group), (BLOCK,),
         (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-         _arg(weight_csr, acc), _arg(row_scale, acc), _arg(col_scale, acc), x, out,
+         _arg(weight_csr, acc), _arg(row_scale, acc), _arg(col_scale, acc), _arg(bias), x, out,
          _arg(partial), np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
         combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, _arg(row_scale, acc), out,
+                (plan.split_row, plan.slot_ptr, partial, _arg(row_scale, acc), _arg(bias), out,
                  np.int64(num_split), np.int32(F), np.int32(group)))
     return out
 
@@ -253,17 +288,17 @@ class SpmmChoice:
     timings_ms: dict     # candidate -> median ms measured once
 
 
-def _candidates(graph, vtype, deterministic):
+def _candidates(graph, vtype, deterministic, custom_only=False):
     cands = [("custom", c) for c in CHUNKS]
-    if cusparse_supports(graph, vtype):
+    if cusparse_supports(graph, vtype) and not custom_only:
         algs = DETERMINISTIC_ALGS if deterministic else tuple(CUSPARSE_ALGS)
         cands += [("cusparse", a) for a in algs]
     return cands
 
 
-def _run(graph, x, w, vtype, path, option, out=None):
+def _run(graph, x, w, vtype, path, option, out=None, bias=None):
     if path == "custom":
-        return spmm_custom(graph, x, w, vtype, chunk=option, out=out)
+        return spmm_custom(graph, x, w, vtype, chunk=option, out=out, bias=bias)
     return spmm_cusparse(graph, x, w, vtype, alg=option, out=out)
 
 
@@ -282,16 +317,20 @@ def median_ms(fn, repeats=3):
     return float(np.median(times))
 
 
-def choose(graph, x, w, vtype, deterministic=True) -> SpmmChoice:
-    """Time every candidate once on these inputs; cache the fastest."""
-    key = ("spmm_plan", x.shape[1], vtype, w is not None, deterministic)
+def choose(graph, x, w, vtype, deterministic=True, bias=None) -> SpmmChoice:
+    """Time every candidate once on these inputs; cache the fastest. With a
+    bias only the custom kernel's chunk sizes compete (it alone fuses the
+    bias), recorded under the key ("spmm_plan", F, vtype, weighted, "bias")."""
+    key = ("spmm_plan", x.shape[1], vtype, w is not None,
+           deterministic if bias is None else "bias")
     if key in graph.cache:
         return graph.cache[key]
     out = cp.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
     timings = {}
-    for path, opt in _candidates(graph, vtype, deterministic):
+    for path, opt in _candidates(graph, vtype, deterministic, custom_only=bias is not None):
         try:
-            timings[(path, opt)] = median_ms(lambda: _run(graph, x, w, vtype, path, opt, out))
+            timings[(path, opt)] = median_ms(lambda: _run(graph, x, w, vtype, path, opt, out,
+                                                          bias))
         except Exception as e:  # an algorithm cuSPARSE refuses for this shape
             timings[(path, opt)] = float("inf")
             if path == "custom":
@@ -307,19 +346,28 @@ def choose(graph, x, w, vtype, deterministic=True) -> SpmmChoice:
 
 
 def chosen_paths(graph):
-    """{(F, vtype, weighted, deterministic): SpmmChoice} made so far on this graph."""
+    """{(F, vtype, weighted, deterministic or "bias"): SpmmChoice} made so far on this graph."""
     return {k[1:]: v for k, v in graph.cache.items() if isinstance(k, tuple) and k[0] == "spmm_plan"}
 
 
 def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale=None,
-         col_scale=None):
-    """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] on the GPU (see module
-    docstring for paths). deterministic=False lets "auto" also try cuSPARSE
-    algorithms whose results may differ in the last bits from run to run.
-    Row/column scales are fused by the custom kernel, which then serves
-    every path (cuSPARSE would need a scaled copy of x or the weights)."""
+         col_scale=None, bias=None):
+    """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] (+ bias) on the GPU (see
+    module docstring for paths). deterministic=False lets "auto" also try
+    cuSPARSE algorithms whose results may differ in the last bits from run
+    to run. Row/column scales and the bias are fused by the custom kernel,
+    which then serves every path (cuSPARSE would need a scaled copy of x or
+    the weights, and for the bias a broadcast pass writing C first, beta = 1:
+    the pass the fusion saves). Without scales, "auto" picks the custom
+    kernel's chunk size for a bias by timing (see `choose`)."""
     if row_scale is not None or col_scale is not None:
-        return spmm_custom(graph, x, weight_csr, vtype, row_scale=row_scale, col_scale=col_scale)
+        return spmm_custom(graph, x, weight_csr, vtype, row_scale=row_scale, col_scale=col_scale,
+                           bias=bias)
+    if bias is not None:
+        chunk = DEFAULT_CHUNK
+        if path == "auto" and graph.num_edges and x.shape[1]:
+            chunk = choose(graph, x, weight_csr, vtype, deterministic, bias).option
+        return spmm_custom(graph, x, weight_csr, vtype, chunk=chunk, bias=bias)
     if path == "custom" or (path == "cusparse" and not cusparse_supports(graph, vtype)):
         return spmm_custom(graph, x, weight_csr, vtype)
     if path == "cusparse":
@@ -328,3 +376,11 @@ def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale
         return spmm_custom(graph, x, weight_csr, vtype)
     c = choose(graph, x, weight_csr, vtype, deterministic)
     return _run(graph, x, weight_csr, vtype, c.path, c.option)
+
+
+def bias_grad(graph, grad_out, vtype):
+    """[F] grad_bias = column sum of grad_out [num_dst, F] (fixed order, fp32
+    accumulation for 16-bit types), in grad_out's dtype."""
+    itype = _ITYPE[np.dtype(graph.index_dtype)]
+    s = column_sum(grad_out, "spmm", vtype, itype)
+    return from_acc(s, grad_out.dtype, "spmm", vtype, itype)
