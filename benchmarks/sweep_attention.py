@@ -3,9 +3,10 @@ against each other in one process, on one rmat graph, 4 heads x 32.
 
 For each set of NVRTC defines (FASTGNN_NVRTC_OPTIONS, see
 kernels_cuda/attention.cu: ATTN_FWD_MIN_BLOCKS, ATTN_MIN_BLOCKS,
-ATTN_BWD_UNROLL, ATTN_FWD_UNROLL) the compiled modules are dropped and rebuilt, then the
-forward and the backward of the three scores are timed (CUDA events, median
-of 10) in fp32 and bf16. One line per (defines, dtype).
+ATTN_BWD_UNROLL, ATTN_FWD_UNROLL, ATTN_BWD_ATOMIC_UNROLL) the compiled
+modules are dropped and rebuilt, then the forward, the backward and the
+atomic backward (deterministic=False) of the three scores are timed (CUDA
+events, median of 10) in fp32 and bf16. One line per (defines, dtype).
 
     python benchmarks/sweep_attention.py [scale] ["-DATTN_BWD_UNROLL=4" ...]
 """
@@ -22,7 +23,7 @@ from probe_attention import attention_inputs   # benchmarks/ (the script's direc
 
 DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2", "-DATTN_FWD_UNROLL=2",
                     "-DATTN_FWD_UNROLL=1", "-DATTN_MIN_BLOCKS=2",
-                    "-DATTN_FWD_UNROLL=2 -DATTN_FWD_MIN_BLOCKS=2"]
+                    "-DATTN_BWD_ATOMIC_UNROLL=4", "-DATTN_BWD_ATOMIC_UNROLL=1"]
 VTYPES = ("float32", "bfloat16")
 
 
@@ -52,7 +53,8 @@ def main(scale=20, variants=None):
     rng = cp.random.default_rng(0)
     H, C = 4, 32
     data = {vt: attention_inputs(rng, n, H, C, vt) for vt in VTYPES}
-    print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd ms (median of 10)")
+    print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd / bwd with "
+          "deterministic=False, ms (median of 10)")
     for defines in variants:
         os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
         loader.clear_compiled()
@@ -62,7 +64,9 @@ def main(scale=20, variants=None):
                 tf = median_ms(lambda: fastgnn.edge_attention(g, kind, vtype=vt, **kw), 10)
                 _, res = fastgnn.edge_attention_fwd(g, kind, vtype=vt, **kw)
                 tb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res, grad), 10)
-                cells.append(f"{kind} {tf:.2f}/{tb:.2f}")
+                _, res_a = fastgnn.edge_attention_fwd(g, kind, vtype=vt, deterministic=False, **kw)
+                ta = median_ms(lambda: fastgnn.edge_attention_bwd(g, res_a, grad), 10)
+                cells.append(f"{kind} {tf:.2f}/{tb:.2f}/{ta:.2f}")
             print(f"[{defines or 'defaults'}] {vt:8s} " + "  ".join(cells), flush=True)
 
 

@@ -238,6 +238,12 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 #ifndef ATTN_BWD_UNROLL
 #define ATTN_BWD_UNROLL 0
 #endif
+// The atomic target pass (deterministic=False) uses the backward's U; the
+// sweep above timed the deterministic passes only, so this knob lets a sweep
+// set U for the atomic one alone (-DATTN_BWD_ATOMIC_UNROLL=n).
+#ifndef ATTN_BWD_ATOMIC_UNROLL
+#define ATTN_BWD_ATOMIC_UNROLL 0
+#endif
 template <int KIND, int VEC, int NCH>
 struct Unroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
@@ -246,10 +252,12 @@ struct Unroll {
     static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL : tuned;
 };
 
-template <int KIND, int VEC, int NCH>
+template <int KIND, int VEC, int NCH, bool ATOMIC = false>
 struct BwdUnroll {
     static constexpr int tuned = KIND == KIND_GAT && VEC >= 4 ? 1 : 2;
-    static constexpr int U = NCH > 1 ? 1 : ATTN_BWD_UNROLL > 0 ? ATTN_BWD_UNROLL : tuned;
+    static constexpr int knob = ATOMIC && ATTN_BWD_ATOMIC_UNROLL > 0 ? ATTN_BWD_ATOMIC_UNROLL
+                                                                      : ATTN_BWD_UNROLL;
+    static constexpr int U = NCH > 1 ? 1 : knob > 0 ? knob : tuned;
 };
 
 // One lane's values of one head of one row: NCH chunks of VEC channels
@@ -614,7 +622,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = BwdUnroll<KIND, VEC, NCH>::U;
+    constexpr int U = BwdUnroll<KIND, VEC, NCH, ATOMIC>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
     // The task's scope: a group leaves it by `goto task_done` (a jump out of
