@@ -552,3 +552,42 @@ def test_readme_table(tmp_path, capsys):
     assert ("| spmm_sum | 3 ms, 100 MiB | 6 ms, 200 MiB `torch.sparse.mm[csr]` | "
             "1.5 ms, 2.00 GiB | 2.00x | 0.50x | 2.00x (2) |") in txt
     assert "| layer | fastgnn |" in txt and "| GCNConv |" in txt
+
+
+def test_peak_reports_resident_and_returned_memory():
+    """_peak's (peak, memory live before the call, bytes the call returns),
+    with torch.cuda stubbed (the CPU machine has none); a failing call gives Nones."""
+    import types
+
+    import torch
+
+    from fastgnn.bench import core
+
+    class FakeCuda:
+        def synchronize(self):
+            pass
+
+        def reset_peak_memory_stats(self):
+            pass
+
+        def memory_allocated(self):
+            return 3 * 2**20
+
+        def max_memory_allocated(self):
+            return 10 * 2**20
+
+    fake = types.SimpleNamespace(cuda=FakeCuda(), Tensor=torch.Tensor)
+    returned = (torch.zeros(2**18), None, torch.zeros(2**18, dtype=torch.float64))   # 1 + 2 MiB
+    assert core._peak(fake, lambda: returned) == (10.0, 3.0, 3.0)
+    assert core._peak(fake, lambda: 1 / 0) == (None, None, None)
+
+
+def test_attention_summary_shows_peak_over_needed():
+    from fastgnn.bench.cases_attention import attention_summary
+    base = dict(family="attention", kind="op", graph="g", dtype="fp32", width=64,
+                case="attn_gatv2", status={"fwd_bwd": "ok"})
+    recs = [dict(base, impl="fastgnn", fastgnn=True, peak_mib=120.0, peak_over_needed=1.17,
+                 speedup_fwd_bwd=10.0, best_baseline_fwd_bwd="pyg-style[edge_index]"),
+            dict(base, impl="pyg-style[edge_index]", fastgnn=False, peak_mib=1200.0)]
+    (line,) = [s for s in attention_summary(recs) if s.startswith("- g")]
+    assert "attn_gatv2 10.00x vs pyg-style[edge_index], peak 0.10x, peak/needed 1.17" in line

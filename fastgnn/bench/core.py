@@ -12,7 +12,10 @@ structures, caches, modules: outside timing) and is then run the same way:
        fixed upstream gradient) separately; CUDA events on the GPU,
        time.perf_counter on the CPU;
     3. memory (GPU): peak torch.cuda.max_memory_allocated over one
-       steady-state forward+backward, plus CuPy's pool if it holds anything.
+       steady-state forward+backward, plus CuPy's pool if it holds anything;
+       and `needed_mib`, what must exist anyway: the memory allocated before
+       the call (inputs, parameters, cotangent, graph and its caches) plus the
+       output and gradients it returns (`peak_over_needed` = peak / needed).
 
 Any exception is caught per phase and recorded ("oom", "unsupported" or
 "error" with its message); nothing a baseline does stops the run.
@@ -278,10 +281,22 @@ def measure(torch, ctx: Ctx, impl: Impl, ref_out, ref_grad, *, repeats: int, war
 
         # -------- peak memory over one steady-state call
         if cuda:
-            rec["peak_fwd_mib"] = _peak(torch, lambda: _no_grad_call(torch, prep.forward)) \
+            rec["peak_fwd_mib"] = _peak(torch, lambda: _no_grad_call(torch, prep.forward))[0] \
                 if rec["status"].get("fwd") == "ok" else None
             if rec["status"].get("fwd_bwd") == "ok":
-                rec["peak_mib"] = _peak(torch, fwd_bwd)
+                def fwd_bwd_out():
+                    out = prep.forward()
+                    grads = torch.autograd.grad(out, prep.inputs, ctx.grad_out, allow_unused=True)
+                    return (out.detach(),) + tuple(grads)
+                rec["peak_mib"], resident, produced = _peak(torch, fwd_bwd_out)
+                if resident is not None:
+                    # what must exist anyway: everything live before the call
+                    # (inputs, parameters, cotangent, graph and its caches)
+                    # plus the output and the gradients the call returns
+                    rec["resident_mib"] = resident
+                    rec["needed_mib"] = round(resident + produced, 1)
+                    rec["peak_over_needed"] = round(rec["peak_mib"] / rec["needed_mib"], 3) \
+                        if rec["needed_mib"] else None
             else:
                 rec["peak_mib"] = rec["peak_fwd_mib"]
             pool = cupy_pool_mib()
@@ -310,12 +325,19 @@ def _no_grad_call(torch, fn):
 
 
 def _peak(torch, fn):
+    """(peak MiB over one call of fn, MiB allocated before it, MiB of the
+    tensors it returns); Nones if the call fails."""
     try:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated()
         res = fn()
         torch.cuda.synchronize()
-        del res
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        items = res if isinstance(res, (tuple, list)) else (res,)
+        produced = sum(t.numel() * t.element_size() for t in items
+                       if isinstance(t, torch.Tensor))
+        del res, items
+        return (round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                round(resident / 2**20, 1), round(produced / 2**20, 1))
     except Exception:  # noqa: BLE001 - a failure here was already seen while timing
-        return None
+        return None, None, None
