@@ -372,3 +372,56 @@ def test_functional_gcn_norm_matches_reference(add_self_loops, improved):
     wg = w.clone().requires_grad_()
     _, w3 = ft.gcn_norm(ei, wg, N, improved=improved, add_self_loops=add_self_loops)
     assert_close(w3.detach().numpy(), w_ref, "float64")
+
+
+# ------------------------------------------------ linears sharing one input
+def _three_linears(bias_pattern=(True, False, True)):
+    torch.manual_seed(0)
+    return [torch.nn.Linear(5, o, bias=b).double() for o, b in zip((3, 4, 2), bias_pattern)]
+
+
+@pytest.mark.parametrize("bias_pattern", [(True, False, True), (False, False, False)])
+def test_shared_input_linears_match_separate_linears(bias_pattern):
+    """Outputs and every gradient (x, weights, biases) as the modules called
+    one by one, including an output that takes no gradient; gradcheck too."""
+    from fastgnn.torch.nn import _SharedInputLinears, shared_input_linears
+    lins = _three_linears(bias_pattern)
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    params = [p for lin in lins for p in lin.parameters()]
+    cots = [torch.randn(7, lin.out_features, dtype=torch.float64) for lin in lins]
+    for used in ((0, 1, 2), (0, 2), (1,)):
+        fused = shared_input_linears(x, lins)
+        separate = [lin(x) for lin in lins]
+        for a, b in zip(fused, separate):
+            assert torch.equal(a, b)
+        ga = torch.autograd.grad([fused[k] for k in used], [x] + params,
+                                 [cots[k] for k in used], allow_unused=True)
+        gb = torch.autograd.grad([separate[k] for k in used], [x] + params,
+                                 [cots[k] for k in used], allow_unused=True)
+        for a, b in zip(ga, gb):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert_close(a.numpy(), b.numpy(), tol=1e-12)
+    wb = [t for lin in lins for t in (lin.weight, lin.bias)]
+    assert torch.autograd.gradcheck(lambda x_, *p: _SharedInputLinears.apply(x_, *p),
+                                    (x, *wb))
+
+
+def test_shared_input_linears_fall_back_to_the_modules():
+    """Hooks, a 3-D input or autocast: the modules are called one by one
+    (hooks fire), results unchanged."""
+    from fastgnn.torch.nn import _SharedInputLinears, shared_input_linears
+    lins = _three_linears()
+    calls = []
+    h = lins[1].register_forward_hook(lambda m, i, o: calls.append(1))
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    out = shared_input_linears(x, lins)
+    assert calls == [1] and out[1].grad_fn.name() != _SharedInputLinears.__name__ + "Backward"
+    h.remove()
+    out = shared_input_linears(x, lins)
+    assert "SharedInputLinears" in out[0].grad_fn.name()
+    x3 = torch.randn(2, 7, 5, dtype=torch.float64)
+    assert [o.shape for o in shared_input_linears(x3, lins)] == [(2, 7, 3), (2, 7, 4), (2, 7, 2)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = shared_input_linears(x.float(), [lin.float() for lin in _three_linears()])
+    assert y[0].dtype == torch.bfloat16 and "SharedInputLinears" not in y[0].grad_fn.name()

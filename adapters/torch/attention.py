@@ -51,7 +51,8 @@ from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bw
 from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import segment_reduce
 from .graph_cache import _GRAPHS, _is_edge_index_type, _tkey, resolve
-from .nn import _check_kwargs, _graph_sizes, _linear, _pair, _pop_deterministic
+from .nn import (_check_kwargs, _graph_sizes, _linear, _pair, _pop_deterministic,
+                 shared_input_linears)
 
 __all__ = ["edge_softmax", "edge_attention", "GATConv", "GATv2Conv", "TransformerConv",
            "EDGE_SOFTMAX", "EDGE_ATTENTION"]
@@ -588,10 +589,12 @@ class GATv2Conv(torch.nn.Module):
         if isinstance(x, Tensor):
             if x.dim() != 2:
                 raise ValueError(f"'{type(self).__name__}' takes x of shape [N, F]")
+            lins = (self.lin_l,) if self.share_weights else (self.lin_l, self.lin_r)
+            ys = shared_input_linears(x, lins + ((self.res,) if self.res is not None else ()))
+            xl = ys[0].view(-1, H, C)
+            xr = xl if self.share_weights else ys[1].view(-1, H, C)
             if self.res is not None:
-                res = self.res(x)
-            xl = self.lin_l(x).view(-1, H, C)
-            xr = xl if self.share_weights else self.lin_r(x).view(-1, H, C)
+                res = ys[-1]
         else:
             x_l, x_r = _pair(x)
             if x_r is None:
@@ -599,10 +602,12 @@ class GATv2Conv(torch.nn.Module):
                                  "(x_src, x_dst) with x_dst a tensor")
             if x_l.dim() != 2:
                 raise ValueError(f"'{type(self).__name__}' takes x of shape [N, F]")
-            if self.res is not None:
-                res = self.res(x_r)
             xl = self.lin_l(x_l).view(-1, H, C)
-            xr = self.lin_r(x_r).view(-1, H, C)
+            ys = shared_input_linears(x_r, (self.lin_r,) + ((self.res,) if self.res is not None
+                                                            else ()))
+            xr = ys[0].view(-1, H, C)
+            if self.res is not None:
+                res = ys[1]
         num_src, num_dst = int(xl.shape[0]), int(xr.shape[0])
         if edge_attr is not None and self.lin_edge is None:
             raise ValueError(f"'{type(self).__name__}' got edge_attr but was built without "
@@ -698,9 +703,16 @@ class TransformerConv(torch.nn.Module):
         if x_dst is None:
             raise ValueError(f"'{type(self).__name__}' needs target features: pass "
                              "(x_src, x_dst) with x_dst a tensor")
-        q = self.lin_query(x_dst).view(-1, H, C)
-        k = self.lin_key(x_src).view(-1, H, C)
-        v = self.lin_value(x_src).view(-1, H, C)
+        # the projections of one input share a backward GEMM chain (x's gradient
+        # summed in the epilogues): q, k, v and the skip together when x is one tensor
+        skip = (self.lin_skip,) if self.root_weight else ()
+        if x_src is x_dst:
+            q, k, v, *x_r = shared_input_linears(
+                x_dst, (self.lin_query, self.lin_key, self.lin_value) + skip)
+        else:
+            q, *x_r = shared_input_linears(x_dst, (self.lin_query,) + skip)
+            k, v = shared_input_linears(x_src, (self.lin_key, self.lin_value))
+        q, k, v = q.view(-1, H, C), k.view(-1, H, C), v.view(-1, H, C)
         ee = None
         if self.lin_edge is not None:
             if edge_attr is None:
@@ -724,7 +736,7 @@ class TransformerConv(torch.nn.Module):
             out, alpha = out
         out = _finish_heads(out, self.concat, H, C)
         if self.root_weight:
-            x_r = self.lin_skip(x_dst)
+            x_r = x_r[0]
             if self.lin_beta is not None:
                 b = self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)).sigmoid()
                 out = b * x_r + (1 - b) * out

@@ -388,6 +388,64 @@ def _add_linear(out, lin, x):
     return out + lin(x)
 
 
+class _SharedInputLinears(torch.autograd.Function):
+    """y_k = x W_k^T + b_k for several linears reading one x [N, F_in]. The
+    forward is the separate GEMMs; the backward accumulates x's gradient in
+    the GEMMs' epilogues, grad_x = G_1 W_1, then grad_x += G_k W_k in place
+    (addmm_, beta = 1), where autograd would compute each G_k W_k on its own
+    and add them: one read-read-write pass over [N, F_in] less per extra
+    linear (a beta = 1 epilogue reads grad_x once instead). Weight and bias
+    gradients as torch.nn.Linear's: G_k^T x and the column sums of G_k.
+
+    forward(ctx, x, W_1, b_1, W_2, b_2, ...) -> (y_1, y_2, ...); b_k may be None."""
+
+    @staticmethod
+    def forward(ctx, x, *weights_and_biases):
+        ws, bs = weights_and_biases[0::2], weights_and_biases[1::2]
+        ctx.set_materialize_grads(False)        # an unused output sends no gradient
+        ctx.save_for_backward(x, *ws)
+        ctx.has_bias = tuple(b is not None for b in bs)
+        return tuple(F.linear(x, w, b) for w, b in zip(ws, bs))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, *ws = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad_x = None
+        out = [None] * (2 * len(ws))
+        for k, (g, w) in enumerate(zip(grads, ws)):
+            if g is None:
+                continue
+            if needs[0]:
+                grad_x = g.mm(w) if grad_x is None else grad_x.addmm_(g, w)
+            if needs[1 + 2 * k]:
+                out[2 * k] = g.t().mm(x)
+            if ctx.has_bias[k] and needs[2 + 2 * k]:
+                out[2 * k + 1] = g.sum(0)
+        return (grad_x, *out)
+
+
+def _autocast_on(device_type):
+    try:
+        return torch.is_autocast_enabled(device_type)     # torch >= 2.4
+    except TypeError:
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+def shared_input_linears(x, lins):
+    """(lin(x) for lin in lins) for linears that read the same x: through
+    `_SharedInputLinears` (x's gradient summed in GEMM epilogues) when every
+    lin is a plain, initialised, hook-free Linear of x's dtype and x is 2-D
+    outside autocast; else the modules are called one by one."""
+    plain = (x.dim() == 2 and len(lins) > 1 and not _autocast_on(x.device.type)
+             and all(type(lin) in (torch.nn.Linear, Linear) and lin.weight.dtype == x.dtype
+                     and not (lin._forward_hooks or lin._forward_pre_hooks) for lin in lins))
+    if not plain:
+        return tuple(lin(x) for lin in lins)
+    params = [t for lin in lins for t in (lin.weight, lin.bias)]
+    return _SharedInputLinears.apply(x, *params)
+
+
 # ------------------------------------------------------------------- GINConv
 class GINConv(torch.nn.Module):
     r"""Graph isomorphism operator (Xu et al.), PyG 2.8's `GINConv`:
