@@ -425,3 +425,20 @@ def test_shared_input_linears_fall_back_to_the_modules():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = shared_input_linears(x.float(), [lin.float() for lin in _three_linears()])
     assert y[0].dtype == torch.bfloat16 and "SharedInputLinears" not in y[0].grad_fn.name()
+
+
+def test_shared_input_linears_double_backward():
+    """create_graph=True through the fused backward (a gradient penalty) gives
+    the separate linears' second derivatives."""
+    from fastgnn.torch.nn import shared_input_linears
+    lins = _three_linears()
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+
+    def penalty_grads(fused):
+        ys = shared_input_linears(x, lins) if fused else [lin(x) for lin in lins]
+        loss = sum((y ** 3).sum() for y in ys)
+        (gx,) = torch.autograd.grad(loss, [x], create_graph=True)
+        return torch.autograd.grad(gx.pow(2).sum(), [x, lins[0].weight, lins[2].bias])
+
+    for a, b in zip(penalty_grads(True), penalty_grads(False)):
+        assert_close(a.numpy(), b.numpy(), tol=1e-12)
