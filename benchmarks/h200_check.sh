@@ -13,6 +13,10 @@ OUT=${OUT:-/tmp/fastgnn-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1
+# every kernel module compiled once, on every core, into CuPy's disk cache
+# (otherwise each pytest-xdist worker and the bench compile on first use)
+timeout 240 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
+tail -1 "$OUT/prewarm.log"
 if [ -z "${SKIP_TESTS:-}" ]; then
     # -v: one line per test, so a run cut short by the timeout still names
     # its failures. With pytest-xdist (on the H200 image) 8 workers share the

@@ -17,6 +17,7 @@ import cupy as cp
 
 import fastgnn
 from fastgnn.backends.cuda import loader
+from fastgnn.backends.cuda.prewarm import modules, prewarm
 from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
 from probe_attention import attention_inputs   # benchmarks/ (the script's directory)
@@ -27,27 +28,11 @@ DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2", "-DATTN_FW
 VTYPES = ("float32", "bfloat16")
 
 
-def _compile(defines):
-    """Compile the attention modules of one knob setting (in a worker process:
-    CuPy's on-disk kernel cache then serves the timing process)."""
-    os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
-    for vt in VTYPES:
-        loader.get_function("attention", vt, "int32", f"cast_from_acc<{loader.C_VALUE[vt]}>")
-    return defines
-
-
-def prewarm(variants):
-    """Compile every variant's modules in parallel (NVRTC is the slow part)."""
-    import concurrent.futures
-    import multiprocessing
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(len(variants), mp_context=ctx) as pool:
-        list(pool.map(_compile, variants))
-
-
 def main(scale=20, variants=None):
     variants = variants or DEFAULT_VARIANTS
-    prewarm(variants)
+    # NVRTC is the slow part: compile every variant's modules on every core
+    # first; CuPy's disk cache then serves the timing loop below
+    prewarm(modules(["attention"], list(VTYPES), ["int32"], variants))
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
