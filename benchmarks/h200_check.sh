@@ -8,24 +8,9 @@
 #
 # Carry .data (the real graphs) when the bench needs them; this script only
 # uses generated graphs.
-set -u
-OUT=${OUT:-/tmp/fastgnn-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1
-# every kernel module compiled once, on every core, into CuPy's disk cache
-# (otherwise each pytest-xdist worker and the bench compile on first use)
-timeout 240 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
-tail -1 "$OUT/prewarm.log"
+. "$(dirname "$0")/h200_common.sh"     # $OUT, install, kernel-cache prewarm
 if [ -z "${SKIP_TESTS:-}" ]; then
-    # -v: one line per test, so a run cut short by the timeout still names
-    # its failures. With pytest-xdist (on the H200 image) 8 workers share the
-    # GPU: 700 tests in about 200 s in session 4 (about 300 s serially).
-    PAR=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-    timeout 420 python3 -m pytest -v $PAR -m gpu -p no:cacheprovider -rf --maxfail=30 tests \
-        > "$OUT/gpu_tests.log" 2>&1
-    grep -E "FAILED|ERROR" "$OUT/gpu_tests.log" | head -30
-    tail -1 "$OUT/gpu_tests.log"
+    run_gpu_tests 420
 fi
 timeout 90 python3 benchmarks/probe_attention.py 20 > "$OUT/probe_attention.log" 2>&1
 cat "$OUT/probe_attention.log"

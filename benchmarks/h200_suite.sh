@@ -15,15 +15,7 @@
 #
 # Logs and JSON go under $OUT. The turbo-gnn build is CPU work and the GPU
 # tests are not timed, so they share the machine; the suite runs alone.
-set -u
-OUT=${OUT:-/tmp/fastgnn-out}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1
-# every kernel module compiled once, on every core, into CuPy's disk cache
-# (otherwise each pytest-xdist worker and the bench compile on first use)
-timeout 240 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
-tail -1 "$OUT/prewarm.log"
+. "$(dirname "$0")/h200_common.sh"     # $OUT, install, kernel-cache prewarm
 
 case "${1:-}" in
 prepare)
@@ -38,11 +30,7 @@ prepare)
         echo "no .turbo/turbo_gnn-*.tar.gz: the suite will run without turbo-gnn"
         build=
     fi
-    PAR=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-    timeout 400 python3 -m pytest -q $PAR -m gpu -p no:cacheprovider -rf --maxfail=30 tests \
-        > "$OUT/gpu_tests.log" 2>&1
-    grep -E "FAILED|ERROR" "$OUT/gpu_tests.log" | head -30
-    tail -1 "$OUT/gpu_tests.log"
+    run_gpu_tests 400
     if [ -n "$build" ]; then
         wait "$build"
         tail -2 "$OUT/turbo_build.log"

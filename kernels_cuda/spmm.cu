@@ -91,15 +91,12 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
         }
         if (slot < 0) {
             const A r = row_scale != nullptr ? row_scale[row] : A(1);
-            pack_t<T, VEC> o;
-            if (bias != nullptr) {
-                const pack_t<T, VEC> b = load_pack<T, VEC>(bias + f0);
+            pack_t<T, VEC> o, b;
+            if (bias != nullptr) b = load_pack<T, VEC>(bias + f0);
 #pragma unroll
-                for (int v = 0; v < VEC; ++v)
-                    o.v[v] = value_traits<T>::from_acc(r * acc[v] + value_traits<T>::to_acc(b.v[v]));
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) o.v[v] = value_traits<T>::from_acc(r * acc[v]);
+            for (int v = 0; v < VEC; ++v) {
+                const A y = r * acc[v];
+                o.v[v] = value_traits<T>::from_acc(bias != nullptr ? y + value_traits<T>::to_acc(b.v[v]) : y);
             }
             store_pack<T, VEC>(out + row * F + f0, o);
         } else {

@@ -377,12 +377,20 @@ class SAGEConv(torch.nn.Module):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, aggr={self.aggr})"
 
 
+def _plain_linear(lin, dtype):
+    """lin is an initialised torch Linear (or ours) without hooks, weights in
+    `dtype`: its GEMM may be fused with a neighbour's without changing what the
+    module would compute or run."""
+    return (type(lin) in (torch.nn.Linear, Linear) and lin.weight.dtype == dtype
+            and not (lin._forward_hooks or lin._forward_pre_hooks))
+
+
 def _add_linear(out, lin, x):
     """out + lin(x), with the sum done in the GEMM's epilogue (torch.addmm,
-    beta = 1) when lin is a bias-free, initialised Linear and both are 2-D:
+    beta = 1) when lin is a plain (`_plain_linear`) bias-free Linear and both are 2-D:
     one pass over [N, F] less than the separate add."""
-    plain = (type(lin) in (torch.nn.Linear, Linear) and lin.bias is None and out.dim() == 2
-             and x.dim() == 2 and out.dtype == x.dtype == lin.weight.dtype)
+    plain = (_plain_linear(lin, x.dtype) and lin.bias is None and out.dim() == 2
+             and x.dim() == 2 and out.dtype == x.dtype)
     if plain:
         return torch.addmm(out, x, lin.weight.t())
     return out + lin(x)
@@ -435,11 +443,10 @@ def _autocast_on(device_type):
 def shared_input_linears(x, lins):
     """(lin(x) for lin in lins) for linears that read the same x: through
     `_SharedInputLinears` (x's gradient summed in GEMM epilogues) when every
-    lin is a plain, initialised, hook-free Linear of x's dtype and x is 2-D
-    outside autocast; else the modules are called one by one."""
+    lin is plain (`_plain_linear`) for x's dtype and x is 2-D outside
+    autocast; else the modules are called one by one."""
     plain = (x.dim() == 2 and len(lins) > 1 and not _autocast_on(x.device.type)
-             and all(type(lin) in (torch.nn.Linear, Linear) and lin.weight.dtype == x.dtype
-                     and not (lin._forward_hooks or lin._forward_pre_hooks) for lin in lins))
+             and all(_plain_linear(lin, x.dtype) for lin in lins))
     if not plain:
         return tuple(lin(x) for lin in lins)
     params = [t for lin in lins for t in (lin.weight, lin.bias)]

@@ -27,7 +27,10 @@ from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, from_ac
                    spmm_custom, task_plan)
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
-COLUMN_SUM_ROWS = 1024
+# Rows per thread of the column sum over the grad_att partial rows (fewer,
+# shorter rows than spmm's bias gradient, whose COLUMN_SUM_ROWS is 64; 1024
+# keeps grad_att's summation order as it was before the sum was shared).
+GATT_SUM_ROWS = 1024
 # Shared memory a target-pass block may take for gatv2's grad_att slots
 # (BLOCK // group slots of C acc values); every layout of _shape needs at
 # most 16 KiB (256 lanes x VEC x NCH values), so this only guards new ones.
@@ -304,7 +307,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
             grads[e_name] = gEd
         if need_gatt:
             grads["att"] = from_acc(column_sum(gatt_part, "attention", vtype, itype,
-                                               COLUMN_SUM_ROWS).reshape(att.shape),
+                                               GATT_SUM_ROWS).reshape(att.shape),
                                     att.dtype, "attention", vtype, itype)
 
     # source pass over the transpose
