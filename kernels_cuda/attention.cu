@@ -238,9 +238,11 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 #ifndef ATTN_BWD_UNROLL
 #define ATTN_BWD_UNROLL 0
 #endif
-// The atomic target pass (deterministic=False) uses the backward's U; the
-// sweep above timed the deterministic passes only, so this knob lets a sweep
-// set U for the atomic one alone (-DATTN_BWD_ATOMIC_UNROLL=n).
+// The atomic target pass (deterministic=False) takes the backward's U except
+// gatv2 at VEC = 4 (fp32), U = 4: 10.17 -> 8.57 ms on rmat20, H = 4 x 32,
+// while bf16 (VEC 8) is slower at 4 (9.08 -> 12.65) and gat and dot gain
+// nothing (sweep_attention_rmat20_h200_session5.log). Knob for a sweep of
+// the atomic pass alone: -DATTN_BWD_ATOMIC_UNROLL=n.
 #ifndef ATTN_BWD_ATOMIC_UNROLL
 #define ATTN_BWD_ATOMIC_UNROLL 0
 #endif
@@ -254,7 +256,8 @@ struct Unroll {
 
 template <int KIND, int VEC, int NCH, bool ATOMIC = false>
 struct BwdUnroll {
-    static constexpr int tuned = KIND == KIND_GAT && VEC >= 4 ? 1 : 2;
+    static constexpr int tuned = ATOMIC && KIND == KIND_GATV2 && VEC == 4 ? 4
+                               : KIND == KIND_GAT && VEC >= 4 ? 1 : 2;
     static constexpr int knob = ATOMIC && ATTN_BWD_ATOMIC_UNROLL > 0 ? ATTN_BWD_ATOMIC_UNROLL
                                                                       : ATTN_BWD_UNROLL;
     static constexpr int U = NCH > 1 ? 1 : knob > 0 ? knob : tuned;
