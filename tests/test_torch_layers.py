@@ -442,3 +442,45 @@ def test_shared_input_linears_double_backward():
 
     for a, b in zip(penalty_grads(True), penalty_grads(False)):
         assert_close(a.numpy(), b.numpy(), tol=1e-12)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[gpu, needs_gpu])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_bias_grad_and_add_bias(device, dtype):
+    """bias_grad == the float64 column sum, for tensors above and below the
+    size where CUDA switches to fastgnn.column_sum, a non-contiguous and an
+    expanded cotangent; add_bias's gradients as x + b's; a double backward
+    through add_bias (torch's sum then) as x + b's."""
+    from fastgnn.torch.functional import COLUMN_SUM_MIN_NUMEL, add_bias, bias_grad
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("bf16 column sums are a GPU path")
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    rows = COLUMN_SUM_MIN_NUMEL // 96 + 17          # F = 96: just above the switch
+    for shape in [(rows, 96), (33, 7)]:
+        g = torch.randn(shape, dtype=torch.float64, device=device)
+        got = bias_grad(g.to(dtype))
+        assert got.dtype == dtype and got.shape == (shape[1],)
+        assert_close(got.double().cpu().numpy(), g.to(dtype).double().sum(0).cpu().numpy(),
+                     tol=tol)
+    gt = torch.randn(96, rows, dtype=dtype, device=device).t()        # non-contiguous
+    assert_close(bias_grad(gt).double().cpu().numpy(), gt.double().sum(0).cpu().numpy(), tol=tol)
+    ge = torch.ones(1, 96, dtype=dtype, device=device).expand(rows, 96)  # expanded
+    assert torch.equal(bias_grad(ge).double().cpu(), torch.full((96,), float(rows)).double())
+
+    x = torch.randn(rows, 96, dtype=dtype, device=device, requires_grad=True)
+    b = torch.randn(96, dtype=dtype, device=device, requires_grad=True)
+    cot = torch.randn(rows, 96, dtype=dtype, device=device)
+    out = add_bias(x, b)
+    assert torch.equal(out, x + b)
+    gx, gb = torch.autograd.grad(out, [x, b], cot)
+    assert torch.equal(gx, cot)
+    assert_close(gb.double().cpu().numpy(), cot.double().sum(0).cpu().numpy(), tol=tol)
+    if dtype == torch.float64:
+        xs, bs = x[:50].detach().requires_grad_(), b.detach().requires_grad_()
+        for fn in (add_bias, torch.add):
+            (gxs,) = torch.autograd.grad((fn(xs, bs) ** 3).sum(), [xs], create_graph=True)
+            second = torch.autograd.grad(gxs.sum(), [xs, bs])
+            if fn is add_bias:
+                ours = second
+        for a, c in zip(ours, second):
+            assert_close(a.cpu().numpy(), c.cpu().numpy(), tol=1e-12)

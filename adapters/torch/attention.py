@@ -49,7 +49,7 @@ from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bw
                                    edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
 
 from ._autograd import Op, apply, device_scope, to_tensor
-from .functional import segment_reduce
+from .functional import add_bias, segment_reduce
 from .graph_cache import _GRAPHS, _is_edge_index_type, _tkey, resolve
 from .nn import (_check_kwargs, _graph_sizes, _linear, _pair, _pop_deterministic,
                  shared_input_linears)
@@ -374,7 +374,7 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     if res is not None:
         out = out + res
     if layer.bias is not None:
-        out = out + layer.bias
+        out = add_bias(out, layer.bias)
     if want:
         return out, (_returned(ei_out, edge_index),
                      _dropped(alpha, p, seed, offset, layer.training))

@@ -20,7 +20,7 @@ from torch import Tensor
 import fastgnn
 from fastgnn._array import check_deterministic
 
-from .functional import _norm_dtype, gcn_norm, spmm
+from .functional import _norm_dtype, bias_grad, gcn_norm, spmm
 from .graph_cache import resolve, to_graph
 
 __all__ = ["GCNConv", "SAGEConv", "GINConv", "Linear"]
@@ -357,8 +357,8 @@ class SAGEConv(torch.nn.Module):
                     f"{type(self).__name__}(aggr={self.aggr!r}) with a weighted sparse adj_t "
                     "(PyG computes max/min of value * x there) is not supported by "
                     "fastgnn.torch; pass an adj_t of ones or an edge_index")
-            out = lin_l(self.aggr_module.neighbour(graph, x_src,
-                                                   deterministic=self.deterministic))
+            out, = shared_input_linears(self.aggr_module.neighbour(
+                graph, x_src, deterministic=self.deterministic), (lin_l,))
         else:
             if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
                 lin_l(x_src[:0])                       # materialise from the input width
@@ -366,7 +366,8 @@ class SAGEConv(torch.nn.Module):
                 out = _spmm_bias(graph, F.linear(x_src, lin_l.weight), weight, lin_l.bias,
                                  reduce=self._reduce)
             else:
-                out = lin_l(spmm(graph, x_src, weight, reduce=self._reduce))
+                out, = shared_input_linears(spmm(graph, x_src, weight, reduce=self._reduce),
+                                            (lin_l,))
         if self.root_weight and x_dst is not None:
             out = _add_linear(out, self.lin_r, x_dst)
         if self.normalize:
@@ -403,7 +404,9 @@ class _SharedInputLinears(torch.autograd.Function):
     (addmm_, beta = 1), where autograd would compute each G_k W_k on its own
     and add them: one read-read-write pass over [N, F_in] less per extra
     linear (a beta = 1 epilogue reads grad_x once instead). Weight and bias
-    gradients as torch.nn.Linear's: G_k^T x and the column sums of G_k.
+    gradients as torch.nn.Linear's: G_k^T x and the column sums of G_k
+    (`bias_grad`: one streaming pass on large CUDA tensors). One linear is
+    torch's Linear with that bias gradient.
 
     forward(ctx, x, W_1, b_1, W_2, b_2, ...) -> (y_1, y_2, ...); b_k may be None."""
 
@@ -429,7 +432,7 @@ class _SharedInputLinears(torch.autograd.Function):
             if needs[1 + 2 * k]:
                 out[2 * k] = g.t().mm(x)
             if ctx.has_bias[k] and needs[2 + 2 * k]:
-                out[2 * k + 1] = g.sum(0)
+                out[2 * k + 1] = bias_grad(g)
         return (grad_x, *out)
 
 
@@ -445,7 +448,7 @@ def shared_input_linears(x, lins):
     `_SharedInputLinears` (x's gradient summed in GEMM epilogues) when every
     lin is plain (`_plain_linear`) for x's dtype and x is 2-D outside
     autocast; else the modules are called one by one."""
-    plain = (x.dim() == 2 and len(lins) > 1 and not _autocast_on(x.device.type)
+    plain = (x.dim() == 2 and len(lins) >= 1 and not _autocast_on(x.device.type)
              and all(_plain_linear(lin, x.dtype) for lin in lins))
     if not plain:
         return tuple(lin(x) for lin in lins)

@@ -63,10 +63,15 @@ def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale
     return out
 
 
+def column_sums(x, vtype, index_dtype=None):
+    """[F] sum over the rows of x [N, F] (float64 accumulation, row order), in
+    x's dtype (index_dtype: unused, as the CUDA backend's signature)."""
+    return x.sum(axis=0, dtype=np.float64).astype(x.dtype)
+
+
 def bias_grad(graph, grad_out, vtype):
-    """[F] column sum of grad_out [num_dst, F] (float64 accumulation, row
-    order), in grad_out's dtype."""
-    return grad_out.sum(axis=0, dtype=np.float64).astype(grad_out.dtype)
+    """[F] column sum of grad_out [num_dst, F] (`column_sums`)."""
+    return column_sums(grad_out, vtype)
 
 
 def sddmm(graph, a, b, vtype):

@@ -378,9 +378,15 @@ def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale
     return _run(graph, x, weight_csr, vtype, c.path, c.option)
 
 
+def column_sums(x, vtype, index_dtype=np.int32):
+    """[F] sum over the rows of x [N, F] (contiguous; fixed order, fp32
+    accumulation for 16-bit types), in x's dtype. index_dtype only picks the
+    compiled spmm module that holds the kernel (the caller's graph's)."""
+    itype = _ITYPE[np.dtype(index_dtype)]
+    s = column_sum(x, "spmm", vtype, itype)
+    return from_acc(s, x.dtype, "spmm", vtype, itype)
+
+
 def bias_grad(graph, grad_out, vtype):
-    """[F] grad_bias = column sum of grad_out [num_dst, F] (fixed order, fp32
-    accumulation for 16-bit types), in grad_out's dtype."""
-    itype = _ITYPE[np.dtype(graph.index_dtype)]
-    s = column_sum(grad_out, "spmm", vtype, itype)
-    return from_acc(s, grad_out.dtype, "spmm", vtype, itype)
+    """[F] grad_bias = column sum of grad_out [num_dst, F] (`column_sums`)."""
+    return column_sums(grad_out, vtype, graph.index_dtype)
