@@ -7,6 +7,7 @@ import pytest
 
 from fastgnn import Graph, edge_softmax, edge_softmax_bwd, edge_softmax_fwd, gpu_available, rng
 from fastgnn.backends import reference as ref
+from fastgnn.ops.attention import SCORE_INPUTS
 from fastgnn.testing import (TOLERANCES, assert_close, awkward_edge_index, devices,
                              from_bf16_bits, to_bf16_bits, to_device, to_numpy)
 
@@ -201,8 +202,9 @@ SHAPES = [(1, 1, 0.2), (2, 3, 0.0), (3, 7, -0.5), (8, 16, 0.2), (4, 5, 1.5)]
 SCORES = ["gat", "gatv2", "dot"]
 
 
-def _inputs(score, graph, heads, channels, edge_term, rng_, dtype=np.float64):
-    """Random inputs of `score` for `graph` (NumPy, caller's shapes)."""
+def _inputs(score, graph, heads, channels, edge_term, rng_, dtype=np.float64, bias=False):
+    """Random inputs of `score` for `graph` (NumPy, caller's shapes); bias:
+    also an output bias, [H, C] or (bias="flat") [H * C]."""
     ns, nd, E = graph.num_src, graph.num_dst, graph.num_edges
     H, C = heads, channels
     n = lambda *shape: rng_.standard_normal(shape).astype(dtype)  # noqa: E731
@@ -214,6 +216,8 @@ def _inputs(score, graph, heads, channels, edge_term, rng_, dtype=np.float64):
         x = {"q": n(nd, H, C), "k": n(ns, H, C), "v": n(ns, H, C), "ee": n(E, H, C)}
     if not edge_term:
         x = {k: v for k, v in x.items() if k not in ("a_edge", "xe", "ee")}
+    if bias:
+        x["bias"] = n(H * C) if bias == "flat" else n(H, C)
     return x
 
 
@@ -263,6 +267,37 @@ def test_attention_matches_reference(device, score, dtype, edge_term, heads, cha
 
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("score", SCORES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("bias", [True, "flat"])
+@pytest.mark.parametrize("with_alpha", [False, True])
+def test_attention_with_bias_matches_reference(device, score, dtype, bias, with_alpha):
+    """An output bias ([H, C] or [H * C]) added in the store: out and every
+    gradient against the reference (grad_bias = column sums of grad_out; D
+    from out - bias, so the other gradients are those without a bias), with
+    odd widths, a hub and targets without in-edges (which get the bias)."""
+    ei, g = _graph(device, hub=300)
+    r = np.random.default_rng(_seed())
+    x = _inputs(score, g, 3, 5, True, r, dtype, bias=bias)
+    out, _ = _check_attention(device, ei, g, score, x, dtype, rng_=r, with_alpha=with_alpha,
+                              dropout=0.25, seed=5)
+    assert np.allclose(out[-12:], np.broadcast_to(x["bias"].reshape(3, 5), (12, 3, 5)))
+
+
+def test_attention_bad_bias_raises():
+    from fastgnn import edge_attention
+    ei, g = _graph("cpu")
+    x = _inputs("gatv2", g, 2, 4, False, np.random.default_rng(0))
+    for b, err, words in [(np.ones(7), ValueError, "bias must have shape [heads, C]"),
+                          (np.ones((4, 2)), ValueError, "bias must have shape"),
+                          (np.ones((2, 4), np.float32), TypeError, "bias has dtype float32"),
+                          ("b", TypeError, "bias")]:
+        with pytest.raises(err) as info:
+            edge_attention(g, "gatv2", **x, bias=b)
+        assert words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("score", SCORES)
 def test_attention_bipartite_int64_and_scale(device, score):
     ei = awkward_edge_index(90, 600, seed=_seed(), num_src=41, hub_degree=250)
     g = Graph.from_edge_index(to_device(ei, device), num_src=41, num_dst=90,
@@ -281,8 +316,19 @@ def test_attention_graph_without_edges(device, score):
     x = _inputs(score, g, 2, 3, True, np.random.default_rng(_seed()))
     out, res = edge_attention_fwd(g, score, **{k: to_device(v, device) for k, v in x.items()})
     assert out.shape == (6, 2, 3) and np.all(to_numpy(out) == 0)
-    for gr in edge_attention_bwd(g, res, to_device(np.ones((6, 2, 3)), device)):
+    for name, gr in zip(SCORE_INPUTS[score], edge_attention_bwd(
+            g, res, to_device(np.ones((6, 2, 3)), device))):
+        if name == "bias":
+            assert gr is None               # not given
+            continue
         assert gr is not None and np.all(to_numpy(gr) == 0)
+    # with a bias every row is the bias, and its gradient the column sum
+    x = _inputs(score, g, 2, 3, True, np.random.default_rng(_seed()), bias=True)
+    out, res = edge_attention_fwd(g, score, **{k: to_device(v, device) for k, v in x.items()})
+    assert np.array_equal(to_numpy(out), np.broadcast_to(x["bias"], (6, 2, 3)))
+    grads = dict(zip(SCORE_INPUTS[score], edge_attention_bwd(
+        g, res, to_device(np.ones((6, 2, 3)), device))))
+    assert np.array_equal(to_numpy(grads["bias"]), np.full((2, 3), 6.0))
 
 
 @pytest.mark.parametrize("score", SCORES)
@@ -377,7 +423,7 @@ def test_attention_dropout_expected_value(score):
     def run(**kw):
         out, res = edge_attention_fwd(g, score, **x, **kw)
         return np.concatenate([out.ravel()] + [gr.ravel() for gr in
-                                               edge_attention_bwd(g, res, go)])
+                                               edge_attention_bwd(g, res, go) if gr is not None])
     exact = run()
     n = 1000
     base = int(r.integers(1 << 40))
@@ -478,7 +524,7 @@ def test_attention_bad_inputs(device):
     cases = [
         (lambda: edge_attention(g, "gcn", **gat), ValueError, "score must be one of"),
         (lambda: edge_attention(g, "gat", **gat, q=dot["q"]), ValueError,
-         "score='gat' takes a_src, a_dst, a_edge, v; got q"),
+         "score='gat' takes a_src, a_dst, a_edge, v, bias; got q"),
         (lambda: edge_attention(g, "gat", v=gat["v"], a_dst=gat["a_dst"]), TypeError,
          "needs a_src"),
         (lambda: edge_attention(g, "dot", q=dot["q"], k=dot["k"]), TypeError, "needs v"),
@@ -610,6 +656,10 @@ GPU_CASES = {
     "weights": (4, 32, True, 0.3, True, None, None),        # grad_alpha given
     "source_only": (4, 32, True, 0.3, False, "source", None),
     "bipartite": (2, 16, True, 0.0, False, None, 9),         # split source rows too
+    # the output bias (cases named bias*): in the store, D from out - bias
+    "bias": (4, 32, True, 0.3, False, None, None),
+    "bias_weights": (4, 32, False, 0.0, True, None, None),   # D by attn_delta
+    "bias_odd_width": (3, 7, False, 0.0, False, None, 9),
 }
 
 
@@ -636,7 +686,7 @@ def _gpu_backward(score, vtype, case, rng_, **options):
     heads, channels, edge_term, dropout, weights, needs, num_src = GPU_CASES[case]
     n = 300
     ei, g = _graph("cuda", n=n, e=3000, hub=700, num_src=num_src, seed=int(rng_.integers(1 << 30)))
-    x = _inputs(score, g, heads, channels, edge_term, rng_)
+    x = _inputs(score, g, heads, channels, edge_term, rng_, bias=case.startswith("bias"))
     dev, xr = {}, {}
     for k, v in x.items():
         dev[k], xr[k] = _gpu_cast(v, vtype)
@@ -761,7 +811,7 @@ def test_gatt_partial_rows_plan():
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("case", ["plain", "odd_width", "wide", "weights", "source_only",
-                                  "bipartite"])
+                                  "bipartite", "bias", "bias_odd_width"])
 @pytest.mark.parametrize("vtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("score", SCORES)
 def test_gpu_atomic_backward_close_to_deterministic(score, vtype, case):

@@ -71,7 +71,7 @@ EDGE_SOFTMAX = Op("edge_softmax", _softmax_fwd, _softmax_bwd, inputs=("scores",)
                   features=("scores",))
 
 # every array input of edge_attention, over all score functions, in call order
-_ATTN_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee")
+_ATTN_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee", "bias")
 
 
 def _attention_fwd(graph, *arrays, score, **kw):
@@ -146,7 +146,7 @@ _SIDES = {"gat": (("v", "a_src"), ("a_dst",)), "gatv2": (("xl",), ("xr",)),
 
 
 def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
-                   xl=None, xr=None, att=None, xe=None, q=None, k=None, ee=None,
+                   xl=None, xr=None, att=None, xe=None, q=None, k=None, ee=None, bias=None,
                    negative_slope=0.2, scale=None, dropout=0.0, seed=None, offset=0,
                    training=True, return_attention_weights=False, num_nodes=None,
                    deterministic=True):
@@ -168,6 +168,8 @@ def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge
     edge_index_or_graph: as in `edge_softmax` (adj_t values are ignored).
     negative_slope: LeakyReLU slope ("gat", "gatv2").
     scale:     "dot" only; default 1/sqrt(C).
+    bias:      [H, C] or [H * C] optional, added to every output row in the
+               kernel's store (no pass of its own); differentiable.
     dropout, seed, offset, training: attention dropout as in `edge_softmax`.
     return_attention_weights: also return alpha [E, H], the softmax weights
                before dropout, in the edges' order (differentiable).
@@ -179,7 +181,7 @@ def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge
     Returns out [num_dst, H, C] (and alpha) in the inputs' dtype.
     """
     tensors = dict(a_src=a_src, a_dst=a_dst, a_edge=a_edge, v=v, xl=xl, xr=xr, att=att, xe=xe,
-                   q=q, k=k, ee=ee)
+                   q=q, k=k, ee=ee, bias=bias)
     if num_nodes is None and isinstance(score, str) and score in _SIDES:
         src_side, dst_side = _SIDES[score]
 
@@ -363,6 +365,13 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     (edge_index, weights after dropout) when asked."""
     p, seed, offset = _dropout(layer.dropout, None, 0, layer.training)
     want = bool(return_attention_weights)
+    # concatenated heads: the bias [H * C] goes into the kernel's store (no
+    # pass of its own); averaged heads add their [C] bias after the mean
+    anchor = tensors["v" if score == "gat" else "xl"]
+    fuse_bias = (layer.bias is not None and layer.concat and layer.bias.dtype == anchor.dtype
+                 and layer.bias.shape == (H * C,))
+    if fuse_bias:
+        tensors = dict(tensors, bias=layer.bias)
     out = apply(EDGE_ATTENTION, graph, *(tensors.get(n) for n in _ATTN_INPUTS), score=score,
                 negative_slope=layer.negative_slope, scale=None, dropout=p, seed=seed,
                 offset=offset, return_attention_weights=want,
@@ -373,7 +382,7 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     out = _finish_heads(out, layer.concat, H, C)
     if res is not None:
         out = out + res
-    if layer.bias is not None:
+    if layer.bias is not None and not fuse_bias:
         out = add_bias(out, layer.bias)
     if want:
         return out, (_returned(ei_out, edge_index),
@@ -728,7 +737,7 @@ class TransformerConv(torch.nn.Module):
         p, seed, offset = _dropout(self.dropout, None, 0, self.training)
         want = isinstance(return_attention_weights, bool)
         out = apply(EDGE_ATTENTION, graph, None, None, None, v, None, None, None, None, q, k,
-                    ee, score="dot", negative_slope=0.2, scale=1.0 / math.sqrt(C), dropout=p,
+                    ee, None, score="dot", negative_slope=0.2, scale=1.0 / math.sqrt(C), dropout=p,
                     seed=seed, offset=offset, return_attention_weights=want,
                     deterministic=self.deterministic)
         alpha = None

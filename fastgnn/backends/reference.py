@@ -219,6 +219,8 @@ def edge_attention(edge_index, score, num_dst, inputs, negative_slope=0.2, scale
     z = _keep_factor(s.shape[0], s.shape[1], dropout, seed, offset)
     out = np.zeros((num_dst,) + msg.shape[1:])
     np.add.at(out, dst, (alpha * z)[..., None] * msg)
+    if inputs.get("bias") is not None:
+        out = out + _f64(inputs["bias"]).reshape(msg.shape[1:])   # every target row
     return out, alpha
 
 
@@ -269,4 +271,6 @@ def edge_attention_vjp(edge_index, score, num_dst, inputs, grad_out, grad_alpha=
         grads["k"] = scatter(dkk, src, x["k"].shape[0])
         grads["v"] = scatter(dmsg, src, x["v"].shape[0])
         grads["ee"] = dkk + dmsg
+    if "bias" in x:                     # out[i] += b for every target i
+        grads["bias"] = g.sum(0).reshape(x["bias"].shape)
     return {k: v for k, v in grads.items() if k in x}

@@ -18,7 +18,7 @@ edge_attention
 Per head, a score s_e per edge, the softmax p_e over N(i), dropout z_e, and the
 weighted sum of messages m_e:
 
-    out[i, h] = sum_{e in N(i)} p_e z_e m_e[h]              (0 for targets without in-edges)
+    out[i, h] = sum_{e in N(i)} p_e z_e m_e[h]  (+ b[h])     (0 for targets without in-edges)
 
     "gat":   s_e = LeakyReLU(a_src[j] + a_dst[i] + a_edge[e])                 m_e = v[j]
     "gatv2": s_e = sum_c att[h,c] LeakyReLU(xl[j,h,c] + xr[i,h,c] + xe[e,h,c])   m_e = xl[j]
@@ -33,7 +33,7 @@ The backward recomputes s_e, p_e = exp(s_e - lse_i) and z_e edge by edge.
 With g = grad_out, ga = grad_alpha (the cotangent of the returned attention
 weights p, optional) and
 
-    D[i, h] = <g[i,h], out[i,h]> + sum_{e in N(i)} p_e ga_e            (per target, per head)
+    D[i, h] = <g[i,h], out[i,h] - b[h]> + sum_{e in N(i)} p_e ga_e     (per target, per head)
     ds_e    = p_e (z_e <g[i,h], m_e[h]> + ga_e - D[i, h])
 
 the gradients are, per score (lr' = 1 where the LeakyReLU argument is > 0,
@@ -50,6 +50,7 @@ else negative_slope, as torch):
              grad_k[j] = scale sum_{e out of j} ds_e q[i];
              grad_v[j] = sum_{e out of j} p_e z_e g[i]
 
+and grad_b[h] = sum_i g[i, h] (the optional bias b [H, C]),
 computed without atomics: D and the target-side and per-edge terms in one
 pass per target over the CSR, the source-side terms in one pass per source
 over the cached transpose, and grad_att as per-chunk partial sums (a fixed
@@ -107,7 +108,9 @@ optional edge term):
     "gatv2": xl [num_src, H, C], xr [num_dst, H, C], att [H, C], xe [E, H, C] | None
     "dot":   q [num_dst, H, C], k [num_src, H, C], v [num_src, H, C], ee [E, H, C] | None
 
-(xl may be the same array as xr.) `params` is an `AttentionParams`
+(xl may be the same array as xr.) Every score may also hold "bias" [H, C] (or
+None): added to out in the forward's store, so the backward's D reads
+out - bias; its gradient is the column sum of grad_out. `params` is an `AttentionParams`
 (negative_slope, scale: the value to use, 1/sqrt(C) already filled in for
 "dot", drop, deterministic: False allows float atomics in the backward, which
 a backend may ignore). `need_alpha` asks for alpha[e, h] = p[e, h] (before dropout).
@@ -280,9 +283,9 @@ def edge_softmax(graph, scores, *, dropout=0.0, seed=0, offset=0, vtype=None):
 
 
 # ---------------------------------------------------------- edge_attention
-SCORE_INPUTS = {"gat": ("a_src", "a_dst", "a_edge", "v"),
-                "gatv2": ("xl", "xr", "att", "xe"),
-                "dot": ("q", "k", "v", "ee")}
+SCORE_INPUTS = {"gat": ("a_src", "a_dst", "a_edge", "v", "bias"),
+                "gatv2": ("xl", "xr", "att", "xe", "bias"),
+                "dot": ("q", "k", "v", "ee", "bias")}
 # The generic slots every backend kernel works with (see the interface above):
 #   S (source-side score input), Dn (target-side score input), Ed (edge term,
 #   caller order), V (message); gatv2's S and V are both xl.
@@ -296,8 +299,8 @@ def score_slots(score, arrays):
     return arrays[s_name], arrays[d_name], arrays.get(e_name), arrays.get("att"), arrays[v_name]
 
 
-OPTIONAL_INPUTS = ("a_edge", "xe", "ee")
-_ALL_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee")
+OPTIONAL_INPUTS = ("a_edge", "xe", "ee", "bias")
+_ALL_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee", "bias")
 
 
 @dataclass(frozen=True)
@@ -330,16 +333,19 @@ class AttentionResiduals:
 def _shape_specs(score, graph, heads, channels):
     """{name: (expected shape, its description)} in the caller's terms."""
     ns, nd, E, H, C = graph.num_src, graph.num_dst, graph.num_edges, heads, channels
+    bias = {"bias": ((H, C), "[heads, C] (or [heads * C])")}
     if score == "gat":
         return {"a_src": ((ns, H), "[num_src, heads]"), "a_dst": ((nd, H), "[num_dst, heads]"),
-                "a_edge": ((E, H), "[E, heads]"), "v": ((ns, H, C), "[num_src, heads, C]")}
+                "a_edge": ((E, H), "[E, heads]"), "v": ((ns, H, C), "[num_src, heads, C]"),
+                **bias}
     if score == "gatv2":
         return {"xl": ((ns, H, C), "[num_src, heads, C]"),
                 "xr": ((nd, H, C), "[num_dst, heads, C]"),
                 "att": ((H, C), "[heads, C] (or [1, heads, C])"),
-                "xe": ((E, H, C), "[E, heads, C]")}
+                "xe": ((E, H, C), "[E, heads, C]"), **bias}
     return {"q": ((nd, H, C), "[num_dst, heads, C]"), "k": ((ns, H, C), "[num_src, heads, C]"),
-            "v": ((ns, H, C), "[num_src, heads, C]"), "ee": ((E, H, C), "[E, heads, C]")}
+            "v": ((ns, H, C), "[num_src, heads, C]"), "ee": ((E, H, C), "[E, heads, C]"),
+            **bias}
 
 
 _ANCHOR = {"gat": "v", "gatv2": "xl", "dot": "q"}   # the input that fixes H, C and the dtype
@@ -356,9 +362,9 @@ def _validate_inputs(graph, score, given, vtype):
                          f"(inputs of another score function)")
     missing = [n for n in names if n not in OPTIONAL_INPUTS and given.get(n) is None]
     if missing:
-        optional = [n for n in names if n in OPTIONAL_INPUTS][0]
+        optional = [n for n in names if n in OPTIONAL_INPUTS]
         raise TypeError(f"edge_attention(score={score!r}) needs {', '.join(missing)} "
-                        f"(inputs: {', '.join(names)}; {optional} is optional)")
+                        f"(inputs: {', '.join(names)}; {' and '.join(optional)} are optional)")
     arrays = {n: as_backend_array(given.get(n), n) for n in names}
     anchor_name = _ANCHOR[score]
     anchor = arrays[anchor_name]
@@ -376,7 +382,8 @@ def _validate_inputs(graph, score, given, vtype):
             continue
         want, desc = specs[n]
         shape = tuple(a.shape)
-        ok = shape == want or (n == "att" and shape == (1,) + want)
+        ok = (shape == want or (n == "att" and shape == (1,) + want)
+              or (n == "bias" and shape == (H * C,)))
         if not ok:
             raise ValueError(f"{n} must have shape {desc} = {list(want)}, got {shape}"
                              + (f" (heads and C come from {anchor_name})" if n != anchor_name
@@ -388,7 +395,7 @@ def _validate_inputs(graph, score, given, vtype):
                             "all inputs must share one dtype")
         shapes[n] = shape
         a = xp.ascontiguousarray(a)
-        if n == "att":
+        if n in ("att", "bias"):
             a = a.reshape(H, C)
         elif score == "gat" and n != "v":
             a = a.reshape(shape + (1,))
@@ -418,13 +425,13 @@ def _attention_params(score, negative_slope, scale, channels, dropout, seed, off
 
 
 def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
-                       xr=None, att=None, xe=None, q=None, k=None, ee=None,
+                       xr=None, att=None, xe=None, q=None, k=None, ee=None, bias=None,
                        negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0,
                        return_attention_weights=False, vtype=None, deterministic=True):
     """Forward of `edge_attention`; returns (out or (out, alpha), AttentionResiduals)."""
     graph = as_graph(graph)
     given = {"a_src": a_src, "a_dst": a_dst, "a_edge": a_edge, "v": v, "xl": xl, "xr": xr,
-             "att": att, "xe": xe, "q": q, "k": k, "ee": ee}
+             "att": att, "xe": xe, "q": q, "k": k, "ee": ee, "bias": bias}
     arrays, shapes, vt, H, C = _validate_inputs(graph, score, given, vtype)
     params = _attention_params(score, negative_slope, scale, C, dropout, seed, offset,
                                deterministic)
@@ -438,9 +445,9 @@ def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=N
 
 def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None, *, needs=None):
     """Backward of `edge_attention`: one gradient per input of the score, in
-    SCORE_INPUTS[score] order ("gat": a_src, a_dst, a_edge, v; "gatv2": xl,
-    xr, att, xe; "dot": q, k, v, ee), each in its input's shape and dtype, or
-    None for an input not given or not in `needs`.
+    SCORE_INPUTS[score] order ("gat": a_src, a_dst, a_edge, v, bias; "gatv2":
+    xl, xr, att, xe, bias; "dot": q, k, v, ee, bias), each in its input's
+    shape and dtype, or None for an input not given or not in `needs`.
 
     grad_out:   [num_dst, H, C] cotangent of out (None: zero).
     grad_alpha: [E, H] cotangent of the returned attention weights (None: zero).
@@ -486,7 +493,8 @@ def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None
 
 
 def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
-                   xr=None, att=None, xe=None, q=None, k=None, ee=None, negative_slope=0.2,
+                   xr=None, att=None, xe=None, q=None, k=None, ee=None, bias=None,
+                   negative_slope=0.2,
                    scale=None, dropout=0.0, seed=0, offset=0, return_attention_weights=False,
                    vtype=None, deterministic=True):
     """Fused edge attention over each target's in-edges (see the module
@@ -512,6 +520,10 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
         q:      [num_dst, H, C]    k, v: [num_src, H, C]    ee: [E, H, C] optional
         s_e = scale <q[i], k[j] + ee[e]>,  m_e = v[j] + ee[e]
 
+    bias:     [H, C] or [H * C] optional, added to every output row in the
+              kernel's store (out[i, h] += bias[h], targets without in-edges
+              get it too): a layer's output bias with no pass of its own.
+              Its gradient is the column sum of grad_out.
     negative_slope: LeakyReLU slope ("gat", "gatv2"; default 0.2).
     scale:    "dot" only; default 1/sqrt(C).
     dropout:  probability p in [0, 1) of dropping an attention weight (kept
@@ -531,7 +543,7 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
     inputs' dtype; nothing of size E x H x C is allocated.
     """
     out, _ = edge_attention_fwd(graph, score, a_src=a_src, a_dst=a_dst, a_edge=a_edge, v=v,
-                                xl=xl, xr=xr, att=att, xe=xe, q=q, k=k, ee=ee,
+                                xl=xl, xr=xr, att=att, xe=xe, q=q, k=k, ee=ee, bias=bias,
                                 negative_slope=negative_slope, scale=scale, dropout=dropout,
                                 seed=seed, offset=offset,
                                 return_attention_weights=return_attention_weights, vtype=vtype,

@@ -44,6 +44,7 @@ import numpy as np
 from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
 from ...rng import keep_nb
+from .spmm import column_sums
 
 NUM_CHUNKS = 256           # fixed (see above): a few per thread on any CPU
 SERIAL_EDGES = 4096        # below this many edges, run in the calling thread
@@ -514,6 +515,9 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     alpha = np.empty((graph.num_edges, H) if need_alpha else (0, 0), dtype=V.dtype)
     _run(_ATTN_FWD_ROWS[key], graph.num_dst, graph.num_edges, *_index64(graph), *common,
          out, lse, bool(need_alpha), alpha)
+    bias = arrays.get("bias")
+    if bias is not None:
+        out += bias                     # [H, C] over every target row
     return out, lse, (alpha if need_alpha else None)
 
 
@@ -535,6 +539,9 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     ga = grad_alpha if has_ga else np.empty((0, 0), dtype=dt)
     empty3 = np.empty((0, 0, 0), dtype=dt)
 
+    bias = arrays.get("bias")
+    if bias is not None:
+        out = out - bias                # D reads the attention output itself
     delta = np.empty((graph.num_dst, H))
     gDn = np.empty(Dn.shape, dtype=dt) if need_gDn else empty3
     gEd = np.empty(Ed.shape, dtype=dt) if need_gEd else empty3
@@ -563,4 +570,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         grads[v_name] = gV
     if need_gatt:
         grads["att"] = gatt_part.sum(axis=0).astype(dt)   # fixed chunks, fixed order
+    grads["bias"] = None
+    if bias is not None and needs.get("bias"):
+        grads["bias"] = (np.zeros(bias.shape, dtype=dt) if not has_g else
+                         column_sums(grad_out.reshape(-1, H * C), None).reshape(H, C))
     return {name: grads[name] for name in SCORE_INPUTS[score]}

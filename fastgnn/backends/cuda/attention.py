@@ -23,8 +23,8 @@ from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, s
                               transpose_caller_ids)
 from .loader import (C_INDEX, C_VALUE, VALUE_BYTES, attention_groups, attention_nchs,
                      attention_vecs, get_function)
-from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, from_acc, lane_group,
-                   spmm_custom, task_plan)
+from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, column_sums, from_acc,
+                   lane_group, spmm_custom, task_plan)
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 # Rows per thread of the column sum over the grad_att partial rows (fewer,
@@ -132,8 +132,8 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     if graph.num_dst == 0 or H == 0 or C == 0:
         return out, lse, alpha
     itype = _ITYPE[np.dtype(graph.index_dtype)]
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat"
-                                       else (V, out))
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out, arrays.get("bias"))
+                                       if score != "gat" else (V, out, arrays.get("bias")))
     plan = task_plan(graph, DEFAULT_CHUNK)
     ntask = int(plan.task_row.shape[0])
     slots = plan.num_slots
@@ -141,8 +141,9 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     p_l = cp.empty((slots, H), dtype=acc) if slots else None
     p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
     fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, Ed is not None)
+    bias = arrays.get("bias")
     common = (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V)
+              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, _arg(bias))
     scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
                np.int32(DEFAULT_CHUNK), np.int32(group), acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
     fwd(_grid(ntask * H, group), (BLOCK,),
@@ -153,7 +154,8 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
                             f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>")
         g1 = lane_group(C)
         comb(_grid(num_split * H, g1), (BLOCK,),
-             (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, out, lse, np.int64(num_split),
+             (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, _arg(bias), out, lse,
+              np.int64(num_split),
               np.int32(H), np.int32(C), np.int32(g1)))
     if need_alpha and graph.num_edges:
         fwd(_grid(ntask * H, group), (BLOCK,),
@@ -181,8 +183,8 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
             fn = get_function("attention", vtype, itype, f"attn_delta<{C_VALUE[vtype]}>")
             group = lane_group(C)
             fn(_grid(graph.num_dst * H, group), (BLOCK,),
-               (grad_out, out, d, np.int64(graph.num_dst), np.int32(H), np.int32(C),
-                np.int32(group)))
+               (grad_out, out, _arg(arrays.get("bias")), d, np.int64(graph.num_dst),
+                np.int32(H), np.int32(C), np.int32(group)))
     else:
         d = cp.zeros((graph.num_dst, H), dtype=acc)
     if grad_alpha is not None and graph.num_edges:
@@ -245,6 +247,12 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     need_gV = score != "gatv2" and bool(needs.get(v_name))
     need_gatt = score == "gatv2" and bool(needs.get("att"))
     grads = {name: None for name in SCORE_INPUTS[score]}
+    bias = arrays.get("bias")
+    if bias is not None and needs.get("bias"):
+        # the column sums of grad_out (a fixed order), 0 without a cotangent
+        grads["bias"] = (cp.zeros_like(bias) if grad_out is None or graph.num_dst == 0 else
+                         column_sums(cp.ascontiguousarray(grad_out).reshape(-1, H * C), vtype,
+                                     graph.index_dtype).reshape(H, C))
     if graph.num_edges == 0 or H == 0 or C == 0:
         for name, want, like in ((s_name, need_gS, S), (d_name, need_gDn, Dn),
                                  (e_name, need_gEd, Ed), (v_name, need_gV, V)):
@@ -267,8 +275,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         delta = cp.empty((graph.num_dst, H), dtype=acc) if src_pass else None
     else:
         delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
-                                       else (V, g, out))
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g, out, bias)
+                                       if score != "gat" else (V, g, out, bias))
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
                np.int32(group), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
@@ -293,7 +301,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
-              out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
+              out if fused else NULL, _arg(bias) if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
               _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars,
              shared_mem=smem)
         if aS is not None:
