@@ -465,7 +465,7 @@ def test_bias_grad_and_add_bias(device, dtype):
     gt = torch.randn(96, rows, dtype=dtype, device=device).t()        # non-contiguous
     assert_close(bias_grad(gt).double().cpu().numpy(), gt.double().sum(0).cpu().numpy(), tol=tol)
     ge = torch.ones(1, 96, dtype=dtype, device=device).expand(rows, 96)  # expanded
-    assert torch.equal(bias_grad(ge).double().cpu(), torch.full((96,), float(rows)).double())
+    assert torch.equal(bias_grad(ge).cpu(), torch.full((96,), float(rows)).to(dtype))
 
     x = torch.randn(rows, 96, dtype=dtype, device=device, requires_grad=True)
     b = torch.randn(96, dtype=dtype, device=device, requires_grad=True)
