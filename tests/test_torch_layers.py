@@ -484,3 +484,27 @@ def test_bias_grad_and_add_bias(device, dtype):
                 ours = second
         for a, c in zip(ours, second):
             assert_close(a.cpu().numpy(), c.cpu().numpy(), tol=1e-12)
+
+
+def test_small_inputs_take_the_plain_torch_ops(monkeypatch):
+    """Below FUSED_MIN_NUMEL the layers use torch's own linear and add (C++
+    autograd nodes, no Python hand-off in the backward); results and every
+    gradient equal the fused path's."""
+    from fastgnn.torch import functional
+    from fastgnn.torch.nn import shared_input_linears
+    lins = _three_linears()
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    runs = {}
+    for threshold in (0, 7 * 5 + 1):
+        monkeypatch.setattr(functional, "FUSED_MIN_NUMEL", threshold)
+        ys = shared_input_linears(x, lins)
+        z = functional.add_bias(ys[0], b)
+        names = {ys[0].grad_fn.name(), z.grad_fn.name()}
+        fused = any("SharedInputLinears" in n or "AddBias" in n for n in names)
+        assert fused == (threshold == 0), names
+        loss = (z ** 2).sum() + sum((y ** 3).sum() for y in ys[1:])
+        params = [x, b, *[p for lin in lins for p in lin.parameters()]]
+        runs[threshold] = [z, *torch.autograd.grad(loss, params)]
+    for a, c in zip(*runs.values()):
+        assert_close(a.detach().numpy(), c.detach().numpy(), tol=1e-12)

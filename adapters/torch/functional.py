@@ -25,6 +25,14 @@ __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "add_bias", "bia
 # streaming pass wins (N = 2^20, F = 128 fp32 on an H200: 0.16 ms against
 # torch's 0.30 ms, benchmarks/probe_gcn.py).
 COLUMN_SUM_MIN_NUMEL = 1 << 21
+# Smallest input [N, F] (elements) for which the layers use their fused
+# Python autograd Functions (add_bias, nn.shared_input_linears). Each Python
+# node in a CUDA backward costs ~0.1-0.2 ms of autograd hand-off to its
+# device thread (benchmarks/probe_host_switches.py: soc-brightkite
+# SAGEConv_max fwd+bwd 1.79 ms, 1.36 ms with autograd multithreading off),
+# more than the pass it saves on a small graph; below this size the plain
+# torch ops (C++ autograd nodes) run instead. Tests set it to 0.
+FUSED_MIN_NUMEL = 1 << 21
 _COLUMN_SUM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -58,8 +66,9 @@ class _AddBias(torch.autograd.Function):
 
 def add_bias(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x [N, F] + b [F] (broadcast over rows), with the bias gradient of
-    `bias_grad`; other shapes fall back to x + b."""
-    if x.dim() != 2 or b.dim() != 1 or b.shape[0] != x.shape[1] or b.dtype != x.dtype:
+    `bias_grad`; other shapes, and x below FUSED_MIN_NUMEL, fall back to x + b."""
+    if (x.dim() != 2 or b.dim() != 1 or b.shape[0] != x.shape[1] or b.dtype != x.dtype
+            or x.numel() < FUSED_MIN_NUMEL):
         return x + b
     return _AddBias.apply(x, b)
 

@@ -20,6 +20,7 @@ from torch import Tensor
 import fastgnn
 from fastgnn._array import check_deterministic
 
+from . import functional as _functional
 from .functional import _norm_dtype, bias_grad, gcn_norm, spmm
 from .graph_cache import resolve, to_graph
 
@@ -447,8 +448,11 @@ def shared_input_linears(x, lins):
     """(lin(x) for lin in lins) for linears that read the same x: through
     `_SharedInputLinears` (x's gradient summed in GEMM epilogues) when every
     lin is plain (`_plain_linear`) for x's dtype and x is 2-D outside
-    autocast; else the modules are called one by one."""
+    autocast, with at least FUSED_MIN_NUMEL elements (functional.py: below
+    that, a Python autograd node costs more than the passes it saves); else
+    the modules are called one by one."""
     plain = (x.dim() == 2 and len(lins) >= 1 and not _autocast_on(x.device.type)
+             and x.numel() >= _functional.FUSED_MIN_NUMEL
              and all(_plain_linear(lin, x.dtype) for lin in lins))
     if not plain:
         return tuple(lin(x) for lin in lins)
