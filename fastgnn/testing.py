@@ -147,3 +147,13 @@ def to_bf16_bits(x):
 def from_bf16_bits(b):
     """uint16 bfloat16 bit patterns -> float32."""
     return (np.asarray(b).astype(np.uint32) << 16).view(np.float32)
+
+
+def fresh_pyg_class(cls):
+    """A new subclass of a PyG MessagePassing layer, for reference layers in
+    tests. PyG 2.8 renders a layer class's `propagate` once, from the first
+    instance's `fuse` flag: after e.g. `SAGEConv(aggr=["mean", "max"])`
+    (fuse off) every later `SAGEConv` fed a sparse adj_t raises "'message_and
+    _aggregate' not implemented". A fresh subclass gets its own rendering, so
+    test order cannot matter."""
+    return type(cls.__name__, (cls,), {})

@@ -18,7 +18,7 @@ from torch_geometric.nn import aggr as pyg_aggr
 import fastgnn
 import fastgnn.torch as ft
 from fastgnn.backends import reference as ref
-from fastgnn.testing import assert_results_match, awkward_edge_index
+from fastgnn.testing import assert_results_match, awkward_edge_index, fresh_pyg_class
 
 warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
 pytestmark = pytest.mark.filterwarnings("ignore:.*[Ss]parse")
@@ -325,7 +325,7 @@ def test_sage_aggr_matches_pyg(aggr, form, opts):
     if form == "dst_none":
         xin = (xin[0], torch.zeros(0, 4, dtype=torch.float64))   # stands for None
     torch.manual_seed(0)
-    ref_layer = pyg.SAGEConv(in_ch, out, aggr=aggr, **opts)
+    ref_layer = fresh_pyg_class(pyg.SAGEConv)(in_ch, out, aggr=aggr, **opts)
     ours = ft.SAGEConv(in_ch, out, aggr=aggr, **opts)
     assert ours.lin_l.in_features == ref_layer.lin_l.in_channels
     assert repr(ours) == repr(ref_layer)
@@ -341,7 +341,7 @@ def test_sage_aggr_matches_pyg(aggr, form, opts):
 def test_sage_aggregation_instances(make):
     in_ch, (x,), ei = _sage_inputs("square", seed=12)
     torch.manual_seed(0)
-    ref_layer = pyg.SAGEConv(in_ch, 5, aggr=make())
+    ref_layer = fresh_pyg_class(pyg.SAGEConv)(in_ch, 5, aggr=make())
     ours = ft.SAGEConv(in_ch, 5, aggr=make())
     assert ours.lin_l.in_features == ref_layer.lin_l.in_channels
     _sage_compare(ref_layer, ours, (x,), ei)
@@ -357,7 +357,7 @@ def test_sage_weighted_adj_t_follows_pyg():
     adj = torch.sparse_coo_tensor(ei.flip(0), w, (n, n)).coalesce().to_sparse_csr()
     for aggr in ("std", ["max", "sum"], pyg_aggr.SumAggregation(), "mean"):
         torch.manual_seed(0)
-        _sage_compare(pyg.SAGEConv(6, 4, aggr=copy.deepcopy(aggr)),
+        _sage_compare(fresh_pyg_class(pyg.SAGEConv)(6, 4, aggr=copy.deepcopy(aggr)),
                       ft.SAGEConv(6, 4, aggr=copy.deepcopy(aggr)), (x,), adj)
     with pytest.raises(NotImplementedError, match="weighted"):
         ft.SAGEConv(6, 4, aggr="max")(x, adj)
@@ -365,7 +365,7 @@ def test_sage_weighted_adj_t_follows_pyg():
 
 def test_sage_lazy_multi_and_unsupported():
     in_ch, (x,), ei = _sage_inputs("square", seed=14)
-    ref_layer = pyg.SAGEConv(-1, 4, aggr=["mean", "max", "std"])
+    ref_layer = fresh_pyg_class(pyg.SAGEConv)(-1, 4, aggr=["mean", "max", "std"])
     ours = ft.SAGEConv(-1, 4, aggr=["mean", "max", "std"])
     ref_layer(x.float(), ei)
     ours(x.float(), ei)
@@ -500,7 +500,7 @@ def test_gpu_sage_aggr_matches_pyg_float64(aggr, dtype):
     ei = torch.from_numpy(awkward_edge_index(n, 12 * n, seed=16))
     x = torch.from_numpy(rng.standard_normal((n, 24))).to(dtype).double()
     torch.manual_seed(0)
-    ref_layer = pyg.SAGEConv(24, 16, aggr=aggr).double()
+    ref_layer = fresh_pyg_class(pyg.SAGEConv)(24, 16, aggr=aggr).double()
     ours = ft.SAGEConv(24, 16, aggr=aggr)
     ours.load_state_dict(ref_layer.state_dict(), strict=True)
     ours = ours.to("cuda", dtype)
