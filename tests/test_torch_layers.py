@@ -509,3 +509,25 @@ def test_small_inputs_take_the_plain_torch_ops(monkeypatch):
         runs[threshold] = [z, *torch.autograd.grad(loss, params)]
     for a, c in zip(*runs.values()):
         assert_close(a.detach().numpy(), c.detach().numpy(), tol=1e-12)
+
+
+def test_sage_root_weight_leaves_hooked_outputs_alone():
+    """SAGEConv accumulates lin_r(x) into its own intermediate in place
+    (addmm_); an output a user's forward hook on lin_l kept must stay as
+    lin_l returned it, and the layer's result is the same either way."""
+    ei = torch.from_numpy(awkward_edge_index(N, 300, seed=3))
+    for out_channels, aggr in ((8, "mean"), (4, "mean"), (8, "max")):   # 4 < 6: narrow path
+        torch.manual_seed(0)
+        layer = ft.SAGEConv(6, out_channels, aggr=aggr).double()
+        x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+        plain = layer(x, ei)
+        kept = []
+        h = layer.lin_l.register_forward_hook(
+            lambda m, i, o: kept.append((o, o.detach().clone())))
+        hooked = layer(x, ei)
+        h.remove()
+        assert len(kept) == 1 and torch.equal(kept[0][0], kept[0][1]), (out_channels, aggr)
+        assert_close(hooked.detach().numpy(), plain.detach().numpy(), tol=1e-12)
+        gx, = torch.autograd.grad(hooked.sum(), [x])
+        gx0, = torch.autograd.grad(plain.sum(), [x])
+        assert_close(gx.numpy(), gx0.numpy(), tol=1e-12)

@@ -363,14 +363,17 @@ class SAGEConv(torch.nn.Module):
         else:
             if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
                 lin_l(x_src[:0])                       # materialise from the input width
-            if lin_l.out_features < lin_l.in_features:  # aggregate the narrower features
+            if lin_l.out_features < lin_l.in_features and _plain_linear(lin_l, x_src.dtype):
+                # aggregate the narrower features (a hooked lin_l is called as a module below)
                 out = _spmm_bias(graph, F.linear(x_src, lin_l.weight), weight, lin_l.bias,
                                  reduce=self._reduce)
             else:
                 out, = shared_input_linears(spmm(graph, x_src, weight, reduce=self._reduce),
                                             (lin_l,))
         if self.root_weight and x_dst is not None:
-            out = _add_linear(out, self.lin_r, x_dst)
+            # out is the output of lin_l or of the SpMM, made above
+            out = _add_linear(out, self.lin_r, x_dst,
+                              out_is_ours=not (lin_l._forward_hooks or lin_l._forward_pre_hooks))
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
@@ -387,13 +390,21 @@ def _plain_linear(lin, dtype):
             and not (lin._forward_hooks or lin._forward_pre_hooks))
 
 
-def _add_linear(out, lin, x):
-    """out + lin(x), with the sum done in the GEMM's epilogue (torch.addmm,
-    beta = 1) when lin is a plain (`_plain_linear`) bias-free Linear and both are 2-D:
-    one pass over [N, F] less than the separate add."""
+def _add_linear(out, lin, x, out_is_ours=False):
+    """out + lin(x), with the sum done in the GEMM's epilogue (beta = 1) when
+    lin is a plain (`_plain_linear`) bias-free Linear and both are 2-D: one
+    pass over [N, F] less than the separate add.
+
+    out_is_ours: `out` was just made by the layer and nothing holds it (no
+    hook saw it, no autograd node saved it): then the GEMM accumulates into it
+    in place (addmm_), where out-of-place torch.addmm first copies out into
+    its result (one more read and write of [N, F]). Autograd's version
+    counter would catch a node that did save it."""
     plain = (_plain_linear(lin, x.dtype) and lin.bias is None and out.dim() == 2
              and x.dim() == 2 and out.dtype == x.dtype)
     if plain:
+        if out_is_ours and out.is_contiguous():
+            return out.addmm_(x, lin.weight.t())
         return torch.addmm(out, x, lin.weight.t())
     return out + lin(x)
 
