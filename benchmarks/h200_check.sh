@@ -6,8 +6,8 @@
 #   bash benchmarks/h200_check.sh            # tests + probes + rmat20 bench
 #   SKIP_TESTS=1 bash benchmarks/h200_check.sh
 #
-# Carry .data (the real graphs) when the bench needs them; this script only
-# uses generated graphs.
+# Carry .data (the real graphs) for the small-graph host probe; everything
+# else uses generated graphs.
 . "$(dirname "$0")/h200_common.sh"     # $OUT, install, kernel-cache prewarm
 if [ -z "${SKIP_TESTS:-}" ]; then
     run_gpu_tests 420
@@ -16,6 +16,12 @@ timeout 90 python3 benchmarks/probe_attention.py 20 > "$OUT/probe_attention.log"
 cat "$OUT/probe_attention.log"
 timeout 90 python3 benchmarks/profile_overhead.py 14 200 > "$OUT/overhead.log" 2>&1
 grep "==" "$OUT/overhead.log"
+# small-graph host time with gc / autograd multithreading off (needs .data)
+if [ -f .data/soc-brightkite.txt ]; then
+    timeout 120 python3 benchmarks/probe_host_switches.py file:.data/soc-brightkite.txt \
+        SAGEConv_max 200 > "$OUT/host_switches.log" 2>&1
+    grep -E "^(graph|fastgnn|pyg)" "$OUT/host_switches.log"
+fi
 timeout 240 python3 -m fastgnn.bench --graphs rmat20 --width 128 --heads 4 --dtypes fp32 bf16 \
     --impls fastgnn --repeats 10 --warmup 2 --no-progress --no-plots \
     --out "$OUT/rmat20_fastgnn.json" > "$OUT/bench.log" 2>&1
