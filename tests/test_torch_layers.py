@@ -531,3 +531,62 @@ def test_sage_root_weight_leaves_hooked_outputs_alone():
         gx, = torch.autograd.grad(hooked.sum(), [x])
         gx0, = torch.autograd.grad(plain.sum(), [x])
         assert_close(gx.numpy(), gx0.numpy(), tol=1e-12)
+
+
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_sage_with_backward_and_global_hooks(monkeypatch, aggr, fused):
+    """Hooks on lin_l (full backward hook) and global module hooks run and see
+    what the module returned; results and gradients as without hooks, on the
+    small-graph path (torch's linear) and the fused path."""
+    from fastgnn.torch import functional
+    monkeypatch.setattr(functional, "FUSED_MIN_NUMEL", 0 if fused else 1 << 40)
+    ei = torch.from_numpy(awkward_edge_index(N, 300, seed=5))
+    torch.manual_seed(1)
+    layer = ft.SAGEConv(6, 8, aggr=aggr).double()
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    ref = layer(x, ei)
+    ref_gx, = torch.autograd.grad(ref.sum(), [x])
+    seen, kept = [], []
+    hb = layer.lin_l.register_full_backward_hook(lambda m, gi, go: seen.append("bwd"))
+    hg = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: kept.append((o, o.detach().clone())) if m is layer.lin_l else None)
+    try:
+        out = layer(x, ei)
+        gx, = torch.autograd.grad(out.sum(), [x])
+    finally:
+        hb.remove()
+        hg.remove()
+    assert seen == ["bwd"] and len(kept) == 1 and torch.equal(kept[0][0], kept[0][1])
+    assert_close(out.detach().numpy(), ref.detach().numpy(), tol=1e-12)
+    assert_close(gx.numpy(), ref_gx.numpy(), tol=1e-12)
+
+
+@pytest.mark.parametrize("make", [lambda: ft.GATConv(6, 3, heads=2),
+                                  lambda: ft.GATv2Conv(6, 3, heads=2),
+                                  lambda: ft.GATConv(6, 3, heads=2, residual=True),
+                                  lambda: ft.TransformerConv(6, 3, heads=2)],
+                         ids=["gat", "gatv2", "gat_residual", "transformer"])
+def test_attention_layer_output_takes_in_place_edits(make):
+    """As with PyG, the default layers' output may be edited in place (relu_)
+    before the backward: the bias is added outside the op unless a residual
+    follows, so the op's saved output is never what the layer returns."""
+    ei = torch.from_numpy(awkward_edge_index(N, 300, seed=7))
+    torch.manual_seed(2)
+    layer = make().double()
+    x = torch.randn(N, 6, dtype=torch.float64, requires_grad=True)
+    ref = torch.relu(layer(x, ei))
+    ref_gx, = torch.autograd.grad(ref.sum(), [x])
+    out = layer(x, ei)
+    out.relu_()
+    gx, = torch.autograd.grad(out.sum(), [x])
+    assert_close(out.detach().numpy(), ref.detach().numpy(), tol=1e-12)
+    assert_close(gx.numpy(), ref_gx.numpy(), tol=1e-12)
+
+
+def test_mixed_feature_dtypes_name_the_argument():
+    ei = torch.from_numpy(awkward_edge_index(N, 300, seed=7))
+    xl = torch.randn(N, 2, 4)
+    with pytest.raises(TypeError, match="bias has dtype torch.bfloat16 but xl has torch.float32"):
+        ft.edge_attention(ei, "gatv2", xl=xl, xr=xl, att=torch.randn(2, 4),
+                          bias=torch.zeros(8, dtype=torch.bfloat16))

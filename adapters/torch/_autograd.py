@@ -395,10 +395,18 @@ def apply(op: Op, graph, *tensors, **static):
     if len(tensors) != len(op.inputs):
         raise TypeError(f"{op.name} takes {len(op.inputs)} array inputs {op.inputs}, "
                         f"got {len(tensors)}")
+    first = None                        # (name, dtype) of the first feature input
     for name, t in zip(op.inputs, tensors):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t is not None and t.layout != torch.strided:
             raise TypeError(f"{name} must be a dense tensor, got layout {t.layout}")
+        if t is not None and name in op.features:
+            # one value type per call (bf16 travels as int16 for all of them)
+            if first is None:
+                first = (name, t.dtype)
+            elif t.dtype != first[1]:
+                raise TypeError(f"{name} has dtype {t.dtype} but {first[0]} has {first[1]}; "
+                                f"{op.name} takes its inputs in one dtype")
     return FastgnnFunction.apply(op, graph, static, *tensors)
 

@@ -365,11 +365,15 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     (edge_index, weights after dropout) when asked."""
     p, seed, offset = _dropout(layer.dropout, None, 0, layer.training)
     want = bool(return_attention_weights)
-    # concatenated heads: the bias [H * C] goes into the kernel's store (no
-    # pass of its own); averaged heads add their [C] bias after the mean
+    # Concatenated heads with a residual: the bias [H * C] goes into the
+    # kernel's store (no pass of its own). Without a residual the op's output,
+    # which its backward keeps, would be what the layer returns, and a caller's
+    # in-place edit (relu_) would then fail in the backward where PyG's fresh
+    # `out + bias` allows it; so the bias is added there (add_bias), as it is
+    # after averaged heads ([C], after the mean).
     anchor = tensors["v" if score == "gat" else "xl"]
-    fuse_bias = (layer.bias is not None and layer.concat and layer.bias.dtype == anchor.dtype
-                 and layer.bias.shape == (H * C,))
+    fuse_bias = (layer.bias is not None and layer.concat and res is not None
+                 and layer.bias.dtype == anchor.dtype and layer.bias.shape == (H * C,))
     if fuse_bias:
         tensors = dict(tensors, bias=layer.bias)
     out = apply(EDGE_ATTENTION, graph, *(tensors.get(n) for n in _ATTN_INPUTS), score=score,
@@ -416,6 +420,11 @@ class GATConv(torch.nn.Module):
     "mul", a scalar, a tensor or None = 1), bias, residual: as in PyG.
     deterministic (fastgnn only, keyword): False lets the GPU backward use
     float atomics (faster, not bitwise repeatable).
+    One difference from PyG: with concat, bias=False and no residual the
+    output is the fused op's own output, which its backward reads; edit it
+    in place (relu_) and the backward raises autograd's "modified by an
+    inplace operation" error (use the out-of-place form there). The same
+    holds for GATv2Conv and for TransformerConv with root_weight=False.
     forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t] or None),
             edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
             size = None, return_attention_weights = None)

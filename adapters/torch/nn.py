@@ -371,9 +371,9 @@ class SAGEConv(torch.nn.Module):
                 out, = shared_input_linears(spmm(graph, x_src, weight, reduce=self._reduce),
                                             (lin_l,))
         if self.root_weight and x_dst is not None:
-            # out is the output of lin_l or of the SpMM, made above
+            # out is the output of lin_l (no hooks: nothing else holds it) or of the SpMM
             out = _add_linear(out, self.lin_r, x_dst,
-                              out_is_ours=not (lin_l._forward_hooks or lin_l._forward_pre_hooks))
+                              out_is_ours=_plain_linear(lin_l, out.dtype))
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
@@ -382,12 +382,20 @@ class SAGEConv(torch.nn.Module):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, aggr={self.aggr})"
 
 
+def _no_hooks(module) -> bool:
+    """Neither the module nor torch's global module hooks would run anything
+    around its forward or backward."""
+    from torch.nn.modules import module as _module
+    has_global = getattr(_module, "_has_any_global_hook", lambda: False)
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or getattr(module, "_backward_pre_hooks", None) or has_global())
+
+
 def _plain_linear(lin, dtype):
-    """lin is an initialised torch Linear (or ours) without hooks, weights in
-    `dtype`: its GEMM may be fused with a neighbour's without changing what the
-    module would compute or run."""
-    return (type(lin) in (torch.nn.Linear, Linear) and lin.weight.dtype == dtype
-            and not (lin._forward_hooks or lin._forward_pre_hooks))
+    """lin is an initialised torch Linear (or ours) without hooks of its own
+    or global ones, weights in `dtype`: its GEMM may be fused with a
+    neighbour's without changing what the module would compute or run."""
+    return type(lin) in (torch.nn.Linear, Linear) and lin.weight.dtype == dtype and _no_hooks(lin)
 
 
 def _add_linear(out, lin, x, out_is_ours=False):

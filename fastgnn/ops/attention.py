@@ -523,7 +523,11 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
     bias:     [H, C] or [H * C] optional, added to every output row in the
               kernel's store (out[i, h] += bias[h], targets without in-edges
               get it too): a layer's output bias with no pass of its own.
-              Its gradient is the column sum of grad_out.
+              Its gradient is the column sum of grad_out. The backward
+              reads out - bias; in 16-bit types out holds the rounded sum,
+              so a bias much larger than the attention output costs D (and
+              every score gradient) about 2^-8 |bias| |grad_out| of error:
+              add such biases outside the op there.
     negative_slope: LeakyReLU slope ("gat", "gatv2"; default 0.2).
     scale:    "dot" only; default 1/sqrt(C).
     dropout:  probability p in [0, 1) of dropping an attention weight (kept

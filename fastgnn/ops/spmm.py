@@ -287,9 +287,10 @@ def column_sum(x, *, vtype=None):
     x, about twice as fast as torch's `sum(0)` for N x 128 fp32 on an H200.
     """
     a = as_backend_array(x, "x")
-    if a is None or a.ndim != 2:
-        raise ValueError(f"x must have shape [N, F], got "
-                         f"{None if a is None else tuple(a.shape)}")
+    if a is None:
+        raise TypeError("x must be an array of shape [N, F], got None")
+    if a.ndim != 2:
+        raise ValueError(f"x must have shape [N, F], got {tuple(a.shape)}")
     vt = vtype_of(a, vtype, "x")
     if not is_cupy(a) and vt not in CPU_VALUE_TYPES:
         raise TypeError(f"x: the CPU backend supports {CPU_VALUE_TYPES}, got {vt}")

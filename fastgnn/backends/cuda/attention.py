@@ -171,7 +171,7 @@ def _vtype(V, arrays):
 
 
 def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
-    """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
+    """D[i, h] = <g_i, out_i - bias> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
     Only where the target pass does not compute D itself (see attn_bwd_dst):
     grad_alpha given, grad_out None, or no target-side gradient wanted."""
     acc = _acc(vtype)
@@ -253,6 +253,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         grads["bias"] = (cp.zeros_like(bias) if grad_out is None or graph.num_dst == 0 else
                          column_sums(cp.ascontiguousarray(grad_out).reshape(-1, H * C), vtype,
                                      graph.index_dtype).reshape(H, C))
+    if not (need_gS or need_gDn or need_gEd or need_gV or need_gatt):
+        return grads                    # the bias gradient at most: no pass over edges
     if graph.num_edges == 0 or H == 0 or C == 0:
         for name, want, like in ((s_name, need_gS, S), (d_name, need_gDn, Dn),
                                  (e_name, need_gEd, Ed), (v_name, need_gV, V)):
