@@ -38,9 +38,11 @@
 // alpha pass stay runtime switches: the alpha pass runs its own loop, the
 // dropout factors of a step are drawn before its rows are gathered.
 //
-// An optional bias [H, C] (the layers' output bias) is added in the stores
-// of attn_fwd and attn_combine, so `out` holds attention + bias with no extra
-// pass; the backward subtracts it where it reads `out` (delta).
+// An optional bias [H, C] (the layers' output bias): attn_fwd and
+// attn_combine then store each output row twice, as it is in `out` (what the
+// backward reads for delta) and plus the bias in `out_b` (what the caller
+// gets, free to edit in place): one more write of [num_dst, H, C] instead of a
+// read-read-write pass of its own.
 //
 // Traffic per edge and head (forward): the source rows S[j] and V[j] slices
 // (C values each; one row for gatv2, whose S and V are both xl), the edge term
@@ -398,6 +400,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
                          const T* __restrict__ V,
                          const T* __restrict__ bias,                            // [H, C] or null
                          T* __restrict__ out,                                   // [num_dst, H, C]
+                         T* __restrict__ out_b,                                 // out + bias, or null
                          typename value_traits<T>::acc_t* __restrict__ lse,     // [num_dst, H]
                          T* __restrict__ alpha,                                 // [E, H] or null
                          typename value_traits<T>::acc_t* __restrict__ p_m,     // [slots, H]
@@ -496,12 +499,17 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
         for (int k = 0; k < NCH; ++k) {
             if (!L.has(k)) continue;
             pack_t<T, VEC> o;
-            const T* b = bias == nullptr ? nullptr : bias + h * C + L.chan(k);
 #pragma unroll
-            for (int q = 0; q < VEC; ++q)
-                o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv
-                                                   + (b ? value_traits<T>::to_acc(b[q]) : A(0)));
+            for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv);
             store_pack<T, VEC>(out + (row * H + h) * (i64)C + L.chan(k), o);
+            if (out_b != nullptr) {
+                const T* b = bias + h * C + L.chan(k);
+#pragma unroll
+                for (int q = 0; q < VEC; ++q)
+                    o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv
+                                                       + value_traits<T>::to_acc(b[q]));
+                store_pack<T, VEC>(out_b + (row * H + h) * (i64)C + L.chan(k), o);
+            }
         }
         if (L.lane == 0) lse[row * H + h] = empty ? neg_inf<A>() : m + log(l);
     } else {
@@ -526,7 +534,9 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
                              const typename value_traits<T>::acc_t* __restrict__ p_l,
                              const typename value_traits<T>::acc_t* __restrict__ p_acc,
                              const T* __restrict__ bias,    // [H, C] or null
-                             T* __restrict__ out, typename value_traits<T>::acc_t* __restrict__ lse,
+                             T* __restrict__ out,
+                             T* __restrict__ out_b,         // out + bias, or null
+                             typename value_traits<T>::acc_t* __restrict__ lse,
                              i64 num_split, int H, int C, int group) {
     typedef typename value_traits<T>::acc_t A;
     const i64 gid = group_index(group);
@@ -550,8 +560,10 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
             const A lk = p_l[k * H + h];
             if (lk > A(0)) a += p_acc[(k * H + h) * C + c] * exp(p_m[k * H + h] - M);
         }
-        const A b = bias == nullptr ? A(0) : value_traits<T>::to_acc(bias[h * C + c]);
-        out[(row * H + h) * (i64)C + c] = value_traits<T>::from_acc(a / Lsum + b);
+        out[(row * H + h) * (i64)C + c] = value_traits<T>::from_acc(a / Lsum);
+        if (out_b != nullptr)
+            out_b[(row * H + h) * (i64)C + c] =
+                value_traits<T>::from_acc(a / Lsum + value_traits<T>::to_acc(bias[h * C + c]));
     }
     if (lane == 0) lse[row * H + h] = M + log(Lsum);
 }
@@ -622,7 +634,6 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                              const T* __restrict__ g,          // [num_dst, H, C] or null
                              const T* __restrict__ ga,         // [E, H] or null
                              const T* __restrict__ out,        // [num_dst, H, C] or null
-                             const T* __restrict__ bias,       // [H, C] added to out, or null
                              typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
                              T* __restrict__ gDn,              // [num_dst, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_dn,  // [slots, H, Cs]
@@ -662,14 +673,6 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
         if (out != nullptr) {              // delta = <g_i, out_i>, computed by every task of the row
             Sl o;
             load_slice<false>(L, rows_of<false>(L, out, H, h), row, o);
-            if (bias != nullptr) {         // out holds the attention output + bias
-                Sl b;
-                load_slice<false>(L, rows_of<false>(L, bias, H, h), 0, b);
-#pragma unroll
-                for (int k = 0; k < NCH; ++k)
-#pragma unroll
-                    for (int q = 0; q < VEC; ++q) o.v[k][q] -= b.v[k][q];
-            }
             A part = A(0);
 #pragma unroll
             for (int k = 0; k < NCH; ++k)
@@ -898,12 +901,11 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
     }
 }
 
-// delta[i, h] = <g[i, h], out[i, h] - bias[h]> (fp32/fp64 sums) where the target pass
+// delta[i, h] = <g[i, h], out[i, h]> (fp32/fp64 sums) where the target pass
 // does not compute it (grad_alpha given, or no target-side gradient wanted).
 // A lane group per (row, head), lanes over channels; reads g and out once.
 template <typename T>
 __global__ void attn_delta(const T* __restrict__ g, const T* __restrict__ out,
-                           const T* __restrict__ bias,                           // [H, C] or null
                            typename value_traits<T>::acc_t* __restrict__ delta,  // [rows, H]
                            i64 num_rows, int H, int C, int group) {
     typedef typename value_traits<T>::acc_t A;
@@ -915,9 +917,7 @@ __global__ void attn_delta(const T* __restrict__ g, const T* __restrict__ out,
     const i64 base = (row * H + h) * (i64)C;
     A s = A(0);
     for (int c = lane; c < C; c += group)
-        s += value_traits<T>::to_acc(g[base + c])
-             * (value_traits<T>::to_acc(out[base + c])
-                - (bias == nullptr ? A(0) : value_traits<T>::to_acc(bias[h * C + c])));
+        s += value_traits<T>::to_acc(g[base + c]) * value_traits<T>::to_acc(out[base + c]);
     s = group_sum(s, group);
     if (lane == 0) delta[row * H + h] = s;
 }

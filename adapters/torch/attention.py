@@ -365,15 +365,13 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     (edge_index, weights after dropout) when asked."""
     p, seed, offset = _dropout(layer.dropout, None, 0, layer.training)
     want = bool(return_attention_weights)
-    # Concatenated heads with a residual: the bias [H * C] goes into the
-    # kernel's store (no pass of its own). Without a residual the op's output,
-    # which its backward keeps, would be what the layer returns, and a caller's
-    # in-place edit (relu_) would then fail in the backward where PyG's fresh
-    # `out + bias` allows it; so the bias is added there (add_bias), as it is
-    # after averaged heads ([C], after the mean).
+    # Concatenated heads: the bias [H * C] goes into the kernel's store (one
+    # more write of the output, not a pass of its own; the op returns out +
+    # bias, a tensor its backward does not keep, so callers may edit it in
+    # place as PyG's); averaged heads add their [C] bias after the mean.
     anchor = tensors["v" if score == "gat" else "xl"]
-    fuse_bias = (layer.bias is not None and layer.concat and res is not None
-                 and layer.bias.dtype == anchor.dtype and layer.bias.shape == (H * C,))
+    fuse_bias = (layer.bias is not None and layer.concat and layer.bias.dtype == anchor.dtype
+                 and layer.bias.shape == (H * C,))
     if fuse_bias:
         tensors = dict(tensors, bias=layer.bias)
     out = apply(EDGE_ATTENTION, graph, *(tensors.get(n) for n in _ATTN_INPUTS), score=score,

@@ -33,7 +33,8 @@ The backward recomputes s_e, p_e = exp(s_e - lse_i) and z_e edge by edge.
 With g = grad_out, ga = grad_alpha (the cotangent of the returned attention
 weights p, optional) and
 
-    D[i, h] = <g[i,h], out[i,h] - b[h]> + sum_{e in N(i)} p_e ga_e     (per target, per head)
+    D[i, h] = <g[i,h], out[i,h] - b[h]> + sum_{e in N(i)} p_e ga_e     (per target, per head;
+                                               the backends keep out without b and read that)
     ds_e    = p_e (z_e <g[i,h], m_e[h]> + ga_e - D[i, h])
 
 the gradients are, per score (lr' = 1 where the LeakyReLU argument is > 0,
@@ -95,7 +96,8 @@ bits = mix64(key + (offset + e*H + h + 1) * G) (fastgnn/rng.py, mod 2^64).
         grad [E, H] (cotangent of out); grad_scores [E, H] = p (g z - sum_row p g z).
 
     edge_attention_fwd(graph, score, arrays, params, need_alpha)
-        -> (out [num_dst, H, C] vtype, lse [num_dst, H] (as above), alpha [E, H] vtype or None)
+        -> (out [num_dst, H, C] vtype, lse [num_dst, H] (as above), alpha [E, H] vtype or None,
+            out_b = out + bias [num_dst, H, C] vtype or None)
     edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs)
         -> {name: gradient or None} for every name of SCORE_INPUTS[score]
 
@@ -109,8 +111,10 @@ optional edge term):
     "dot":   q [num_dst, H, C], k [num_src, H, C], v [num_src, H, C], ee [E, H, C] | None
 
 (xl may be the same array as xr.) Every score may also hold "bias" [H, C] (or
-None): added to out in the forward's store, so the backward's D reads
-out - bias; its gradient is the column sum of grad_out. `params` is an `AttentionParams`
+None): the forward then also returns out_b = out + bias, written in the same
+store (the fourth result, else None); the backward reads `out`, the
+attention output without the bias; the bias gradient is the column sum of
+grad_out. `params` is an `AttentionParams`
 (negative_slope, scale: the value to use, 1/sqrt(C) already filled in for
 "dot", drop, deterministic: False allows float atomics in the backward, which
 a backend may ignore). `need_alpha` asks for alpha[e, h] = p[e, h] (before dropout).
@@ -321,7 +325,7 @@ class AttentionResiduals:
     score: str
     arrays: dict             # inputs in the backend's shapes (see module docstring)
     shapes: dict             # the caller's shape of each given input
-    out: object              # [num_dst, H, C]
+    out: object              # [num_dst, H, C], the attention output (without any bias)
     lse: object              # [num_dst, H] float32/float64
     params: AttentionParams
     vtype: str
@@ -436,11 +440,14 @@ def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=N
     params = _attention_params(score, negative_slope, scale, C, dropout, seed, offset,
                                deterministic)
     anchor = arrays[_ANCHOR[score]]
-    out, lse, alpha = _backend(anchor, "edge_attention_fwd")(
+    out, lse, alpha, out_b = _backend(anchor, "edge_attention_fwd")(
         graph, score, arrays, params, bool(return_attention_weights))
+    # the residuals keep the attention output itself; with a bias the caller
+    # gets a separate out + bias, free to edit in place
     res = AttentionResiduals(score, arrays, shapes, out, lse, params, vt, graph.num_src,
                              graph.num_dst, graph.num_edges)
-    return ((out, alpha) if return_attention_weights else out), res
+    ret = out if out_b is None else out_b
+    return ((ret, alpha) if return_attention_weights else ret), res
 
 
 def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None, *, needs=None):
@@ -522,12 +529,10 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
 
     bias:     [H, C] or [H * C] optional, added to every output row in the
               kernel's store (out[i, h] += bias[h], targets without in-edges
-              get it too): a layer's output bias with no pass of its own.
-              Its gradient is the column sum of grad_out. The backward
-              reads out - bias; in 16-bit types out holds the rounded sum,
-              so a bias much larger than the attention output costs D (and
-              every score gradient) about 2^-8 |bias| |grad_out| of error:
-              add such biases outside the op there.
+              get it too): a layer's output bias with no pass of its own
+              (the kernel stores each row with and without it; the backward
+              reads the one without, the caller gets the other and may edit
+              it in place). Its gradient is the column sum of grad_out.
     negative_slope: LeakyReLU slope ("gat", "gatv2"; default 0.2).
     scale:    "dot" only; default 1/sqrt(C).
     dropout:  probability p in [0, 1) of dropping an attention weight (kept

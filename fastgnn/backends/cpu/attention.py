@@ -505,8 +505,8 @@ def _kernel_args(score, arrays, params):
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
-    """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None); see
-    fastgnn/ops/attention.py."""
+    """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None, out + bias
+    or None); see fastgnn/ops/attention.py."""
     key, common = _kernel_args(score, arrays, params)
     V = common[4]
     H, C = V.shape[1], V.shape[2]
@@ -516,9 +516,8 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     _run(_ATTN_FWD_ROWS[key], graph.num_dst, graph.num_edges, *_index64(graph), *common,
          out, lse, bool(need_alpha), alpha)
     bias = arrays.get("bias")
-    if bias is not None:
-        out += bias                     # [H, C] over every target row
-    return out, lse, (alpha if need_alpha else None)
+    out_b = out + bias if bias is not None else None    # [H, C] over every target row
+    return out, lse, (alpha if need_alpha else None), out_b
 
 
 def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
@@ -540,8 +539,6 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     empty3 = np.empty((0, 0, 0), dtype=dt)
 
     bias = arrays.get("bias")
-    if bias is not None:
-        out = out - bias                # D reads the attention output itself
     delta = np.empty((graph.num_dst, H))
     gDn = np.empty(Dn.shape, dtype=dt) if need_gDn else empty3
     gEd = np.empty(Ed.shape, dtype=dt) if need_gEd else empty3

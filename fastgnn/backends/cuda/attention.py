@@ -121,7 +121,8 @@ def _kernel(kernel, score, vtype, itype, vec, nch, grp, has_e, *flags):
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
-    """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None)."""
+    """(out [num_dst, H, C], lse [num_dst, H], alpha [E, H] or None, out + bias
+    or None): see fastgnn/ops/attention.py."""
     S, Dn, Ed, att, V = score_slots(score, arrays)
     vtype = _vtype(V, arrays)
     H, C = V.shape[1], V.shape[2]
@@ -129,11 +130,14 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     out = cp.empty((graph.num_dst, H, C), dtype=V.dtype)
     lse = cp.empty((graph.num_dst, H), dtype=acc)
     alpha = cp.empty((graph.num_edges, H), dtype=V.dtype) if need_alpha else None
+    bias = arrays.get("bias")
+    out_b = cp.empty_like(out) if bias is not None else None
     if graph.num_dst == 0 or H == 0 or C == 0:
-        return out, lse, alpha
+        return out, lse, alpha, out_b       # nothing to write
     itype = _ITYPE[np.dtype(graph.index_dtype)]
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out, arrays.get("bias"))
-                                       if score != "gat" else (V, out, arrays.get("bias")))
+    # (the bias is read per value, so its alignment does not matter)
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat"
+                                       else (V, out))
     plan = task_plan(graph, DEFAULT_CHUNK)
     ntask = int(plan.task_row.shape[0])
     slots = plan.num_slots
@@ -141,26 +145,26 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     p_l = cp.empty((slots, H), dtype=acc) if slots else None
     p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
     fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, Ed is not None)
-    bias = arrays.get("bias")
     common = (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, _arg(bias))
     scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
                np.int32(DEFAULT_CHUNK), np.int32(group), acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
     fwd(_grid(ntask * H, group), (BLOCK,),
-        common + (out, lse, NULL, _arg(p_m), _arg(p_l), _arg(p_acc)) + scalars + (np.int32(0),))
+        common + (out, _arg(out_b), lse, NULL, _arg(p_m), _arg(p_l), _arg(p_acc)) + scalars
+        + (np.int32(0),))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         comb = get_function("attention", vtype, itype,
                             f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>")
         g1 = lane_group(C)
         comb(_grid(num_split * H, g1), (BLOCK,),
-             (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, _arg(bias), out, lse,
-              np.int64(num_split),
+             (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, _arg(bias), out, _arg(out_b),
+              lse, np.int64(num_split),
               np.int32(H), np.int32(C), np.int32(g1)))
     if need_alpha and graph.num_edges:
         fwd(_grid(ntask * H, group), (BLOCK,),
-            common + (out, lse, alpha, NULL, NULL, NULL) + scalars + (np.int32(1),))
-    return out, lse, alpha
+            common + (out, NULL, lse, alpha, NULL, NULL, NULL) + scalars + (np.int32(1),))
+    return out, lse, alpha, out_b
 
 
 def _vtype(V, arrays):
@@ -171,7 +175,7 @@ def _vtype(V, arrays):
 
 
 def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
-    """D[i, h] = <g_i, out_i - bias> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
+    """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
     Only where the target pass does not compute D itself (see attn_bwd_dst):
     grad_alpha given, grad_out None, or no target-side gradient wanted."""
     acc = _acc(vtype)
@@ -183,12 +187,12 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
             fn = get_function("attention", vtype, itype, f"attn_delta<{C_VALUE[vtype]}>")
             group = lane_group(C)
             fn(_grid(graph.num_dst * H, group), (BLOCK,),
-               (grad_out, out, _arg(arrays.get("bias")), d, np.int64(graph.num_dst),
-                np.int32(H), np.int32(C), np.int32(group)))
+               (grad_out, out, d, np.int64(graph.num_dst), np.int32(H), np.int32(C),
+                np.int32(group)))
     else:
         d = cp.zeros((graph.num_dst, H), dtype=acc)
     if grad_alpha is not None and graph.num_edges:
-        _, _, alpha = edge_attention_fwd(graph, score, arrays, params, True)
+        _, _, alpha, _ = edge_attention_fwd(graph, score, {**arrays, "bias": None}, params, True)
         prod = (_as_acc(alpha, vtype, np.float64) * _as_acc(grad_alpha, vtype, np.float64))
         # per-row sums of prod [E, H] (caller order; not E x H x C) in CSR order:
         # the SpMM kernel over a graph whose "sources" are the caller ids (a
@@ -277,8 +281,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         delta = cp.empty((graph.num_dst, H), dtype=acc) if src_pass else None
     else:
         delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g, out, bias)
-                                       if score != "gat" else (V, g, out, bias))
+    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
+                                       else (V, g, out))
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
                np.int32(group), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
@@ -303,7 +307,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         kern(_grid(ntask * H, group), (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
               caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
-              out if fused else NULL, _arg(bias) if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
+              out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
               _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars,
              shared_mem=smem)
         if aS is not None:
