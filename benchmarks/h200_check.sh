@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/h200_check.sh            # tests + probes + rmat20 bench
 #   SKIP_TESTS=1 bash benchmarks/h200_check.sh
+#   LAYERS_VS_PYG=1 bash benchmarks/h200_check.sh   # + the layers against PyG
 #
 # Carry .data (the real graphs) for the small-graph host probe; everything
 # else uses generated graphs.
@@ -26,3 +27,12 @@ timeout 240 python3 -m fastgnn.bench --graphs rmat20 --width 128 --heads 4 --dty
     --impls fastgnn --repeats 10 --warmup 2 --no-progress --no-plots \
     --out "$OUT/rmat20_fastgnn.json" > "$OUT/bench.log" 2>&1
 grep "| rmat20" "$OUT/bench.log" | cut -c1-120
+# LAYERS_VS_PYG=1: the drop-in layers against PyG on rmat20 in the same run
+# (issue 2's and 4's layer targets; ~2 min, PyG's attention layers dominate)
+if [ -n "${LAYERS_VS_PYG:-}" ]; then
+    timeout 240 python3 -m fastgnn.bench --graphs rmat20 --width 128 --heads 4 --dtypes fp32 \
+        --ops none --layers GATv2Conv TransformerConv GATConv SAGEConv GCNConv \
+        --lean-above 1500000 --repeats 5 --warmup 1 --no-progress --no-plots \
+        --out "$OUT/layers_rmat20.json" > "$OUT/layers.log" 2>&1
+    grep "| rmat20" "$OUT/layers.log" | cut -c1-150
+fi
