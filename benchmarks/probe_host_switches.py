@@ -15,46 +15,26 @@ something fastgnn sets for its users; the probe only says what they cost.
     python benchmarks/probe_host_switches.py file:.data/soc-brightkite.txt SAGEConv_max 300
 """
 import gc
-import statistics
 import sys
-import time
 
 import torch
 
-import fastgnn.torch as ft
 from fastgnn.bench import graphs
-
-F = 128
-OURS = {"SAGEConv_max": lambda: ft.SAGEConv(F, F, aggr="max"),
-        "GCNConv": lambda: ft.GCNConv(F, F, cached=True),
-        "GATv2Conv": lambda: ft.GATv2Conv(F, F // 4, heads=4)}
+from profile_layer_host import F, HEADS, LAYERS, event_ms, host_ms   # benchmarks/ (this folder)
 
 
 def pyg_layer(name):
     import torch_geometric.nn as pyg
     return {"SAGEConv_max": lambda: pyg.SAGEConv(F, F, aggr="max"),
             "GCNConv": lambda: pyg.GCNConv(F, F, cached=True),
-            "GATv2Conv": lambda: pyg.GATv2Conv(F, F // 4, heads=4)}[name]()
+            "GATv2Conv": lambda: pyg.GATv2Conv(F, F // HEADS, heads=HEADS)}[name]()
 
 
 def measure(step, calls):
+    """(host ms per call, median CUDA-event ms per call) after 20 warm-up calls."""
     for _ in range(20):
         step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        step()
-    host = (time.perf_counter() - t0) / calls * 1e3
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(min(calls, 100)):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return host, statistics.median(times)
+    return host_ms(step, calls)[0], event_ms(step, min(calls, 100))
 
 
 def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=300):
@@ -64,7 +44,7 @@ def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=300):
     print(f"graph {g.name}: {n} nodes, {ei.shape[1]} edges; {layer}, F={F}; "
           "host ms/call / CUDA-event ms/call, fwd+bwd")
     x = torch.randn(n, F, device=dev, requires_grad=True)
-    for impl, make in (("fastgnn", OURS[layer]), ("pyg", lambda: pyg_layer(layer))):
+    for impl, make in (("fastgnn", LAYERS[layer]), ("pyg", lambda: pyg_layer(layer))):
         mod = make().to(dev)
         params = [x, *mod.parameters()]
         cot = torch.randn(mod(x, ei).shape, device=dev)

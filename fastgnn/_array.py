@@ -108,6 +108,16 @@ def vtype_of(a, vtype: str | None, name: str) -> str:
     return name_
 
 
+def backend_vtype(a, vtype: str | None, name: str) -> str:
+    """`vtype_of`, refusing value types the CPU backend cannot run on NumPy
+    arrays (TypeError naming `name`)."""
+    vt = vtype_of(a, vtype, name)
+    if not is_cupy(a) and vt not in CPU_VALUE_TYPES:
+        raise TypeError(f"{name}: the CPU backend supports {CPU_VALUE_TYPES}, got {vt}; "
+                        "cast to float32 or run on the GPU")
+    return vt
+
+
 def check_deterministic(value, where=""):
     """The `deterministic` switch of the attention and reduction families as a
     bool; TypeError naming it otherwise (`where`: a prefix for the message,

@@ -587,6 +587,6 @@ def test_attention_layer_output_takes_in_place_edits(make):
 def test_mixed_feature_dtypes_name_the_argument():
     ei = torch.from_numpy(awkward_edge_index(N, 300, seed=7))
     xl = torch.randn(N, 2, 4)
-    with pytest.raises(TypeError, match="bias has dtype torch.bfloat16 but xl has torch.float32"):
+    with pytest.raises(TypeError, match="bias must have xl's dtype torch.float32, got torch.bfloat16"):
         ft.edge_attention(ei, "gatv2", xl=xl, xr=xl, att=torch.randn(2, 4),
                           bias=torch.zeros(8, dtype=torch.bfloat16))

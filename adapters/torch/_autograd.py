@@ -406,7 +406,7 @@ def apply(op: Op, graph, *tensors, **static):
             if first is None:
                 first = (name, t.dtype)
             elif t.dtype != first[1]:
-                raise TypeError(f"{name} has dtype {t.dtype} but {first[0]} has {first[1]}; "
-                                f"{op.name} takes its inputs in one dtype")
+                raise TypeError(f"{name} must have {first[0]}'s dtype {first[1]}, got {t.dtype} "
+                                f"({op.name} takes its inputs in one dtype)")
     return FastgnnFunction.apply(op, graph, static, *tensors)
 

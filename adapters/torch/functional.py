@@ -72,6 +72,7 @@ def add_bias(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return x + b
     return _AddBias.apply(x, b)
 
+
 def _spmm_fwd(graph, x, edge_weight, bias, **static):
     return spmm_fwd(graph, x, edge_weight, bias=bias, **static)
 
@@ -135,8 +136,6 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
             raise ValueError("edge_weight and csr_weights must be None when the graph is a "
                              "sparse adj_t: its values are the edge weights")
         edge_weight = adj_w
-    if isinstance(bias, torch.Tensor) and bias.dtype != x.dtype:
-        raise TypeError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
     static = {k: (v.detach() if isinstance(v, torch.Tensor) else v)
               for k, v in (("row_scale", row_scale), ("col_scale", col_scale)) if v is not None}
     if csr_weights is not None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules import module as _torch_module
 
 import fastgnn
 from fastgnn._array import check_deterministic
@@ -385,8 +386,7 @@ class SAGEConv(torch.nn.Module):
 def _no_hooks(module) -> bool:
     """Neither the module nor torch's global module hooks would run anything
     around its forward or backward."""
-    from torch.nn.modules import module as _module
-    has_global = getattr(_module, "_has_any_global_hook", lambda: False)
+    has_global = getattr(_torch_module, "_has_any_global_hook", lambda: False)
     return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                 or getattr(module, "_backward_pre_hooks", None) or has_global())
 

@@ -135,8 +135,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import rng
-from .._array import (CPU_VALUE_TYPES, as_backend_array, check_deterministic, is_cupy, same_device,
-                      vtype_of)
+from .._array import as_backend_array, backend_vtype, check_deterministic, is_cupy, same_device
 from ..backends import backend_for
 from ..graph import Graph, as_graph
 
@@ -209,14 +208,6 @@ def _check_device(graph, a, name):
                          f"{graph.device}; move one of them (Graph.to(device))")
 
 
-def _check_vtype(a, vtype, name):
-    vt = vtype_of(a, vtype, name)
-    if not is_cupy(a) and vt not in CPU_VALUE_TYPES:
-        raise TypeError(f"{name}: the CPU backend supports {CPU_VALUE_TYPES}, got {vt}; "
-                        "cast to float32 or run on the GPU")
-    return vt
-
-
 # ------------------------------------------------------------ edge_softmax
 @dataclass
 class EdgeSoftmaxResiduals:
@@ -236,7 +227,7 @@ def _validate_edge_scores(graph, a, name, vtype=None):
         raise ValueError(f"{name} must have shape [E] or [E, H] with E = {graph.num_edges}, "
                          f"got {tuple(a.shape)}")
     _check_device(graph, a, name)
-    vt = _check_vtype(a, vtype, name)
+    vt = backend_vtype(a, vtype, name)
     flat = a.ndim == 1
     a = graph.xp.ascontiguousarray(a)
     return (a[:, None] if flat else a), vt, flat
@@ -376,7 +367,7 @@ def _validate_inputs(graph, score, given, vtype):
         raise ValueError(f"{anchor_name} must have shape [nodes, heads, C] with heads, C >= 1, "
                          f"got {tuple(anchor.shape)}")
     H, C = int(anchor.shape[1]), int(anchor.shape[2])
-    vt = _check_vtype(anchor, vtype, anchor_name)
+    vt = backend_vtype(anchor, vtype, anchor_name)
     specs = _shape_specs(score, graph, H, C)
     shapes = {}
     xp = graph.xp
@@ -393,7 +384,7 @@ def _validate_inputs(graph, score, given, vtype):
                              + (f" (heads and C come from {anchor_name})" if n != anchor_name
                                 else ""))
         _check_device(graph, a, n)
-        _check_vtype(a, vtype, n)
+        backend_vtype(a, vtype, n)
         if a.dtype != anchor.dtype:
             raise TypeError(f"{n} has dtype {a.dtype} but {anchor_name} has {anchor.dtype}; "
                             "all inputs must share one dtype")
@@ -482,7 +473,7 @@ def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None
             raise ValueError(f"grad_out must have shape [num_dst, heads, C] = "
                              f"{[graph.num_dst, H, C]}, got {tuple(g.shape)}")
         _check_device(graph, g, "grad_out")
-        _check_vtype(g, res.vtype, "grad_out")
+        backend_vtype(g, res.vtype, "grad_out")
         g = graph.xp.ascontiguousarray(g, dtype=res.out.dtype)
     if grad_alpha is not None:
         ga = as_backend_array(grad_alpha, "grad_alpha")
@@ -490,7 +481,7 @@ def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None
             raise ValueError(f"grad_alpha must have shape [E, heads] = {[graph.num_edges, H]}, "
                              f"got {tuple(ga.shape)}")
         _check_device(graph, ga, "grad_alpha")
-        _check_vtype(ga, res.vtype, "grad_alpha")
+        backend_vtype(ga, res.vtype, "grad_alpha")
         ga = graph.xp.ascontiguousarray(ga, dtype=res.out.dtype)
     if not any(needs.values()):
         return tuple(None for _ in names)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._array import CPU_VALUE_TYPES, as_backend_array, is_cupy, same_device, vtype_of
+from .._array import as_backend_array, backend_vtype, is_cupy, same_device
 from ..backends import backend_for
 from ..graph import Graph, as_graph
 
@@ -113,10 +113,7 @@ def validate_features(graph: Graph, x, vtype, name="x", rows=None):
     if not same_device(x, graph.indices):
         raise ValueError(f"{name} lives on {'GPU' if is_cupy(x) else 'CPU'} but the graph on "
                          f"{graph.device}; move one of them (Graph.to(device))")
-    vt = vtype_of(x, vtype, name)
-    if not is_cupy(x) and vt not in CPU_VALUE_TYPES:
-        raise TypeError(f"{name}: the CPU backend supports {CPU_VALUE_TYPES}, got {vt}; "
-                        "cast to float32 or run on the GPU")
+    vt = backend_vtype(x, vtype, name)
     if is_cupy(x) and x.dtype.kind != "f" and vt != "bfloat16":
         raise TypeError(f"{name} must be floating point, got {x.dtype}")
     xp = graph.xp
@@ -226,7 +223,7 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
         grad_x = be.spmm(t, g, w_t, res.vtype, res.path, res.deterministic,
                          res.col_scale, res.row_scale)
     if needs_bias_grad and res.has_bias:
-        grad_b = be.bias_grad(graph, g, res.vtype)
+        grad_b = be.column_sums(g, res.vtype, graph.index_dtype)
     if needs_weight_grad and res.weight_dtype is not None:
         if res.x is None:
             raise ValueError("spmm_fwd was called with needs_weight_grad=False")
@@ -291,9 +288,7 @@ def column_sum(x, *, vtype=None):
         raise TypeError("x must be an array of shape [N, F], got None")
     if a.ndim != 2:
         raise ValueError(f"x must have shape [N, F], got {tuple(a.shape)}")
-    vt = vtype_of(a, vtype, "x")
-    if not is_cupy(a) and vt not in CPU_VALUE_TYPES:
-        raise TypeError(f"x: the CPU backend supports {CPU_VALUE_TYPES}, got {vt}")
+    vt = backend_vtype(a, vtype, "x")
     if not a.flags.c_contiguous:
         a = a.copy()                      # C order (NumPy and CuPy)
     return backend_for(a).column_sums(a, vt)

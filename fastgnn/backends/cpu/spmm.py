@@ -3,7 +3,7 @@
 spmm:  one parallel task per target row; each walks its CSR segment and
        accumulates w_e * c[src_e] * x[src_e] into the output row (the
        caller's dtype), then applies the row scale r[row] and adds the bias.
-bias_grad: the column sum of grad_out (float64 accumulation, fixed order).
+column_sums: sums over rows, the bias gradient (float64 accumulation, row order).
 sddmm: one parallel task per target row; for each in-edge, the dot product
        of grad_out[row] with x[src] (accumulated in float64).
 """
@@ -67,11 +67,6 @@ def column_sums(x, vtype, index_dtype=None):
     """[F] sum over the rows of x [N, F] (float64 accumulation, row order), in
     x's dtype (index_dtype: unused, as the CUDA backend's signature)."""
     return x.sum(axis=0, dtype=np.float64).astype(x.dtype)
-
-
-def bias_grad(graph, grad_out, vtype):
-    """[F] column sum of grad_out [num_dst, F] (`column_sums`)."""
-    return column_sums(grad_out, vtype)
 
 
 def sddmm(graph, a, b, vtype):

@@ -1,7 +1,7 @@
 """CUDA backend: CuPy launchers for kernels_cuda/ (compiled lazily, launched
 on CuPy's current stream)."""
 from .segment import segment_bwd, segment_fwd  # noqa: F401
-from .spmm import bias_grad, column_sums, chosen_paths, sddmm, spmm  # noqa: F401
+from .spmm import column_sums, chosen_paths, sddmm, spmm  # noqa: F401
 
 
 # attention.py imports the attention op module; load it on first use only

@@ -13,7 +13,7 @@ events, keeps the fastest and records the choice in `graph.cache` under
 ("spmm_plan", F, vtype, weighted, deterministic) -> SpmmChoice (see
 `chosen_paths`). A bias (added in the custom kernel's store) restricts the
 choice to the custom kernel's chunk sizes (key's last item "bias"); its
-gradient is a fixed-order column sum (`bias_grad`).
+gradient is a fixed-order column sum (`column_sums`).
 
 All launches go to CuPy's current stream; all buffers come from CuPy's
 current allocator (PyTorch's when called through fastgnn.torch).
@@ -385,8 +385,3 @@ def column_sums(x, vtype, index_dtype=np.int32):
     itype = _ITYPE[np.dtype(index_dtype)]
     s = column_sum(x, "spmm", vtype, itype)
     return from_acc(s, x.dtype, "spmm", vtype, itype)
-
-
-def bias_grad(graph, grad_out, vtype):
-    """[F] grad_bias = column sum of grad_out [num_dst, F] (`column_sums`)."""
-    return column_sums(grad_out, vtype, graph.index_dtype)
