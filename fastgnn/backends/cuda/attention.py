@@ -251,11 +251,12 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     need_gV = score != "gatv2" and bool(needs.get(v_name))
     need_gatt = score == "gatv2" and bool(needs.get("att"))
     grads = {name: None for name in SCORE_INPUTS[score]}
+    g = None if grad_out is None else cp.ascontiguousarray(grad_out)
     bias = arrays.get("bias")
     if bias is not None and needs.get("bias"):
         # the column sums of grad_out (a fixed order), 0 without a cotangent
-        grads["bias"] = (cp.zeros_like(bias) if grad_out is None or graph.num_dst == 0 else
-                         column_sums(cp.ascontiguousarray(grad_out).reshape(-1, H * C), vtype,
+        grads["bias"] = (cp.zeros_like(bias) if g is None or graph.num_dst == 0 else
+                         column_sums(g.reshape(-1, H * C), vtype,
                                      graph.index_dtype).reshape(H, C))
     if not (need_gS or need_gDn or need_gEd or need_gV or need_gatt):
         return grads                    # the bias gradient at most: no pass over edges
@@ -267,7 +268,6 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         if need_gatt:
             grads["att"] = cp.zeros_like(att)
         return grads
-    g = None if grad_out is None else cp.ascontiguousarray(grad_out)
     out = cp.ascontiguousarray(out)
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
     # deterministic=False: the target pass scatters the source-side gradients
