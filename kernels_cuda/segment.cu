@@ -42,6 +42,34 @@
 #define STAT_MAX 4
 #define STAT_MIN 8
 
+// Tuning knobs for experiments (benchmarks/sweep_segment.py), through
+// FASTGNN_NVRTC_OPTIONS="-DSEG_FWD_MIN_BLOCKS=4 ..." (loader.py):
+//   SEG_FWD_MIN_BLOCKS / SEG_BWD_MIN_BLOCKS  blocks of 256 threads per
+//     multiprocessor that ptxas must fit (__launch_bounds__) for segment_fwd
+//     of several statistics / segment_bwd of several terms (1 = no cap); the
+//     single-statistic kernels get __launch_bounds__(256, 1); unset, no
+//     kernel has launch bounds (the register counts the defaults were tuned
+//     with);
+//   SEG_FWD_UNROLL  edges gathered per step of segment_fwd (4);
+//   SEG_BWD_UNROLL  edges per step of segment_bwd (0: by its registers).
+#ifndef SEG_BWD_UNROLL
+#define SEG_BWD_UNROLL 0
+#endif
+#ifndef SEG_FWD_UNROLL
+#define SEG_FWD_UNROLL 4
+#endif
+#ifdef SEG_FWD_MIN_BLOCKS
+#define SEG_FWD_BOUNDS \
+    __launch_bounds__(256, (STATS & (STATS - 1)) != 0 ? SEG_FWD_MIN_BLOCKS : 1)
+#else
+#define SEG_FWD_BOUNDS
+#endif
+#ifdef SEG_BWD_MIN_BLOCKS
+#define SEG_BWD_BOUNDS __launch_bounds__(256, (LIN + NARG > 1) ? SEG_BWD_MIN_BLOCKS : 1)
+#else
+#define SEG_BWD_BOUNDS
+#endif
+
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
 // signed P) is "no edge".
 template <typename I, typename P>
@@ -165,7 +193,7 @@ __device__ __forceinline__ void write_reductions(
 }
 
 template <typename T, typename I, int VEC, int STATS, typename P>
-__global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+__global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                             const I* __restrict__ task_slot, const I* __restrict__ indptr,
                             const I* __restrict__ indices,
                             const T* __restrict__ x,          // [num_cols, F]
@@ -194,7 +222,8 @@ __global__ void segment_fwd(const I* __restrict__ task_row, const I* __restrict_
         seg_state<A, I, VEC, STATS> st;
         st.init();
         i64 e = e0;
-        for (; e + 4 <= e1; e += 4) st.template gather<T, 4>(indices, x, F, f0, e, rb);
+        for (; e + SEG_FWD_UNROLL <= e1; e += SEG_FWD_UNROLL)
+            st.template gather<T, SEG_FWD_UNROLL>(indices, x, F, f0, e, rb);
         for (; e < e1; ++e) st.template gather<T, 1>(indices, x, F, f0, e, rb);
         if (slot < 0) {
             const i64 deg = (i64)indptr[row + 1] - rb;
@@ -365,7 +394,7 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 // P = uint16 half the bytes of the SpMM backward's fp32 row (rmat20, F=128:
 // 256 B per edge, 4.1 GB without cache reuse).
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
-__global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+__global__ void SEG_BWD_BOUNDS segment_bwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                             const I* __restrict__ task_slot, const I* __restrict__ t_indptr,
                             const I* __restrict__ t_indices, const P* __restrict__ t_pos,
                             const T* __restrict__ x,                                   // [num_cols_fwd, F]
@@ -383,7 +412,8 @@ __global__ void segment_bwd(const I* __restrict__ task_row, const I* __restrict_
     // the H200, rmat20: 8 narrow max edges in flight were slower than 4, and
     // 4 edges of the 4-reduction multi backward twice as slow as 2)
     constexpr int EDGE_REGS = VEC * (LIN * (int)sizeof(A) + NARG * (int)sizeof(I)) / 4;
-    constexpr int UNROLL = EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : 4;
+    constexpr int UNROLL = SEG_BWD_UNROLL > 0 ? SEG_BWD_UNROLL
+                           : EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : 4;
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
     const int lane = group_lane(group);

@@ -1,0 +1,77 @@
+"""Developer sweep (H200): the reduction kernels' compile-time tuning knobs
+against each other in one process, on one rmat graph, F = 128.
+
+For each set of NVRTC defines (FASTGNN_NVRTC_OPTIONS, see
+kernels_cuda/segment.cu: SEG_FWD_MIN_BLOCKS, SEG_BWD_MIN_BLOCKS,
+SEG_FWD_UNROLL, SEG_BWD_UNROLL) the compiled modules are dropped and
+rebuilt, then max and the PNA set mean+max+min+std are timed (CUDA events,
+median of 10): the forward without residuals (inference), the forward with
+them (training), the backward, and the backward with deterministic=False.
+One line per (defines, dtype); multi/max is the ratio of the forwards and
+of training (forward with residuals + backward).
+
+    python benchmarks/sweep_segment.py [scale] ["-DSEG_FWD_MIN_BLOCKS=4" ...]
+"""
+import os
+import sys
+
+import cupy as cp
+
+import fastgnn
+from fastgnn.backends.cuda import loader
+from fastgnn.backends.cuda.prewarm import modules, prewarm
+from fastgnn.backends.cuda.spmm import median_ms
+from fastgnn.testing import rmat_edge_index
+
+DEFAULT_VARIANTS = ["", "-DSEG_FWD_MIN_BLOCKS=4", "-DSEG_FWD_UNROLL=2", "-DSEG_FWD_UNROLL=8",
+                    "-DSEG_BWD_UNROLL=1", "-DSEG_BWD_UNROLL=1 -DSEG_BWD_MIN_BLOCKS=4",
+                    "-DSEG_FWD_MIN_BLOCKS=4 -DSEG_BWD_UNROLL=1"]
+VTYPES = ("float32", "bfloat16")
+REDUCES = {"max": "max", "multi": ["mean", "max", "min", "std"]}
+
+
+def _inputs(rng, n, F, vtype):
+    x = rng.standard_normal((n, F), dtype=cp.float32)
+    return x if vtype == "float32" else (x.view(cp.uint32) >> 16).astype(cp.uint16)
+
+
+def _times(g, x, reduce, grad, vt):
+    """(fwd inference, fwd training, bwd, bwd with deterministic=False) ms."""
+    infer = median_ms(lambda: fastgnn.segment_reduce_fwd(g, x, reduce, vtype=vt,
+                                                         needs_x_grad=False), 10)
+    train = median_ms(lambda: fastgnn.segment_reduce_fwd(g, x, reduce, vtype=vt), 10)
+    _, res = fastgnn.segment_reduce_fwd(g, x, reduce, vtype=vt)
+    bwd = median_ms(lambda: fastgnn.segment_reduce_bwd(g, res, grad), 10)
+    _, res_a = fastgnn.segment_reduce_fwd(g, x, reduce, vtype=vt, deterministic=False)
+    bwd_a = median_ms(lambda: fastgnn.segment_reduce_bwd(g, res_a, grad), 10)
+    return infer, train, bwd, bwd_a
+
+
+def main(scale=20, variants=None):
+    variants = variants or DEFAULT_VARIANTS
+    # NVRTC is the slow part: compile every variant's modules on every core
+    # first; CuPy's disk cache then serves the timing loop below
+    prewarm(modules(["segment"], list(VTYPES), ["int32"], variants))
+    ei, n = rmat_edge_index(scale, xp=cp)
+    g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
+    rng = cp.random.default_rng(0)
+    F = 128
+    data = {vt: _inputs(rng, n, F, vt) for vt in VTYPES}
+    grads = {(vt, name): _inputs(rng, n, F * (1 if isinstance(r, str) else len(r)), vt)
+             for vt in VTYPES for name, r in REDUCES.items()}
+    print(f"rmat{scale}: n={n} E={g.num_edges}, F={F}; per reduction: fwd (inference) / fwd "
+          "(training) / bwd / bwd deterministic=False, ms (median of 10)")
+    for defines in variants:
+        os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
+        loader.clear_compiled()
+        for vt, x in data.items():
+            t = {name: _times(g, x, r, grads[vt, name], vt) for name, r in REDUCES.items()}
+            cells = [f"{name} " + "/".join(f"{v:.2f}" for v in t[name]) for name in REDUCES]
+            mx, mu = t["max"], t["multi"]
+            ratio = f"multi/max fwd {mu[0] / mx[0]:.2f}x train {(mu[1] + mu[2]) / (mx[1] + mx[2]):.2f}x"
+            print(f"[{defines or 'defaults'}] {vt:8s} " + "  ".join(cells) + "  " + ratio,
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20, sys.argv[2:] or None)
