@@ -29,6 +29,7 @@ def cases(N, F):
     a, g = (torch.randn(N, F, device="cuda", generator=gen) for _ in range(2))
     W, W2 = (torch.randn(F, F, device="cuda", generator=gen) for _ in range(2))
     b = torch.randn(F, device="cuda", generator=gen)
+    zero = torch.zeros(F, device="cuda")
     out = torch.empty(N, F, device="cuda")
     cat = torch.randn(N, 2 * F, device="cuda", generator=gen)
     Wcat = torch.cat([W, W2], 0)            # [2F, F]
@@ -37,9 +38,11 @@ def cases(N, F):
     return {
         "fwd  F.linear(a, W)          a W^T": lambda: torch.nn.functional.linear(a, W),
         "fwd  F.linear(a, W, b)       a W^T + b": lambda: torch.nn.functional.linear(a, W, b),
+        "fwd  F.linear(a, W, zero)    a W^T + 0": lambda: torch.nn.functional.linear(a, W, zero),
         "fwd  a.mm(W.t())             a W^T": lambda: a.mm(W.t()),
         "fwd  out.addmm_(a, W.t())    out += a W^T": lambda: out.addmm_(a, W.t()),
         "bwd  g.mm(W)                 g W": lambda: g.mm(W),
+        "bwd  torch.addmm(zero, g, W) g W + 0": lambda: torch.addmm(zero, g, W),
         "bwd  out.addmm_(g, W)        out += g W": lambda: out.addmm_(g, W),
         "wgt  g.t().mm(a)             g^T a": lambda: g.t().mm(a),
         "wgt  a.t().mm(g).t()         (a^T g)^T": lambda: a.t().mm(g).t(),

@@ -42,33 +42,40 @@
 #define STAT_MAX 4
 #define STAT_MIN 8
 
-// Tuning knobs for experiments (benchmarks/sweep_segment.py), through
-// FASTGNN_NVRTC_OPTIONS="-DSEG_FWD_MIN_BLOCKS=4 ..." (loader.py):
-//   SEG_FWD_MIN_BLOCKS / SEG_BWD_MIN_BLOCKS  blocks of 256 threads per
-//     multiprocessor that ptxas must fit (__launch_bounds__) for segment_fwd
-//     of several statistics / segment_bwd of several terms (1 = no cap); the
-//     single-statistic kernels get __launch_bounds__(256, 1); unset, no
-//     kernel has launch bounds (the register counts the defaults were tuned
-//     with);
-//   SEG_FWD_UNROLL  edges gathered per step of segment_fwd (4);
-//   SEG_BWD_UNROLL  edges per step of segment_bwd (0: by its registers).
-#ifndef SEG_BWD_UNROLL
-#define SEG_BWD_UNROLL 0
+// Occupancy and edges in flight, chosen on an H200 sweep (rmat20, F = 128,
+// benchmarks/sweep_segment.py, log
+// benchmarks/results/sweep_segment_rmat20_h200_session7.log; fwd / bwd ms):
+//   segment_fwd of several statistics asks for SEG_FWD_MIN_BLOCKS = 4 blocks
+//     of 256 threads per multiprocessor (<= 64 registers, spill-free) with
+//     4-byte accumulators and indices and VEC <= 4 (mean+max+min+std fp32
+//     4.40 -> 4.00; bf16's 8-wide vectors would spill); one statistic takes
+//     __launch_bounds__(256, 1): max fp32 2.09 -> 1.88;
+//   segment_bwd steps one edge at a time (SEG_BWD_UNROLL = 1; it was 2-4 by
+//     registers): max fp32 2.81 -> 2.07, bf16 2.70 -> 1.93, the 4-reduction
+//     backward fp32 11.9 -> 7.7; its several-term instantiations (LIN + NARG
+//     > 1) where SEG_CAPPED holds run as segment_bwd_capped, which asks for
+//     SEG_BWD_MIN_BLOCKS = 4 blocks (fp32 4-reduction 7.70 -> 7.63), while a
+//     single term stays without launch bounds (with them max fp32 is 2.44).
+// Override for sweeps: FASTGNN_NVRTC_OPTIONS="-DSEG_FWD_MIN_BLOCKS=3
+// -DSEG_BWD_UNROLL=2 ..." (loader.py); SEG_FWD_UNROLL: edges gathered per
+// step of segment_fwd (4).
+#ifndef SEG_FWD_MIN_BLOCKS
+#define SEG_FWD_MIN_BLOCKS 4
+#endif
+#ifndef SEG_BWD_MIN_BLOCKS
+#define SEG_BWD_MIN_BLOCKS 4
 #endif
 #ifndef SEG_FWD_UNROLL
 #define SEG_FWD_UNROLL 4
 #endif
-#ifdef SEG_FWD_MIN_BLOCKS
+#ifndef SEG_BWD_UNROLL
+#define SEG_BWD_UNROLL 1
+#endif
+// (the cap only where it fits without spills: 4-byte accumulators and
+// indices, VEC <= 4; the compile check guards it)
+#define SEG_CAPPED(I, VEC) (sizeof(typename value_traits<T>::acc_t) == 4 && sizeof(I) == 4 && VEC <= 4)
 #define SEG_FWD_BOUNDS \
-    __launch_bounds__(256, (STATS & (STATS - 1)) != 0 ? SEG_FWD_MIN_BLOCKS : 1)
-#else
-#define SEG_FWD_BOUNDS
-#endif
-#ifdef SEG_BWD_MIN_BLOCKS
-#define SEG_BWD_BOUNDS __launch_bounds__(256, (LIN + NARG > 1) ? SEG_BWD_MIN_BLOCKS : 1)
-#else
-#define SEG_BWD_BOUNDS
-#endif
+    __launch_bounds__(256, ((STATS & (STATS - 1)) != 0 && SEG_CAPPED(I, VEC)) ? SEG_FWD_MIN_BLOCKS : 1)
 
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
 // signed P) is "no edge".
@@ -393,27 +400,27 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 // of them), so a max backward moves one gathered row of P per edge: with
 // P = uint16 half the bytes of the SpMM backward's fp32 row (rmat20, F=128:
 // 256 B per edge, 4.1 GB without cache reuse).
+#define SEGMENT_BWD_PARAMS                                                                   \
+    const I* __restrict__ task_row, const I* __restrict__ task_begin,                        \
+    const I* __restrict__ task_slot, const I* __restrict__ t_indptr,                         \
+    const I* __restrict__ t_indices, const P* __restrict__ t_pos,                            \
+    const T* __restrict__ x,                                      /* [num_cols_fwd, F] */    \
+    const typename value_traits<T>::acc_t* __restrict__ coef_a,   /* [num_rows_fwd, F] */    \
+    const typename value_traits<T>::acc_t* __restrict__ coef_b,                              \
+    const P* __restrict__ arg0, const T* __restrict__ g0,   /* [num_rows_fwd, F] / ldg */    \
+    const P* __restrict__ arg1, const T* __restrict__ g1,                                    \
+    const typename value_traits<T>::acc_t* __restrict__ addend,   /* [num_cols_fwd, F] or null */ \
+    T* __restrict__ grad_x,                                       /* [num_cols_fwd, F] */    \
+    typename value_traits<T>::acc_t* __restrict__ partial,        /* [slots, F] */           \
+    i64 num_tasks, int F, i64 ldg, int chunk, int group
+#define SEGMENT_BWD_ARGS                                                                     \
+    task_row, task_begin, task_slot, t_indptr, t_indices, t_pos, x, coef_a, coef_b, arg0, g0, \
+    arg1, g1, addend, grad_x, partial, num_tasks, F, ldg, chunk, group
+
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
-__global__ void SEG_BWD_BOUNDS segment_bwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
-                            const I* __restrict__ task_slot, const I* __restrict__ t_indptr,
-                            const I* __restrict__ t_indices, const P* __restrict__ t_pos,
-                            const T* __restrict__ x,                                   // [num_cols_fwd, F]
-                            const typename value_traits<T>::acc_t* __restrict__ coef_a,  // [num_rows_fwd, F]
-                            const typename value_traits<T>::acc_t* __restrict__ coef_b,
-                            const P* __restrict__ arg0, const T* __restrict__ g0,       // [num_rows_fwd, F] / ldg
-                            const P* __restrict__ arg1, const T* __restrict__ g1,
-                            const typename value_traits<T>::acc_t* __restrict__ addend,  // [num_cols_fwd, F] or null
-                            T* __restrict__ grad_x,                                     // [num_cols_fwd, F]
-                            typename value_traits<T>::acc_t* __restrict__ partial,      // [slots, F]
-                            i64 num_tasks, int F, i64 ldg, int chunk, int group) {
+__device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     typedef typename value_traits<T>::acc_t A;
-    // edges in flight: about 32 registers of gathered data per lane, counting
-    // args at the index type's width even when they are 16-bit (measured on
-    // the H200, rmat20: 8 narrow max edges in flight were slower than 4, and
-    // 4 edges of the 4-reduction multi backward twice as slow as 2)
-    constexpr int EDGE_REGS = VEC * (LIN * (int)sizeof(A) + NARG * (int)sizeof(I)) / 4;
-    constexpr int UNROLL = SEG_BWD_UNROLL > 0 ? SEG_BWD_UNROLL
-                           : EDGE_REGS >= 32 ? 1 : EDGE_REGS >= 16 ? 2 : 4;
+    constexpr int UNROLL = SEG_BWD_UNROLL;     // edges in flight (see the knobs above)
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
     const int lane = group_lane(group);
@@ -494,6 +501,19 @@ __global__ void SEG_BWD_BOUNDS segment_bwd(const I* __restrict__ task_row, const
             for (int v = 0; v < VEC; ++v) partial[slot * F + f0 + v] = res[v];
         }
     }
+}
+
+// The entries: one term without launch bounds, several terms of 4-byte
+// accumulators capped to SEG_BWD_MIN_BLOCKS blocks per multiprocessor (the
+// launcher picks by (LIN, NARG) and the value type, loader.py instantiates both).
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
+__global__ void segment_bwd(SEGMENT_BWD_PARAMS) {
+    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
+}
+
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
+__global__ void __launch_bounds__(256, SEG_BWD_MIN_BLOCKS) segment_bwd_capped(SEGMENT_BWD_PARAMS) {
+    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }
 
 // The max/min terms of the backward with float atomics (deterministic=False,

@@ -55,6 +55,15 @@ SEGMENT_STATS = (1, 3, 4, 8, 12, 13, 15)
 SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2))
 
 
+def segment_bwd_kernel(vtype, itype, vec, lin, narg):
+    """Name of segment_bwd's entry: several terms (lin + narg > 1) with fp32
+    accumulators, int32 indices and vec <= 4 run `segment_bwd_capped` (launch
+    bounds for occupancy, SEG_CAPPED in kernels_cuda/segment.cu), the rest
+    `segment_bwd`."""
+    capped = lin + narg > 1 and vtype != "float64" and itype == "int32" and vec <= 4
+    return "segment_bwd_capped" if capped else "segment_bwd"
+
+
 def segment_position_type(itype, ptype, needed):
     """C type of the P template argument: the args' position type where the
     kernel has max/min args (`needed`), else the index type (P unused)."""
@@ -72,7 +81,7 @@ def _segment_names(vt, it):
             names.append(f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
             names += [f"segment_fwd<{T}, {I}, {vec}, {s}, {P}>" for s in SEGMENT_STATS
                       if s & 12 or pt == it]
-            names += [f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
+            names += [f"{segment_bwd_kernel(vt, it, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
                       for lin, narg in SEGMENT_TERMS if narg or pt == it]
     return names
 

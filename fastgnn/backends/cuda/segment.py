@@ -25,7 +25,7 @@ import cupy as cp
 import numpy as np
 
 from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function,
-                     segment_position_type)
+                     segment_bwd_kernel, segment_position_type)
 from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
                    from_acc, task_plan)
 
@@ -189,7 +189,8 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
     arrays = [a for a in (x if has_b else None, coef_a, coef_b, args[0][0], args[1][0], addend,
                           grad) if a is not None]
     vec, group = _launch_shape(vtype, F, *arrays)
-    kern = get_function("segment", vtype, itype, f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
+    kern = get_function("segment", vtype, itype,
+                        f"{segment_bwd_kernel(vtype, itype, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
     num_tasks = int(plan.task_row.shape[0])
     kern(_grid(num_tasks, group), (BLOCK,),
          (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_pos),
