@@ -8,7 +8,9 @@ rebuilt, then max and the PNA set mean+max+min+std are timed (CUDA events,
 median of 10): the forward without residuals (inference), the forward with
 them (training), the backward, and the backward with deterministic=False.
 One line per (defines, dtype); multi/max is the ratio of the forwards and
-of training (forward with residuals + backward).
+of training (forward with residuals + backward). A variant "maxvec=N" (not
+a define) runs the defaults with the launchers' vector width capped at N
+values (e.g. 4: bf16 rows of 128 on 32 lanes of 8 bytes instead of 16 of 16).
 
     python benchmarks/sweep_segment.py [scale] ["-DSEG_FWD_MIN_BLOCKS=4" ...]
 """
@@ -19,8 +21,9 @@ import cupy as cp
 
 import fastgnn
 from fastgnn.backends.cuda import loader
+from fastgnn.backends.cuda import segment as cuda_segment
 from fastgnn.backends.cuda.prewarm import modules, prewarm
-from fastgnn.backends.cuda.spmm import median_ms
+from fastgnn.backends.cuda.spmm import lane_group, median_ms
 from fastgnn.testing import rmat_edge_index
 
 DEFAULT_VARIANTS = ["", "-DSEG_FWD_MIN_BLOCKS=4", "-DSEG_FWD_UNROLL=2", "-DSEG_FWD_UNROLL=8",
@@ -47,11 +50,21 @@ def _times(g, x, reduce, grad, vt):
     return infer, train, bwd, bwd_a
 
 
+def _cap_vec(cap, launch_shape=cuda_segment._launch_shape):
+    """Make the segment launchers use vectors of at most `cap` values."""
+    def capped(vtype, F, *arrays):
+        vec, _ = launch_shape(vtype, F, *arrays)
+        vec = min(vec, cap)
+        return vec, lane_group(-(-F // vec))
+    cuda_segment._launch_shape = capped if cap else launch_shape
+
+
 def main(scale=20, variants=None):
     variants = variants or DEFAULT_VARIANTS
     # NVRTC is the slow part: compile every variant's modules on every core
     # first; CuPy's disk cache then serves the timing loop below
-    prewarm(modules(["segment"], list(VTYPES), ["int32"], variants))
+    defines = [v for v in variants if not v.startswith("maxvec=")]
+    prewarm(modules(["segment"], list(VTYPES), ["int32"], defines or [""]))
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
@@ -62,7 +75,9 @@ def main(scale=20, variants=None):
     print(f"rmat{scale}: n={n} E={g.num_edges}, F={F}; per reduction: fwd (inference) / fwd "
           "(training) / bwd / bwd deterministic=False, ms (median of 10)")
     for defines in variants:
-        os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
+        cap = int(defines[len("maxvec="):]) if defines.startswith("maxvec=") else 0
+        _cap_vec(cap)
+        os.environ["FASTGNN_NVRTC_OPTIONS"] = "" if cap else defines
         loader.clear_compiled()
         for vt, x in data.items():
             t = {name: _times(g, x, r, grads[vt, name], vt) for name, r in REDUCES.items()}
