@@ -379,52 +379,13 @@ __global__ void segment_coef(const I* __restrict__ indptr,
     if (coef_b != nullptr) coef_b[k] = b;
 }
 
-// The winners of the max/min terms as bits per edge, for segment_bwd:
-// mask[e, f / 32] bit f % 32 is set iff edge e (CSR position) is the arg of
-// its row i for feature f, i.e. arg[i, f] == e - indptr[i]. mask [E, words],
-// words = ceil(F / 32), must be zeroed. Mapping: one thread per (row,
-// feature) reads its arg (coalesced) and ORs its bit into the winning edge's
-// word; with F % 32 == 0 a warp is one (row, word), so the lanes sharing a
-// winner (__match_any_sync) set their bits with one atomicOr by the lowest
-// lane (the lane id is the bit), else each lane ORs its own bit. Integer OR
-// is order-independent: the mask is the same bits in every run.
-// Traffic: num_rows*F*sizeof(P) read once, indptr per row (cached), at most
-// one 4-byte atomicOr per (row, word, distinct winner) into E*words*4 bytes;
-// segment_bwd then reads 4 bytes per (edge, word) instead of a row slice of
-// F*sizeof(P) args per edge (rmat20, F=128, uint16: 16 B instead of 256 B).
-template <typename I, typename P>
-__global__ void segment_argmask(const I* __restrict__ indptr,   // [num_rows + 1]
-                                const P* __restrict__ arg,      // [num_rows, F], all ones = none
-                                unsigned* __restrict__ mask,    // [E, words], zeroed
-                                i64 num_rows, int F, int words) {
-    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    i64 word = -1;
-    int bit = 0;
-    if (k < num_rows * F) {
-        const i64 row = k / F;
-        const int f = (int)(k - row * F);
-        const I p = from_pos<I>(arg[k]);
-        if (p >= 0) {
-            word = ((i64)indptr[row] + (i64)p) * words + (f >> 5);
-            bit = f & 31;
-        }
-    }
-    if ((F & 31) == 0) {     // every lane of the warp is here: blockDim is a multiple of 32
-        const unsigned peers = __match_any_sync(0xffffffffu, word);
-        if (word >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicOr(mask + word, peers);
-    } else if (word >= 0) {
-        atomicOr(mask + word, 1u << bit);
-    }
-}
-
 // grad_x[j,f] = sum_{e=(j->i)} coef_a[i,f] + coef_b[i,f]*x[j,f]
-//               + win0[e,f] g0[i,f] + win1[e,f] g1[i,f]
-// (win0/g0, win1/g1: the argmax / argmin winner bits of segment_argmask and
-// the max / min blocks of the cotangent, row stride ldg). Walks the
-// transpose: tasks over source rows j, `t_indices` = targets i, `t_eid` = the
-// edge's CSR position in the forward graph (Graph.transpose().edge_ids, read
-// only with arg terms); same lane mapping as the forward, a lane's VEC
-// features lie in one mask word. LIN (0: no linear term, 1: coef_a, 2: coef_a
+//               + [arg0[i,f] == p_e] g0[i,f] + [arg1[i,f] == p_e] g1[i,f]
+// (arg0/g0, arg1/g1: the argmax / argmin positions and the max / min blocks
+// of the cotangent, row stride ldg; p_e = e - indptr[i], the position of e
+// in its forward row). Walks the transpose: tasks over source rows j,
+// `t_indices` = targets i, `t_pos` = p_e (type P as the args, cached per
+// graph, read only with arg terms); same lane mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
 // and coef_b) and NARG (arg terms, 0-2) are compile-time upper bounds; a null
 // pointer switches a term off at run time (uniform branch). Split source rows
 // write fp32 partials (combined by spmm_combine). `addend` (acc_t, [num_cols_fwd,
@@ -433,30 +394,30 @@ __global__ void segment_argmask(const I* __restrict__ indptr,   // [num_rows + 1
 // of a 16-bit multi-reduction passes the max/min terms scattered by
 // segment_arg_scatter there (NARG = 0), 1 acc_t row read per source row.
 //
-// Traffic per edge: sizeof(I) (+ sizeof(I) + NARG * 4 bytes of mask per
-// lane group with arg terms) + F*LIN*sizeof(acc_t) gathered as VEC-wide
-// loads, UNROLL edges in flight; g0/g1 are read only for the features the
-// edge wins (~1/deg of them), so a max backward gathers one mask word per
-// 32 features and edge (rmat20, F=128: 16 B per edge, where the arg rows it
-// replaced were 256 B of uint16 per edge).
+// Traffic per edge: sizeof(I) (+ sizeof(P) with arg terms) + F*(LIN*sizeof(acc_t)
+// + NARG*sizeof(P)) gathered as VEC-wide loads, UNROLL edges in flight;
+// g0/g1 are read only for the features whose arg matches the edge (~1/deg
+// of them), so a max backward moves one gathered row of P per edge: with
+// P = uint16 half the bytes of the SpMM backward's fp32 row (rmat20, F=128:
+// 256 B per edge, 4.1 GB without cache reuse).
 #define SEGMENT_BWD_PARAMS                                                                   \
     const I* __restrict__ task_row, const I* __restrict__ task_begin,                        \
     const I* __restrict__ task_slot, const I* __restrict__ t_indptr,                         \
-    const I* __restrict__ t_indices, const I* __restrict__ t_eid,                            \
+    const I* __restrict__ t_indices, const P* __restrict__ t_pos,                            \
     const T* __restrict__ x,                                      /* [num_cols_fwd, F] */    \
     const typename value_traits<T>::acc_t* __restrict__ coef_a,   /* [num_rows_fwd, F] */    \
     const typename value_traits<T>::acc_t* __restrict__ coef_b,                              \
-    const unsigned* __restrict__ win0, const T* __restrict__ g0,  /* [E, words] / ldg */     \
-    const unsigned* __restrict__ win1, const T* __restrict__ g1,                             \
+    const P* __restrict__ arg0, const T* __restrict__ g0,   /* [num_rows_fwd, F] / ldg */    \
+    const P* __restrict__ arg1, const T* __restrict__ g1,                                    \
     const typename value_traits<T>::acc_t* __restrict__ addend,   /* [num_cols_fwd, F] or null */ \
     T* __restrict__ grad_x,                                       /* [num_cols_fwd, F] */    \
     typename value_traits<T>::acc_t* __restrict__ partial,        /* [slots, F] */           \
-    i64 num_tasks, int F, int words, i64 ldg, int chunk, int group
+    i64 num_tasks, int F, i64 ldg, int chunk, int group
 #define SEGMENT_BWD_ARGS                                                                     \
-    task_row, task_begin, task_slot, t_indptr, t_indices, t_eid, x, coef_a, coef_b, win0, g0, \
-    win1, g1, addend, grad_x, partial, num_tasks, F, words, ldg, chunk, group
+    task_row, task_begin, task_slot, t_indptr, t_indices, t_pos, x, coef_a, coef_b, arg0, g0, \
+    arg1, g1, addend, grad_x, partial, num_tasks, F, ldg, chunk, group
 
-template <typename T, typename I, int VEC, int LIN, int NARG>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     typedef typename value_traits<T>::acc_t A;
     constexpr int UNROLL = SEG_BWD_UNROLL;     // edges in flight (see the knobs above)
@@ -468,8 +429,8 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     const i64 slot = (i64)task_slot[t];
     const bool has_a = LIN >= 1 && coef_a != nullptr;
     const bool has_b = LIN >= 2 && coef_b != nullptr;
-    const bool has_0 = NARG >= 1 && win0 != nullptr;
-    const bool has_1 = NARG >= 2 && win1 != nullptr;
+    const bool has_0 = NARG >= 1 && arg0 != nullptr;
+    const bool has_1 = NARG >= 2 && arg1 != nullptr;
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
         A acc_a[VEC], acc_b[VEC];
@@ -478,14 +439,15 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
         i64 e = e0;
         while (e < e1) {
             const int n = e + UNROLL <= e1 ? UNROLL : 1;   // full steps, then one edge at a time
-            i64 i[UNROLL], w[UNROLL];
+            i64 i[UNROLL];
+            P pe[UNROLL];
             pack_t<A, VEC> ca[UNROLL], cb[UNROLL];
-            unsigned m0[UNROLL], m1[UNROLL];
+            pack_t<P, VEC> a0[UNROLL], a1[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (u < n) {
                     i[u] = (i64)t_indices[e + u];
-                    if (has_0 || has_1) w[u] = (i64)t_eid[e + u] * words + (f0 >> 5);
+                    if (has_0 || has_1) pe[u] = t_pos[e + u];
                 }
             }
 #pragma unroll
@@ -494,9 +456,8 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
                     const i64 base = i[u] * F + f0;
                     if (has_a) ca[u] = load_pack<A, VEC>(coef_a + base);
                     if (has_b) cb[u] = load_pack<A, VEC>(coef_b + base);
-                    // the lane's VEC bits, from bit 0 (VEC divides 32 and f0)
-                    if (has_0) m0[u] = win0[w[u]] >> (f0 & 31);
-                    if (has_1) m1[u] = win1[w[u]] >> (f0 & 31);
+                    if (has_0) a0[u] = load_pack<P, VEC>(arg0 + base);
+                    if (has_1) a1[u] = load_pack<P, VEC>(arg1 + base);
                 }
             }
 #pragma unroll
@@ -506,9 +467,9 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
                     for (int v = 0; v < VEC; ++v) {
                         if (has_a) acc_a[v] += ca[u].v[v];
                         if (has_b) acc_b[v] += cb[u].v[v];
-                        if (has_0 && ((m0[u] >> v) & 1u))
+                        if (has_0 && a0[u].v[v] == pe[u])
                             acc_a[v] += value_traits<T>::to_acc(g0[i[u] * ldg + f0 + v]);
-                        if (has_1 && ((m1[u] >> v) & 1u))
+                        if (has_1 && a1[u].v[v] == pe[u])
                             acc_a[v] += value_traits<T>::to_acc(g1[i[u] * ldg + f0 + v]);
                     }
                 }
@@ -545,14 +506,14 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
 // The entries: one term without launch bounds, several terms of 4-byte
 // accumulators capped to SEG_BWD_MIN_BLOCKS blocks per multiprocessor (the
 // launcher picks by (LIN, NARG) and the value type, loader.py instantiates both).
-template <typename T, typename I, int VEC, int LIN, int NARG>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __global__ void segment_bwd(SEGMENT_BWD_PARAMS) {
-    segment_bwd_body<T, I, VEC, LIN, NARG>(SEGMENT_BWD_ARGS);
+    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }
 
-template <typename T, typename I, int VEC, int LIN, int NARG>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __global__ void __launch_bounds__(256, SEG_BWD_MIN_BLOCKS) segment_bwd_capped(SEGMENT_BWD_PARAMS) {
-    segment_bwd_body<T, I, VEC, LIN, NARG>(SEGMENT_BWD_ARGS);
+    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }
 
 // The max/min terms of the backward with float atomics (deterministic=False,

@@ -81,10 +81,8 @@ def _segment_names(vt, it):
             names.append(f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
             names += [f"segment_fwd<{T}, {I}, {vec}, {s}, {P}>" for s in SEGMENT_STATS
                       if s & 12 or pt == it]
-        names += [f"{segment_bwd_kernel(vt, it, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}>"
-                  for lin, narg in SEGMENT_TERMS]
-    # the winner bits of the max/min backward terms (segment_bwd reads them)
-    names += [f"segment_argmask<{I}, {C_POSITION[pt]}>" for pt in ("uint16", it)]
+            names += [f"{segment_bwd_kernel(vt, it, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
+                      for lin, narg in SEGMENT_TERMS if narg or pt == it]
     return names
 
 

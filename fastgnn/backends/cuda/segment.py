@@ -9,10 +9,8 @@ the mean/std residuals of the backward.
 Backward: one fused pass building coef_a/coef_b from the cotangent
 (segment_coef), then one pass over the cached transpose summing the linear
 terms and the arg-selected max/min terms (read straight from the cotangent's
-blocks where the edge's winner bit is set: segment_argmask first turns each
-arg array into one bit per (edge, feature), integer ORs, so the walk reads
-4 bytes per edge and 32 features instead of an arg row slice); no float
-atomics. Opt-in deterministic=False:
+blocks; each transpose edge's position in its forward row is cached on the
+graph, Graph.transpose_positions); no atomics. Opt-in deterministic=False:
 the max/min terms are added by float atomics over the targets
 (segment_arg_scatter: grad_x[source of the winning edge] += g per (row,
 feature)); a pure max/min then needs no transpose at all, a multi-reduction's
@@ -29,7 +27,7 @@ import numpy as np
 from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function,
                      segment_bwd_kernel, segment_position_type)
 from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
-                   from_acc, task_plan)
+                   from_acc, lane_group, task_plan)
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN = 1, 2, 4, 8
@@ -86,7 +84,7 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
          for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN)]
     pa = [cp.empty((S, F), dtype=pos) if S and stats & bit else NULL for bit in (STAT_MAX, STAT_MIN)]
     resid = (_arg(argmax), _arg(argmin), _arg(mean), _arg(std))
-    vec, group = _launch_shape(vtype, F, x, out)
+    vec, group = _shape(vtype, F, x, out)
     T, I = C_VALUE[vtype], C_INDEX[itype]
     P = segment_position_type(itype, pos.name, has_args)
     fwd = get_function("segment", vtype, itype, f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>")
@@ -106,6 +104,22 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     return out, argmax, argmin, mean, std
 
 
+# Values per lane and load: at most 4, so 16-bit rows of F = 128 span 32
+# lanes of 8-byte loads instead of 16 lanes of 16 bytes (H200 sweep, rmat20,
+# bf16: max fwd 2.61 -> 1.92 ms, mean+max+min+std fwd 6.90 -> 3.92;
+# benchmarks/results/sweep_segment_rmat20_h200_session7b.log). fp32 and
+# fp64 are unaffected (their widest vectors are 4 and 2).
+MAX_VEC = 4
+
+
+def _shape(vtype, F, *arrays):
+    """(VEC, group) of the segment kernels: spmm's _launch_shape with VEC
+    capped at MAX_VEC."""
+    vec, _ = _launch_shape(vtype, F, *arrays)
+    vec = min(vec, MAX_VEC)
+    return vec, lane_group(-(-F // vec))
+
+
 def _terms(lin, narg):
     """The first instantiated (LIN, NARG) bound covering the request."""
     return next(t for t in SEGMENT_TERMS if t[0] >= lin and t[1] >= narg)
@@ -122,24 +136,11 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
     pairs = args + [(None, None)] * (2 - len(args))
     T, I = C_VALUE[vtype], C_INDEX[itype]
     P = C_POSITION[args[0][0].dtype.name]
-    vec, _ = _launch_shape(vtype, F, acc, *(a for pair in args for a in pair))
+    vec, _ = _shape(vtype, F, acc, *(a for pair in args for a in pair))
     kern = get_function("segment", vtype, itype, f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
     kern(_grid(n * (F // vec), 1), (BLOCK,),
          (graph.indptr, graph.indices, _arg(pairs[0][0]), _arg(pairs[0][1]),
           _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
-
-
-def _winner_bits(graph, arg, F, words, vtype, itype):
-    """[E, words] uint32: bit f % 32 of word f // 32 of edge e (CSR position)
-    is set iff e is arg's winner of its row for feature f
-    (kernels_cuda/segment.cu, segment_argmask)."""
-    bits = cp.zeros((graph.num_edges, words), dtype=cp.uint32)
-    if graph.num_dst and F and graph.num_edges:
-        I, P = C_INDEX[itype], C_POSITION[arg.dtype.name]
-        kern = get_function("segment", vtype, itype, f"segment_argmask<{I}, {P}>")
-        kern(_grid(graph.num_dst * F, 1), (BLOCK,),
-             (graph.indptr, arg, bits, np.int64(graph.num_dst), np.int32(F), np.int32(words)))
-    return bits
 
 
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFAULT_CHUNK,
@@ -195,26 +196,24 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
         coef(_grid(n * F, 1), (BLOCK,),
              (graph.indptr, g, _arg(mean, acc), _arg(std, acc), coef_a, _arg(coef_b),
               np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
-    # the max/min winners as bits per edge (CSR order), read through the
-    # transpose's edge_ids: 4 bytes per (edge, 32 features)
-    words = -(-F // 32)
-    args = [(_winner_bits(graph, a, F, words, vtype, itype), gb) for a, gb in args]
-    t_eid = t.edge_ids if args else None
+    t_pos = graph.transpose_positions if args else None
     lin, narg = _terms(2 if has_b else int(has_a), len(args))
+    P = segment_position_type(itype, pos.name, narg > 0)
     args += [(None, None)] * (2 - len(args))
     plan = task_plan(t, chunk)
     partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else NULL
-    arrays = [a for a in (x if has_b else None, coef_a, coef_b, addend, grad) if a is not None]
-    vec, group = _launch_shape(vtype, F, *arrays)
+    arrays = [a for a in (x if has_b else None, coef_a, coef_b, args[0][0], args[1][0], addend,
+                          grad) if a is not None]
+    vec, group = _shape(vtype, F, *arrays)
     kern = get_function("segment", vtype, itype,
-                        f"{segment_bwd_kernel(vtype, itype, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}>")
+                        f"{segment_bwd_kernel(vtype, itype, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
     num_tasks = int(plan.task_row.shape[0])
     kern(_grid(num_tasks, group), (BLOCK,),
-         (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_eid),
+         (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_pos),
           _arg(x if has_b else None), _arg(coef_a), _arg(coef_b),
           _arg(args[0][0]), _arg(args[0][1]), _arg(args[1][0]), _arg(args[1][1]),
-          _arg(addend), grad, partial, np.int64(num_tasks), np.int32(F), np.int32(words),
-          np.int64(R * F), np.int32(chunk), np.int32(group)))
+          _arg(addend), grad, partial, np.int64(num_tasks), np.int32(F), np.int64(R * F),
+          np.int32(chunk), np.int32(group)))
     num_split = int(plan.split_row.shape[0])
     if num_split:
         combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
