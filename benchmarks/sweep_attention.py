@@ -9,6 +9,11 @@ atomic backward (deterministic=False) of the three scores are timed (CUDA
 events, median of 10) in fp32 and bf16. One line per (defines, dtype).
 
     python benchmarks/sweep_attention.py [scale] ["-DATTN_BWD_UNROLL=4" ...]
+
+A variant "maxvec=N" (not a define) runs the defaults with the kernels'
+wide vectors at N values instead of 16 bytes (e.g. 4: bf16 heads of 32 on
+8 lanes of 8 bytes instead of 4 lanes of 16); its modules compile in this
+process on first use.
 """
 import os
 import sys
@@ -16,6 +21,7 @@ import sys
 import cupy as cp
 
 import fastgnn
+from fastgnn.backends.cuda import attention as cuda_attention
 from fastgnn.backends.cuda import loader
 from fastgnn.backends.cuda.prewarm import modules, prewarm
 from fastgnn.backends.cuda.spmm import median_ms
@@ -28,11 +34,20 @@ DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2", "-DATTN_FW
 VTYPES = ("float32", "bfloat16")
 
 
+def _cap_vec(cap, vecs=loader.attention_vecs):
+    """Make the attention kernels' wide vectors at most `cap` values (0: as
+    compiled by default); both the instantiation list and the launcher read
+    attention_vecs."""
+    capped = (lambda vtype: [1, min(vecs(vtype)[-1], cap)]) if cap else vecs
+    loader.attention_vecs = cuda_attention.attention_vecs = capped
+
+
 def main(scale=20, variants=None):
     variants = variants or DEFAULT_VARIANTS
     # NVRTC is the slow part: compile every variant's modules on every core
     # first; CuPy's disk cache then serves the timing loop below
-    prewarm(modules(["attention"], list(VTYPES), ["int32"], variants))
+    defines = [v for v in variants if not v.startswith("maxvec=")]
+    prewarm(modules(["attention"], list(VTYPES), ["int32"], defines or [""]))
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
@@ -41,7 +56,9 @@ def main(scale=20, variants=None):
     print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd / bwd with "
           "deterministic=False, ms (median of 10)")
     for defines in variants:
-        os.environ["FASTGNN_NVRTC_OPTIONS"] = defines
+        cap = int(defines[len("maxvec="):]) if defines.startswith("maxvec=") else 0
+        _cap_vec(cap)
+        os.environ["FASTGNN_NVRTC_OPTIONS"] = "" if cap else defines
         loader.clear_compiled()
         for vt, (inputs, grad) in data.items():
             cells = []
