@@ -47,13 +47,35 @@ def _check(device, ei, g, x, go, reduce, dtype):
     assert_close(to_numpy(out), ref.segment_reduce(ei, x, reduce, n), dtype, f"{reduce} out")
     gx = segment_reduce_bwd(g, res, to_device(go, device))
     assert gx.dtype == x.dtype and gx.shape == x.shape
-    # var/std follow PyG's E[x^2] - E[x]^2, which cancels: in float32 their
-    # gradients (scaled by 1/std) carry a few times fp32's usual error
+    # var/std follow PyG's E[x^2] - E[x]^2, which cancels: with fp32
+    # accumulation (the GPU kernels) their gradients (scaled by 1/std) carry
+    # fp32's error times the rows' conditioning E[x^2] / var, a tail that
+    # passed 1e-4 in about 1 of 60 random graphs (also in a NumPy float32
+    # emulation of the kernels' arithmetic); so 1e-4 plus a fraction of that
+    # bound (the emulation stayed below 0.007 of it)
     names = [reduce] if isinstance(reduce, str) else list(reduce)
     loose = dtype == "float32" and any(r in ("var", "std") for r in names)
+    tol = 1e-4 + 0.05 * np.finfo(np.float32).eps * _var_condition(ei, x, n) if loose else None
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
-                 f"{reduce} grad_x", tol=1e-4 if loose else None)
+                 f"{reduce} grad_x", tol=tol)
     return to_numpy(out)
+
+
+def _var_condition(ei, x, n):
+    """max over non-empty rows and features of E[x^2] / max(var, 1e-5)
+    (float64): how much var = E[x^2] - E[x]^2 amplifies rounding."""
+    src, dst = np.asarray(ei[0]), np.asarray(ei[1])
+    x = np.asarray(x, dtype=np.float64)
+    deg = np.bincount(dst, minlength=n)[:, None].astype(np.float64)
+    s, sq = np.zeros((n, x.shape[1])), np.zeros((n, x.shape[1]))
+    np.add.at(s, dst, x[src])
+    np.add.at(sq, dst, x[src] ** 2)
+    has = deg[:, 0] > 0
+    if not has.any():
+        return 1.0
+    msq = sq[has] / deg[has]
+    var = msq - (s[has] / deg[has]) ** 2
+    return float((msq / np.maximum(var, 1e-5)).max())
 
 
 @pytest.mark.parametrize("device", devices())
