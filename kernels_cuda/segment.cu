@@ -44,12 +44,18 @@
 
 // Occupancy and edges in flight, chosen on an H200 sweep (rmat20, F = 128,
 // benchmarks/sweep_segment.py, log
-// benchmarks/results/sweep_segment_rmat20_h200_session7.log; fwd / bwd ms):
+// benchmarks/results/sweep_segment_rmat20_h200_session7*.log; fwd / bwd ms):
 //   segment_fwd of several statistics asks for SEG_FWD_MIN_BLOCKS = 4 blocks
 //     of 256 threads per multiprocessor (<= 64 registers, spill-free) with
 //     4-byte accumulators and indices and VEC <= 4 (mean+max+min+std fp32
-//     4.40 -> 4.00; bf16's 8-wide vectors would spill); one statistic takes
-//     __launch_bounds__(256, 1): max fp32 2.09 -> 1.88;
+//     4.40 -> 4.00; bf16's 8-wide vectors would spill), one statistic to
+//     SEG_FWD_MIN_BLOCKS_ONE = 5 at VEC = 4 (max fp32 1.78 -> 1.66; narrower
+//     vectors would spill: __launch_bounds__(256, 1) there, as where
+//     SEG_CAPPED does not hold);
+//   segment_fwd starts each task's statistics from its first edge
+//     (seg_state::add<true>), so later edges need no "no value yet" test
+//     (beats_max/beats_min: two compares): mean+max+min+std fp32 fwd 4.10
+//     -> 2.90 ms, bf16 3.78 -> 3.02, max 1.85 -> 1.78 (sweep ...session7f);
 //   segment_bwd steps one edge at a time (SEG_BWD_UNROLL = 1; it was 2-4 by
 //     registers): max fp32 2.81 -> 2.07, bf16 2.70 -> 1.93, the 4-reduction
 //     backward fp32 11.9 -> 7.7; its several-term instantiations (LIN + NARG
@@ -74,8 +80,13 @@
 // (the cap only where it fits without spills: 4-byte accumulators and
 // indices, VEC <= 4; the compile check guards it)
 #define SEG_CAPPED(I, VEC) (sizeof(typename value_traits<T>::acc_t) == 4 && sizeof(I) == 4 && VEC <= 4)
-#define SEG_FWD_BOUNDS \
-    __launch_bounds__(256, ((STATS & (STATS - 1)) != 0 && SEG_CAPPED(I, VEC)) ? SEG_FWD_MIN_BLOCKS : 1)
+#ifndef SEG_FWD_MIN_BLOCKS_ONE
+#define SEG_FWD_MIN_BLOCKS_ONE 5
+#endif
+#define SEG_FWD_BOUNDS                                                                  \
+    __launch_bounds__(256, !SEG_CAPPED(I, VEC)                 ? 1                     \
+                           : (STATS & (STATS - 1)) != 0          ? SEG_FWD_MIN_BLOCKS    \
+                           : VEC == 4 ? SEG_FWD_MIN_BLOCKS_ONE : 1)
 
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
 // signed P) is "no edge".
@@ -84,14 +95,29 @@ __device__ __forceinline__ I from_pos(P p) {
     return p == (P)-1 ? I(-1) : I(p);
 }
 
+// v replaces the running max m (PyG: NaN wins and stays; ties keep the
+// first): !(v <= m) is v > m or a NaN on either side, and m == m keeps a NaN
+// m. Two compares (one predicate-chained) where the spelled-out
+// v > m || (v != v && m == m) took more.
+template <typename A>
+__device__ __forceinline__ bool beats_max(A v, A m) {
+    return !(v <= m) && m == m;
+}
+
+template <typename A>
+__device__ __forceinline__ bool beats_min(A v, A m) {
+    return !(v >= m) && m == m;
+}
+
+// the same with "no value yet" (arg < 0) taking any v: merging partial states
 template <typename A, typename I>
 __device__ __forceinline__ bool takes_max(A v, A m, I arg) {
-    return arg < 0 || v > m || (v != v && m == m);
+    return arg < 0 || beats_max(v, m);
 }
 
 template <typename A, typename I>
 __device__ __forceinline__ bool takes_min(A v, A m, I arg) {
-    return arg < 0 || v < m || (v != v && m == m);
+    return arg < 0 || beats_min(v, m);
 }
 
 // Running statistics of VEC features (only those of STATS are touched).
@@ -126,17 +152,27 @@ struct seg_state {
         return p;
     }
 
-    // fold one value (position e within the row) of feature v
+    // fold one value (position e within the row) of feature v; FIRST: the
+    // task's first edge, which starts every statistic (so later edges need
+    // no "no value yet" test)
+    template <bool FIRST>
     __device__ __forceinline__ void add(int v, A val, I e) {
+        if (FIRST) {
+            s[v] = mx[v] = mn[v] = val;
+            sq[v] = val * val;
+            amx[v] = amn[v] = e;
+            return;
+        }
         if (STATS & STAT_SUM) s[v] += val;
         if (STATS & STAT_SQ) sq[v] += val * val;
-        if ((STATS & STAT_MAX) && takes_max(val, mx[v], amx[v])) { mx[v] = val; amx[v] = e; }
-        if ((STATS & STAT_MIN) && takes_min(val, mn[v], amn[v])) { mn[v] = val; amn[v] = e; }
+        if ((STATS & STAT_MAX) && beats_max(val, mx[v])) { mx[v] = val; amx[v] = e; }
+        if ((STATS & STAT_MIN) && beats_min(val, mn[v])) { mn[v] = val; amn[v] = e; }
     }
 
     // U consecutive edges from CSR position e of the row starting at rb: U
-    // gathers in flight, then the updates in edge order (ties keep the first)
-    template <typename T, int U>
+    // gathers in flight, then the updates in edge order (ties keep the
+    // first); FIRST (U = 1): the task's first edge
+    template <typename T, int U, bool FIRST = false>
     __device__ __forceinline__ void gather(const I* __restrict__ indices, const T* __restrict__ x,
                                            int F, int f0, i64 e, i64 rb) {
         i64 j[U];
@@ -149,7 +185,7 @@ struct seg_state {
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int v = 0; v < VEC; ++v)
-                add(v, value_traits<T>::to_acc(p[u].v[v]), (I)(e + u - rb));
+                add<FIRST>(v, value_traits<T>::to_acc(p[u].v[v]), (I)(e + u - rb));
     }
 };
 
@@ -227,8 +263,9 @@ __global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
         seg_state<A, I, VEC, STATS> st;
-        st.init();
+        st.init();                      // what an empty task keeps (args -1)
         i64 e = e0;
+        if (e < e1) st.template gather<T, 1, true>(indices, x, F, f0, e++, rb);
         for (; e + SEG_FWD_UNROLL <= e1; e += SEG_FWD_UNROLL)
             st.template gather<T, SEG_FWD_UNROLL>(indices, x, F, f0, e, rb);
         for (; e < e1; ++e) st.template gather<T, 1>(indices, x, F, f0, e, rb);
