@@ -49,9 +49,10 @@
 //     of 256 threads per multiprocessor (<= 64 registers, spill-free) with
 //     4-byte accumulators and indices and VEC <= 4 (mean+max+min+std fp32
 //     4.40 -> 4.00; bf16's 8-wide vectors would spill), one statistic to
-//     SEG_FWD_MIN_BLOCKS_ONE = 5 at VEC = 4 (max fp32 1.78 -> 1.66; narrower
-//     vectors would spill: __launch_bounds__(256, 1) there, as where
-//     SEG_CAPPED does not hold);
+//     SEG_FWD_MIN_BLOCKS_ONE = 5 for one statistic at VEC = 4 (max fp32
+//     1.78 -> 1.66; narrower vectors would spill at 5, so they take 4 like
+//     several statistics; __launch_bounds__(256, 1) where SEG_CAPPED does
+//     not hold);
 //   segment_fwd starts each task's statistics from its first edge
 //     (seg_state::add<true>), so later edges need no "no value yet" test
 //     (beats_max/beats_min: two compares): mean+max+min+std fp32 fwd 4.10
@@ -83,10 +84,10 @@
 #ifndef SEG_FWD_MIN_BLOCKS_ONE
 #define SEG_FWD_MIN_BLOCKS_ONE 5
 #endif
-#define SEG_FWD_BOUNDS                                                                  \
-    __launch_bounds__(256, !SEG_CAPPED(I, VEC)                 ? 1                     \
-                           : (STATS & (STATS - 1)) != 0          ? SEG_FWD_MIN_BLOCKS    \
-                           : VEC == 4 ? SEG_FWD_MIN_BLOCKS_ONE : 1)
+#define SEG_FWD_BOUNDS                                                                      \
+    __launch_bounds__(256, !SEG_CAPPED(I, VEC) ? 1                                          \
+                           : (VEC == 4 && (STATS & (STATS - 1)) == 0)                         \
+                               ? SEG_FWD_MIN_BLOCKS_ONE : SEG_FWD_MIN_BLOCKS)
 
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
 // signed P) is "no edge".
@@ -153,14 +154,16 @@ struct seg_state {
     }
 
     // fold one value (position e within the row) of feature v; FIRST: the
-    // task's first edge, which starts every statistic (so later edges need
-    // no "no value yet" test)
+    // task's first edge, which starts the statistics of STATS (so later
+    // edges need no "no value yet" test; the sum as 0 + val, so a row of
+    // -0.0 sums to +0.0 as from a zeroed accumulator)
     template <bool FIRST>
     __device__ __forceinline__ void add(int v, A val, I e) {
         if (FIRST) {
-            s[v] = mx[v] = mn[v] = val;
-            sq[v] = val * val;
-            amx[v] = amn[v] = e;
+            if (STATS & STAT_SUM) s[v] = A(0) + val;
+            if (STATS & STAT_SQ) sq[v] = val * val;
+            if (STATS & STAT_MAX) { mx[v] = val; amx[v] = e; }
+            if (STATS & STAT_MIN) { mn[v] = val; amn[v] = e; }
             return;
         }
         if (STATS & STAT_SUM) s[v] += val;
@@ -265,7 +268,9 @@ __global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const
         seg_state<A, I, VEC, STATS> st;
         st.init();                      // what an empty task keeps (args -1)
         i64 e = e0;
-        if (e < e1) st.template gather<T, 1, true>(indices, x, F, f0, e++, rb);
+        // max/min: the first edge starts the statistics (sums start from 0 anyway)
+        if ((STATS & (STAT_MAX | STAT_MIN)) && e < e1)
+            st.template gather<T, 1, true>(indices, x, F, f0, e++, rb);
         for (; e + SEG_FWD_UNROLL <= e1; e += SEG_FWD_UNROLL)
             st.template gather<T, SEG_FWD_UNROLL>(indices, x, F, f0, e, rb);
         for (; e < e1; ++e) st.template gather<T, 1>(indices, x, F, f0, e, rb);

@@ -52,18 +52,22 @@ def _check(device, ei, g, x, go, reduce, dtype):
     # fp32's error times the rows' conditioning E[x^2] / var, a tail that
     # passed 1e-4 in about 1 of 60 random graphs (also in a NumPy float32
     # emulation of the kernels' arithmetic); so 1e-4 plus a fraction of that
-    # bound (the emulation stayed below 0.007 of it)
+    # bound (the emulation's worst error was 0.056 of it; over 80 graphs the
+    # tolerance has a median of ~1.8e-4, where one wrong element of a
+    # 300 x 32 gradient is ~1e-2)
     names = [reduce] if isinstance(reduce, str) else list(reduce)
     loose = dtype == "float32" and any(r in ("var", "std") for r in names)
-    tol = 1e-4 + 0.05 * np.finfo(np.float32).eps * _var_condition(ei, x, n) if loose else None
+    tol = 1e-4 + 0.25 * np.finfo(np.float32).eps * _var_condition(ei, x, n) if loose else None
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
                  f"{reduce} grad_x", tol=tol)
     return to_numpy(out)
 
 
 def _var_condition(ei, x, n):
-    """max over non-empty rows and features of E[x^2] / max(var, 1e-5)
-    (float64): how much var = E[x^2] - E[x]^2 amplifies rounding."""
+    """max of E[x^2] / var (float64) over the (row, feature) pairs with var >
+    1e-5: how much var = E[x^2] - E[x]^2 amplifies rounding. Pairs at or
+    below 1e-5 (degree-1 rows, repeated values) are clamped by PyG's std and
+    have no such gradient, so they do not count."""
     src, dst = np.asarray(ei[0]), np.asarray(ei[1])
     x = np.asarray(x, dtype=np.float64)
     deg = np.bincount(dst, minlength=n)[:, None].astype(np.float64)
@@ -75,7 +79,8 @@ def _var_condition(ei, x, n):
         return 1.0
     msq = sq[has] / deg[has]
     var = msq - (s[has] / deg[has]) ** 2
-    return float((msq / np.maximum(var, 1e-5)).max())
+    keep = var > 1e-5
+    return float((msq[keep] / var[keep]).max()) if keep.any() else 1.0
 
 
 @pytest.mark.parametrize("device", devices())

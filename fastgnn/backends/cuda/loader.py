@@ -70,10 +70,18 @@ def segment_position_type(itype, ptype, needed):
     return C_POSITION[ptype] if needed else C_INDEX[itype]
 
 
+# Values per lane and load in the reduction kernels: at most 4, so 16-bit
+# rows of F = 128 span 32 lanes of 8-byte loads instead of 16 lanes of 16
+# bytes (H200 sweep, rmat20, bf16: max fwd 2.61 -> 1.92 ms, mean+max+min+std
+# fwd 6.90 -> 3.92; benchmarks/results/sweep_segment_rmat20_h200_session7b.log).
+# fp32 and fp64 are unaffected (their widest vectors are 4 and 2).
+SEGMENT_MAX_VEC = 4
+
+
 def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
     names = [f"segment_coef<{T}, {I}>", f"cast_from_acc<{T}>"]
-    for vec in vec_widths(vt):
+    for vec in (v for v in vec_widths(vt) if v <= SEGMENT_MAX_VEC):
         for pt in ("uint16", it):
             P = C_POSITION[pt]
             names.append(f"segment_combine<{T}, {I}, {vec}, {P}>")

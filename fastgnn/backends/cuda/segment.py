@@ -24,8 +24,8 @@ import functools
 import cupy as cp
 import numpy as np
 
-from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_STATS, SEGMENT_TERMS, get_function,
-                     segment_bwd_kernel, segment_position_type)
+from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STATS, SEGMENT_TERMS,
+                     get_function, segment_bwd_kernel, segment_position_type)
 from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
                    from_acc, lane_group, task_plan)
 
@@ -104,19 +104,11 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     return out, argmax, argmin, mean, std
 
 
-# Values per lane and load: at most 4, so 16-bit rows of F = 128 span 32
-# lanes of 8-byte loads instead of 16 lanes of 16 bytes (H200 sweep, rmat20,
-# bf16: max fwd 2.61 -> 1.92 ms, mean+max+min+std fwd 6.90 -> 3.92;
-# benchmarks/results/sweep_segment_rmat20_h200_session7b.log). fp32 and
-# fp64 are unaffected (their widest vectors are 4 and 2).
-MAX_VEC = 4
-
-
 def _shape(vtype, F, *arrays):
     """(VEC, group) of the segment kernels: spmm's _launch_shape with VEC
-    capped at MAX_VEC."""
+    capped at loader.SEGMENT_MAX_VEC (see there)."""
     vec, _ = _launch_shape(vtype, F, *arrays)
-    vec = min(vec, MAX_VEC)
+    vec = min(vec, SEGMENT_MAX_VEC)
     return vec, lane_group(-(-F // vec))
 
 
