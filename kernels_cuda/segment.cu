@@ -48,11 +48,10 @@
 //   segment_fwd of several statistics asks for SEG_FWD_MIN_BLOCKS = 4 blocks
 //     of 256 threads per multiprocessor (<= 64 registers, spill-free) with
 //     4-byte accumulators and indices and VEC <= 4 (mean+max+min+std fp32
-//     4.40 -> 4.00; bf16's 8-wide vectors would spill), one statistic to
-//     SEG_FWD_MIN_BLOCKS_ONE = 5 for one statistic at VEC = 4 (max fp32
-//     1.78 -> 1.66; narrower vectors would spill at 5, so they take 4 like
-//     several statistics; __launch_bounds__(256, 1) where SEG_CAPPED does
-//     not hold);
+//     4.40 -> 4.00; bf16's 8-wide vectors would spill); one statistic at
+//     VEC = 4 asks for SEG_FWD_MIN_BLOCKS_ONE = 5 (max fp32 1.78 -> 1.66),
+//     at narrower vectors for 4 (5 would spill); __launch_bounds__(256, 1)
+//     where SEG_CAPPED does not hold;
 //   segment_fwd starts each task's statistics from its first edge
 //     (seg_state::add<true>), so later edges need no "no value yet" test
 //     (beats_max/beats_min: two compares): mean+max+min+std fp32 fwd 4.10
