@@ -10,18 +10,12 @@ import sys
 
 import torch
 
+from profile_layer_host import event_ms   # benchmarks/ (this folder)
+
 
 def median_ms(fn, repeats=20):
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return sorted(times)[len(times) // 2]
+    fn()                                    # warm-up (cuBLAS heuristics, workspace)
+    return event_ms(fn, repeats)
 
 
 def cases(N, F):

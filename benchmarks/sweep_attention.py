@@ -15,7 +15,6 @@ wide vectors at N values instead of 16 bytes (e.g. 4: bf16 heads of 32 on
 8 lanes of 8 bytes instead of 4 lanes of 16); its modules compile in this
 process on first use.
 """
-import os
 import sys
 
 import cupy as cp
@@ -27,6 +26,7 @@ from fastgnn.backends.cuda.prewarm import modules, prewarm
 from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
 from probe_attention import attention_inputs   # benchmarks/ (the script's directory)
+from sweep_common import defines_to_prewarm, enter_variant
 
 DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2", "-DATTN_FWD_UNROLL=2",
                     "-DATTN_FWD_UNROLL=1", "-DATTN_MIN_BLOCKS=2",
@@ -46,8 +46,7 @@ def main(scale=20, variants=None):
     variants = variants or DEFAULT_VARIANTS
     # NVRTC is the slow part: compile every variant's modules on every core
     # first; CuPy's disk cache then serves the timing loop below
-    defines = [v for v in variants if not v.startswith("maxvec=")]
-    prewarm(modules(["attention"], list(VTYPES), ["int32"], defines or [""]))
+    prewarm(modules(["attention"], list(VTYPES), ["int32"], defines_to_prewarm(variants)))
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
@@ -56,10 +55,7 @@ def main(scale=20, variants=None):
     print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd / bwd with "
           "deterministic=False, ms (median of 10)")
     for defines in variants:
-        cap = int(defines[len("maxvec="):]) if defines.startswith("maxvec=") else 0
-        _cap_vec(cap)
-        os.environ["FASTGNN_NVRTC_OPTIONS"] = "" if cap else defines
-        loader.clear_compiled()
+        enter_variant(defines, _cap_vec)
         for vt, (inputs, grad) in data.items():
             cells = []
             for kind, kw in inputs.items():

@@ -9,22 +9,21 @@ median of 10): the forward without residuals (inference), the forward with
 them (training), the backward, and the backward with deterministic=False.
 One line per (defines, dtype); multi/max is the ratio of the forwards and
 of training (forward with residuals + backward). A variant "maxvec=N" (not
-a define) runs the defaults with the launchers' vector width capped at N
-values (e.g. 4: bf16 rows of 128 on 32 lanes of 8 bytes instead of 16 of 16).
+a define, sweep_common.py) runs the defaults with the launchers' vector
+width capped at N values (below loader.SEGMENT_MAX_VEC, 4).
 
     python benchmarks/sweep_segment.py [scale] ["-DSEG_FWD_MIN_BLOCKS=4" ...]
 """
-import os
 import sys
 
 import cupy as cp
 
 import fastgnn
-from fastgnn.backends.cuda import loader
 from fastgnn.backends.cuda import segment as cuda_segment
 from fastgnn.backends.cuda.prewarm import modules, prewarm
-from fastgnn.backends.cuda.spmm import lane_group, median_ms
+from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.testing import rmat_edge_index
+from sweep_common import defines_to_prewarm, enter_variant   # benchmarks/ (this folder)
 
 DEFAULT_VARIANTS = ["", "-DSEG_FWD_MIN_BLOCKS=4", "-DSEG_FWD_UNROLL=2", "-DSEG_FWD_UNROLL=8",
                     "-DSEG_BWD_UNROLL=1", "-DSEG_BWD_UNROLL=1 -DSEG_BWD_MIN_BLOCKS=4",
@@ -50,21 +49,17 @@ def _times(g, x, reduce, grad, vt):
     return infer, train, bwd, bwd_a
 
 
-def _cap_vec(cap, launch_shape=cuda_segment._launch_shape):
-    """Make the segment launchers use vectors of at most `cap` values."""
-    def capped(vtype, F, *arrays):
-        vec, _ = launch_shape(vtype, F, *arrays)
-        vec = min(vec, cap)
-        return vec, lane_group(-(-F // vec))
-    cuda_segment._launch_shape = capped if cap else launch_shape
+def _cap_vec(cap, default=cuda_segment.SEGMENT_MAX_VEC):
+    """Make the segment launchers use vectors of at most `cap` values (0:
+    their default cap)."""
+    cuda_segment.SEGMENT_MAX_VEC = min(cap, default) if cap else default
 
 
 def main(scale=20, variants=None):
     variants = variants or DEFAULT_VARIANTS
     # NVRTC is the slow part: compile every variant's modules on every core
     # first; CuPy's disk cache then serves the timing loop below
-    defines = [v for v in variants if not v.startswith("maxvec=")]
-    prewarm(modules(["segment"], list(VTYPES), ["int32"], defines or [""]))
+    prewarm(modules(["segment"], list(VTYPES), ["int32"], defines_to_prewarm(variants)))
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
@@ -75,10 +70,7 @@ def main(scale=20, variants=None):
     print(f"rmat{scale}: n={n} E={g.num_edges}, F={F}; per reduction: fwd (inference) / fwd "
           "(training) / bwd / bwd deterministic=False, ms (median of 10)")
     for defines in variants:
-        cap = int(defines[len("maxvec="):]) if defines.startswith("maxvec=") else 0
-        _cap_vec(cap)
-        os.environ["FASTGNN_NVRTC_OPTIONS"] = "" if cap else defines
-        loader.clear_compiled()
+        enter_variant(defines, _cap_vec)
         for vt, x in data.items():
             t = {name: _times(g, x, r, grads[vt, name], vt) for name, r in REDUCES.items()}
             cells = [f"{name} " + "/".join(f"{v:.2f}" for v in t[name]) for name in REDUCES]

@@ -79,12 +79,13 @@
 #endif
 // (the cap only where it fits without spills: 4-byte accumulators and
 // indices, VEC <= 4; the compile check guards it)
-#define SEG_CAPPED(I, VEC) (sizeof(typename value_traits<T>::acc_t) == 4 && sizeof(I) == 4 && VEC <= 4)
+#define SEG_CAPPED(T, I, VEC) \
+    (sizeof(typename value_traits<T>::acc_t) == 4 && sizeof(I) == 4 && VEC <= 4)
 #ifndef SEG_FWD_MIN_BLOCKS_ONE
 #define SEG_FWD_MIN_BLOCKS_ONE 5
 #endif
 #define SEG_FWD_BOUNDS                                                                      \
-    __launch_bounds__(256, !SEG_CAPPED(I, VEC) ? 1                                          \
+    __launch_bounds__(256, !SEG_CAPPED(T, I, VEC) ? 1                                          \
                            : (VEC == 4 && (STATS & (STATS - 1)) == 0)                         \
                                ? SEG_FWD_MIN_BLOCKS_ONE : SEG_FWD_MIN_BLOCKS)
 
@@ -544,16 +545,17 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     }
 }
 
-// The entries: one term without launch bounds, several terms of 4-byte
-// accumulators capped to SEG_BWD_MIN_BLOCKS blocks per multiprocessor (the
-// launcher picks by (LIN, NARG) and the value type, loader.py instantiates both).
+// The entries: one term without launch bounds, several terms (LIN + NARG >
+// 1, loader.segment_bwd_kernel) capped to SEG_BWD_MIN_BLOCKS blocks per
+// multiprocessor where SEG_CAPPED holds (__launch_bounds__(256, 1) elsewhere).
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __global__ void segment_bwd(SEGMENT_BWD_PARAMS) {
     segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }
 
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
-__global__ void __launch_bounds__(256, SEG_BWD_MIN_BLOCKS) segment_bwd_capped(SEGMENT_BWD_PARAMS) {
+__global__ void __launch_bounds__(256, SEG_CAPPED(T, I, VEC) ? SEG_BWD_MIN_BLOCKS : 1)
+segment_bwd_capped(SEGMENT_BWD_PARAMS) {
     segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }
 

@@ -55,13 +55,11 @@ SEGMENT_STATS = (1, 3, 4, 8, 12, 13, 15)
 SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2))
 
 
-def segment_bwd_kernel(vtype, itype, vec, lin, narg):
-    """Name of segment_bwd's entry: several terms (lin + narg > 1) with fp32
-    accumulators, int32 indices and vec <= 4 run `segment_bwd_capped` (launch
-    bounds for occupancy, SEG_CAPPED in kernels_cuda/segment.cu), the rest
-    `segment_bwd`."""
-    capped = lin + narg > 1 and vtype != "float64" and itype == "int32" and vec <= 4
-    return "segment_bwd_capped" if capped else "segment_bwd"
+def segment_bwd_kernel(lin, narg):
+    """Name of segment_bwd's entry: several terms (lin + narg > 1) run
+    `segment_bwd_capped` (launch bounds for occupancy where the types allow,
+    SEG_CAPPED in kernels_cuda/segment.cu), one term `segment_bwd`."""
+    return "segment_bwd_capped" if lin + narg > 1 else "segment_bwd"
 
 
 def segment_position_type(itype, ptype, needed):
@@ -89,7 +87,7 @@ def _segment_names(vt, it):
             names.append(f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
             names += [f"segment_fwd<{T}, {I}, {vec}, {s}, {P}>" for s in SEGMENT_STATS
                       if s & 12 or pt == it]
-            names += [f"{segment_bwd_kernel(vt, it, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
+            names += [f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
                       for lin, narg in SEGMENT_TERMS if narg or pt == it]
     return names
 

@@ -198,7 +198,7 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
                           grad) if a is not None]
     vec, group = _shape(vtype, F, *arrays)
     kern = get_function("segment", vtype, itype,
-                        f"{segment_bwd_kernel(vtype, itype, vec, lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
+                        f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
     num_tasks = int(plan.task_row.shape[0])
     kern(_grid(num_tasks, group), (BLOCK,),
          (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_pos),
