@@ -59,8 +59,8 @@
 //   segment_bwd steps one edge at a time (SEG_BWD_UNROLL = 1; it was 2-4 by
 //     registers): max fp32 2.81 -> 2.07, bf16 2.70 -> 1.93, the 4-reduction
 //     backward fp32 11.9 -> 7.7; its several-term instantiations (LIN + NARG
-//     > 1) where SEG_CAPPED holds run as segment_bwd_capped, which asks for
-//     SEG_BWD_MIN_BLOCKS = 4 blocks (fp32 4-reduction 7.70 -> 7.63), while a
+//     > 1) run as segment_bwd_capped, which asks for SEG_BWD_MIN_BLOCKS = 4
+//     blocks where SEG_CAPPED holds (fp32 4-reduction 7.70 -> 7.63), while a
 //     single term stays without launch bounds (with them max fp32 is 2.44).
 // Override for sweeps: FASTGNN_NVRTC_OPTIONS="-DSEG_FWD_MIN_BLOCKS=3
 // -DSEG_BWD_UNROLL=2 ..." (loader.py); SEG_FWD_UNROLL: edges gathered per
