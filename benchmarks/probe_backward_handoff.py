@@ -1,0 +1,94 @@
+"""Developer probe (GPU): where a drop-in layer's forward+backward spends its
+host time on a small graph, with autograd's device threads on and off.
+
+Per call it stamps perf_counter (no syncs) at: forward start, forward end,
+entry and exit of fastgnn's backward body (FastgnnFunction.backward, wrapped
+here; it runs on autograd's CUDA device thread when multithreading is on),
+and the return of torch.autograd.grad. Medians per segment:
+
+    fwd      forward of the layer
+    pre      autograd.grad called -> fastgnn's backward entered
+             (the nodes before it: the linear layers' backward, the handoff)
+    body     fastgnn's backward itself
+    post     fastgnn's backward left -> autograd.grad returned
+             (the nodes after it, the wake-up of the calling thread)
+
+Settings: multithreading on / off, and on with sys.setswitchinterval(1e-6)
+(if the GIL hand-over is what waits, that shortens it). The op alone
+(fastgnn.torch.segment_reduce) gives the same stamps without the linear layers.
+
+    python benchmarks/probe_backward_handoff.py [graph spec] [layer] [calls]
+    python benchmarks/probe_backward_handoff.py file:.data/soc-brightkite.txt SAGEConv_max 200
+"""
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+import fastgnn.torch as ft
+from fastgnn.torch._autograd import FastgnnFunction
+from fastgnn.bench import graphs
+from profile_layer_host import F, LAYERS   # benchmarks/ (this folder)
+
+STAMPS = []          # per backward entry/exit: (enter, leave, thread name)
+
+
+def _wrap_backward():
+    inner = FastgnnFunction.backward
+
+    def backward(ctx, *grad_outs):
+        t0 = time.perf_counter()
+        r = inner(ctx, *grad_outs)
+        STAMPS.append((t0, time.perf_counter(), threading.current_thread().name))
+        return r
+    FastgnnFunction.backward = staticmethod(backward)
+
+
+def timeline(forward, params, cot, calls):
+    rows = []
+    for k in range(calls + 10):
+        STAMPS.clear()
+        t0 = time.perf_counter()
+        out = forward()
+        t1 = time.perf_counter()
+        torch.autograd.grad(out, params, cot)
+        t3 = time.perf_counter()
+        if k >= 10 and STAMPS:
+            b0 = min(s[0] for s in STAMPS)
+            b1 = max(s[1] for s in STAMPS)
+            rows.append((t1 - t0, b0 - t1, b1 - b0, t3 - b1, t3 - t0, STAMPS[0][2]))
+    torch.cuda.synchronize()
+    med = [statistics.median(r[i] for r in rows) * 1e3 for i in range(5)]
+    return ("fwd {:.3f}  pre {:.3f}  body {:.3f}  post {:.3f}  total {:.3f} ms".format(*med)
+            + f"  (backward on {rows[0][5]!r})")
+
+
+def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200, device="cuda"):
+    dev = torch.device(device)
+    g = graphs.make(spec, torch, dev)
+    ei, n = g.edge_index, g.num_nodes
+    print(f"graph {g.name}: {n} nodes, {ei.shape[1]} edges; {layer}, F={F}; host ms per call, "
+          "median")
+    _wrap_backward()
+    x = torch.randn(n, F, device=dev, requires_grad=True)
+    mod = LAYERS[layer]().to(dev)
+    cases = {layer: (lambda: mod(x, ei), [x, *mod.parameters()]),
+             "segment_reduce max alone": (lambda: ft.segment_reduce(ei, x, "max", n), [x])}
+    switch = sys.getswitchinterval()
+    for name, (forward, params) in cases.items():
+        cot = torch.randn(forward().shape, device=dev)
+        for label, mt, interval in (("mt on ", True, switch), ("mt off", False, switch),
+                                    ("mt on, switchinterval 1e-6", True, 1e-6)):
+            torch.autograd.set_multithreading_enabled(mt)
+            sys.setswitchinterval(interval)
+            print(f"{name:26s} {label:28s} {timeline(forward, params, cot, calls)}", flush=True)
+        torch.autograd.set_multithreading_enabled(True)
+        sys.setswitchinterval(switch)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(a[0] if a else "file:.data/soc-brightkite.txt", a[1] if len(a) > 1 else "SAGEConv_max",
+         int(a[2]) if len(a) > 2 else 200)
