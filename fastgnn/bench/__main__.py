@@ -106,6 +106,11 @@ def build_parser():
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, help="CPU threads for torch and numba (default: their "
                    "own defaults; --quick: 1, which is robust on small, shared machines)")
+    p.add_argument("--autograd-threads", choices=["on", "off"],
+                   help="off: torch.autograd.set_multithreading_enabled(False) for every "
+                        "implementation, so backward runs on the calling thread instead of "
+                        "autograd's CUDA device thread (default: torch's own setting; see "
+                        "docs/benchmarks.md, 'Small graphs and autograd's device threads')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bandwidth", type=float, default=None,
                    help=f"GB/s for the bytes floor (default {H200_BANDWIDTH_GBS:g} on CUDA, "
@@ -215,11 +220,15 @@ def main(argv=None):
     quick = args.quick
     threads = args.threads or (1 if quick and not cuda else None)
     restore = _set_threads(torch, threads) if threads else None
+    autograd_mt = torch.autograd.is_multithreading_enabled()
+    if args.autograd_threads:
+        torch.autograd.set_multithreading_enabled(args.autograd_threads == "on")
     try:
         return _run(args, argv, torch, device, cuda, quick)
     finally:
         if restore:
             _set_threads(torch, *restore)
+        torch.autograd.set_multithreading_enabled(autograd_mt)
 
 
 def _set_threads(torch, n, n_numba=None):
@@ -275,7 +284,9 @@ def _run(args, argv, torch, device, cuda, quick):
             "bandwidth_gbs": bandwidth, "skipped": skipped,
             "timing": (f"median of {repeats} calls after {warmup} warm-up calls, "
                        + ("CUDA events" if cuda else "time.perf_counter")
-                       + "; fwd under torch.no_grad, fwd+bwd = forward + torch.autograd.grad")}
+                       + "; fwd under torch.no_grad, fwd+bwd = forward + torch.autograd.grad"
+                       + ("; autograd device threads off (every implementation)"
+                          if args.autograd_threads == "off" else ""))}
 
     for spec in graph_specs:                    # a typo fails now, not after an hour
         try:
