@@ -447,12 +447,16 @@ def test_shared_input_linears_double_backward():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[gpu, needs_gpu])])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_bias_grad_and_add_bias(device, dtype):
+def test_bias_grad_and_add_bias(device, dtype, monkeypatch):
     """bias_grad == the float64 column sum, for tensors above and below the
-    size where CUDA switches to fastgnn.column_sum, a non-contiguous and an
-    expanded cotangent; add_bias's gradients as x + b's; a double backward
-    through add_bias (torch's sum then) as x + b's."""
-    from fastgnn.torch.functional import COLUMN_SUM_MIN_NUMEL, add_bias, bias_grad
+    size where CUDA switches to fastgnn.column_sum (lowered here to keep the
+    tensors small), a non-contiguous and an expanded cotangent; add_bias's
+    gradients as x + b's; a double backward through add_bias (torch's sum
+    then) as x + b's."""
+    from fastgnn.torch import functional
+    from fastgnn.torch.functional import add_bias, bias_grad
+    monkeypatch.setattr(functional, "COLUMN_SUM_MIN_NUMEL", 1 << 18)
+    COLUMN_SUM_MIN_NUMEL = functional.COLUMN_SUM_MIN_NUMEL
     if device == "cpu" and dtype == torch.bfloat16:
         pytest.skip("bf16 column sums are a GPU path")
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5

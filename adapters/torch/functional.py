@@ -20,19 +20,22 @@ __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "add_bias", "bia
 
 # ------------------------------------------------------------------- bias
 # Smallest gradient [N, F] (elements) whose bias gradient goes through
-# fastgnn.column_sum on CUDA: below it torch's sum(0) is cheaper than the
-# call's host cost (device scope, DLPack, two launches); above it the one
-# streaming pass wins (N = 2^20, F = 128 fp32 on an H200: 0.16 ms against
-# torch's 0.30 ms, benchmarks/probe_gcn.py).
-COLUMN_SUM_MIN_NUMEL = 1 << 21
+# fastgnn.column_sum on CUDA. The streaming pass saves GPU time in
+# proportion to the size (N = 2^20, F = 128 fp32 on an H200: 0.16 ms against
+# torch's sum(0) 0.30 ms, benchmarks/probe_gcn.py) but costs ~60 us more host
+# time (device scope, DLPack, two launches), which is what a small graph's
+# call is made of: it breaks even around 2^25 elements.
+COLUMN_SUM_MIN_NUMEL = 1 << 25
 # Smallest input [N, F] (elements) for which the layers use their fused
-# Python autograd Functions (add_bias, nn.shared_input_linears). Each Python
-# node in a CUDA backward costs ~0.1-0.2 ms of autograd hand-off to its
-# device thread (benchmarks/probe_host_switches.py: soc-brightkite
-# SAGEConv_max fwd+bwd 1.79 ms, 1.36 ms with autograd multithreading off),
-# more than the pass it saves on a small graph; below this size the plain
-# torch ops (C++ autograd nodes) run instead. Tests set it to 0.
-FUSED_MIN_NUMEL = 1 << 21
+# Python autograd Functions (add_bias, nn.shared_input_linears). Each saves
+# one read-read-write pass over [N, F] (12 N F bytes in fp32: 0.15 ms at
+# 2^25.5 elements on an H200), and each Python node in a CUDA backward costs
+# 0.1-0.4 ms of host time: autograd runs it on its device thread, another
+# core, where Python and the torch calls around it run up to 2x slower
+# (benchmarks/probe_backward_handoff.py,
+# results/handoff_soc-brightkite_h200_session8.log). Below this size the
+# plain torch ops (C++ autograd nodes) run instead. Tests set it to 0.
+FUSED_MIN_NUMEL = 1 << 25
 _COLUMN_SUM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
