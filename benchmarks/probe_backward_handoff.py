@@ -13,13 +13,17 @@ and the return of torch.autograd.grad. Medians per segment:
     post     fastgnn's backward left -> autograd.grad returned
              (the nodes after it, the wake-up of the calling thread)
 
-Settings: multithreading on / off, and on with sys.setswitchinterval(1e-6)
-(if the GIL hand-over is what waits, that shortens it). The op alone
+Settings: multithreading on / off, on with sys.setswitchinterval(1e-6) (if
+the GIL hand-over is what waits, that shortens it), and on with the calling
+thread and the device thread pinned to one core (if the two threads' cache
+traffic is what costs, that removes it). "cpu": the thread's CPU time
+(time.thread_time) in that segment; wall above cpu is waiting. The op alone
 (fastgnn.torch.segment_reduce) gives the same stamps without the linear layers.
 
     python benchmarks/probe_backward_handoff.py [graph spec] [layer] [calls]
     python benchmarks/probe_backward_handoff.py file:.data/soc-brightkite.txt SAGEConv_max 200
 """
+import os
 import statistics
 import sys
 import threading
@@ -32,16 +36,20 @@ from fastgnn.torch._autograd import FastgnnFunction
 from fastgnn.bench import graphs
 from profile_layer_host import F, LAYERS   # benchmarks/ (this folder)
 
-STAMPS = []          # per backward entry/exit: (enter, leave, thread name)
+STAMPS = []          # per backward: (enter, leave, thread CPU seconds, thread name)
+PIN = []             # [core]: the backward's thread pins itself there (Linux)
 
 
 def _wrap_backward():
     inner = FastgnnFunction.backward
 
     def backward(ctx, *grad_outs):
-        t0 = time.perf_counter()
+        if PIN and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {PIN[0]})          # 0: the calling thread
+        t0, c0 = time.perf_counter(), time.thread_time()
         r = inner(ctx, *grad_outs)
-        STAMPS.append((t0, time.perf_counter(), threading.current_thread().name))
+        STAMPS.append((t0, time.perf_counter(), time.thread_time() - c0,
+                       threading.current_thread().name))
         return r
     FastgnnFunction.backward = staticmethod(backward)
 
@@ -50,19 +58,20 @@ def timeline(forward, params, cot, calls):
     rows = []
     for k in range(calls + 10):
         STAMPS.clear()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = forward()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         torch.autograd.grad(out, params, cot)
         t3 = time.perf_counter()
         if k >= 10 and STAMPS:
             b0 = min(s[0] for s in STAMPS)
             b1 = max(s[1] for s in STAMPS)
-            rows.append((t1 - t0, b0 - t1, b1 - b0, t3 - b1, t3 - t0, STAMPS[0][2]))
+            rows.append((t1 - t0, c1 - c0, b0 - t1, b1 - b0, sum(s[2] for s in STAMPS), t3 - b1,
+                         t3 - t0, STAMPS[0][3]))
     torch.cuda.synchronize()
-    med = [statistics.median(r[i] for r in rows) * 1e3 for i in range(5)]
-    return ("fwd {:.3f}  pre {:.3f}  body {:.3f}  post {:.3f}  total {:.3f} ms".format(*med)
-            + f"  (backward on {rows[0][5]!r})")
+    med = [statistics.median(r[i] for r in rows) * 1e3 for i in range(7)]
+    return ("fwd {:.3f} (cpu {:.3f})  pre {:.3f}  body {:.3f} (cpu {:.3f})  post {:.3f}  "
+            "total {:.3f} ms".format(*med) + f"  (backward on {rows[0][7]!r})")
 
 
 def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200, device="cuda"):
@@ -86,6 +95,15 @@ def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200, 
             print(f"{name:26s} {label:28s} {timeline(forward, params, cot, calls)}", flush=True)
         torch.autograd.set_multithreading_enabled(True)
         sys.setswitchinterval(switch)
+    # last (the device thread stays pinned): both threads on one core
+    if hasattr(os, "sched_setaffinity"):
+        core = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {core})
+        PIN.append(core)
+        for name, (forward, params) in cases.items():
+            cot = torch.randn(forward().shape, device=dev)
+            print(f"{name:26s} {'mt on, one core':28s} {timeline(forward, params, cot, calls)}",
+                  flush=True)
 
 
 if __name__ == "__main__":
