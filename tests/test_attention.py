@@ -221,6 +221,39 @@ def _inputs(score, graph, heads, channels, edge_term, rng_, dtype=np.float64, bi
     return x
 
 
+def _att_bound(ei, num_dst, x, go, ga, ref_att, negative_slope=0.2, scale=None, dropout=0.0,
+               seed=0, offset=0):
+    """eps32 * ||sum_e p_e (|dp_e| + |D_i|) |lrelu(t_e)| || / ||grad att||: the
+    rounding of gatv2's fp32 grad att = sum_e ds_e lrelu(t_e), term by term,
+    relative to a sum that cancels (ds sums to 0 over every target's edges).
+    benchmarks/probe_gatv2_att_rounding.py measures the H200's error against it."""
+    src, dst = np.asarray(ei)
+    s, msg, aux = ref._attention_edges(ei, "gatv2", x, negative_slope, scale)
+    p = ref._group_softmax(dst, s, num_dst)
+    z = ref._keep_factor(s.shape[0], s.shape[1], dropout, seed, offset)
+    dp = z * np.einsum("ehc,ehc->eh", np.asarray(go, np.float64)[dst], msg)
+    if ga is not None:
+        dp = dp + np.asarray(ga, np.float64)
+    tot = np.zeros((num_dst, s.shape[1]))
+    np.add.at(tot, dst, p * dp)
+    terms = (p * (np.abs(dp) + np.abs(tot[dst])))[..., None] * np.abs(ref._lrelu(aux["t"],
+                                                                             negative_slope))
+    den = np.linalg.norm(ref_att)
+    return np.finfo(np.float32).eps * np.linalg.norm(terms.sum(0)) / den if den > 0 else 0.0
+
+
+def _att_tol(ei, num_dst, x, go, ga, ref_att, vtype, tol, **kw):
+    """Tolerance of gatv2's grad att: in fp32 `tol` (None: TOLERANCES) or
+    `_att_bound` where that is larger (on the H200, over 7307 random graphs
+    of session 8, the error was at most 0.68 of the bound and above 1e-5 in
+    23 of them, mostly one head of width 1:
+    results/gatv2_att_rounding_h200_session8.log); other dtypes `tol`."""
+    if vtype != "float32":
+        return tol
+    return max(TOLERANCES["float32"] if tol is None else tol,
+               _att_bound(ei, num_dst, x, go, ga, ref_att, **kw))
+
+
 def _check_attention(device, ei, g, score, x, dtype, *, slope=0.2, scale=None, dropout=0.0,
                      seed=0, offset=0, with_alpha=False, rng_=None):
     """Forward (and alpha) and every gradient against the reference."""
@@ -248,7 +281,8 @@ def _check_attention(device, ei, g, score, x, dtype, *, slope=0.2, scale=None, d
             assert gr is None, name
             continue
         assert gr.shape == x[name].shape and gr.dtype == np.dtype(dtype), name
-        assert_close(to_numpy(gr), r_grads[name], dtype, f"{score} grad {name}")
+        tol = (_att_tol(ei, g.num_dst, x, go, ga, r_grads[name], dtype, None, **kw) if name == "att" else None)
+        assert_close(to_numpy(gr), r_grads[name], dtype, f"{score} grad {name}", tol=tol)
     return to_numpy(out), grads
 
 
@@ -712,8 +746,10 @@ def _gpu_backward(score, vtype, case, rng_, **options):
             continue
         assert gr.shape == x[name].shape, name
         got[name] = _gpu_values(gr, vtype)
-        assert_close(got[name], r_grads[name], vtype, f"{score} {case} grad {name}",
-                     tol=GPU_GRAD_TOL[vtype])
+        tol = GPU_GRAD_TOL[vtype]
+        if name == "att":
+            tol = _att_tol(ei, n, xr, go, ga, r_grads[name], vtype, tol, **kw)
+        assert_close(got[name], r_grads[name], vtype, f"{score} {case} grad {name}", tol=tol)
     return got
 
 
@@ -775,7 +811,9 @@ def test_gpu_gatv2_grad_att_block_partials(vtype, heads, channels):
     r_grads = ref.edge_attention_vjp(ei, "gatv2", n, xr, go, None)
     assert first.shape == (heads, channels)
     assert_close(_gpu_values(first, vtype), r_grads["att"], vtype,
-                 f"grad att ({heads}, {channels})", tol=GPU_GRAD_TOL[vtype])
+                 f"grad att ({heads}, {channels})",
+                 tol=_att_tol(ei, n, xr, go, None, r_grads["att"], vtype,
+                                  GPU_GRAD_TOL[vtype]))
     np.testing.assert_array_equal(to_numpy(first), to_numpy(again))
 
 
