@@ -10,7 +10,9 @@ them (training), the backward, and the backward with deterministic=False.
 One line per (defines, dtype); multi/max is the ratio of the forwards and
 of training (forward with residuals + backward). A variant "maxvec=N" (not
 a define, sweep_common.py) runs the defaults with the launchers' vector
-width capped at N values (below loader.SEGMENT_MAX_VEC, 4).
+width capped at N values (below loader.SEGMENT_MAX_VEC, 4); "args-always"
+runs the defaults with the inference forward tracking max/min positions as
+the training one does (no STAT_NOARG).
 
     python benchmarks/sweep_segment.py [scale] ["-DSEG_FWD_MIN_BLOCKS=4" ...]
 """
@@ -19,6 +21,7 @@ import sys
 import cupy as cp
 
 import fastgnn
+from fastgnn.backends.cuda import loader
 from fastgnn.backends.cuda import segment as cuda_segment
 from fastgnn.backends.cuda.prewarm import modules, prewarm
 from fastgnn.backends.cuda.spmm import median_ms
@@ -55,11 +58,21 @@ def _cap_vec(cap, default=cuda_segment.SEGMENT_MAX_VEC):
     cuda_segment.SEGMENT_MAX_VEC = min(cap, default) if cap else default
 
 
+ARGS_ALWAYS = "args-always"
+
+
+def _enter(variant):
+    """enter_variant, plus "args-always": STAT_NOARG off in the launcher."""
+    cuda_segment.STAT_NOARG = 0 if variant == ARGS_ALWAYS else loader.STAT_NOARG
+    enter_variant("" if variant == ARGS_ALWAYS else variant, _cap_vec)
+
+
 def main(scale=20, variants=None):
     variants = variants or DEFAULT_VARIANTS
     # NVRTC is the slow part: compile every variant's modules on every core
     # first; CuPy's disk cache then serves the timing loop below
-    prewarm(modules(["segment"], list(VTYPES), ["int32"], defines_to_prewarm(variants)))
+    prewarm(modules(["segment"], list(VTYPES), ["int32"],
+                    defines_to_prewarm([v for v in variants if v != ARGS_ALWAYS])))
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
@@ -70,7 +83,7 @@ def main(scale=20, variants=None):
     print(f"rmat{scale}: n={n} E={g.num_edges}, F={F}; per reduction: fwd (inference) / fwd "
           "(training) / bwd / bwd deterministic=False, ms (median of 10)")
     for defines in variants:
-        enter_variant(defines, _cap_vec)
+        _enter(defines)
         for vt, x in data.items():
             t = {name: _times(g, x, r, grads[vt, name], vt) for name, r in REDUCES.items()}
             cells = [f"{name} " + "/".join(f"{v:.2f}" for v in t[name]) for name in REDUCES]

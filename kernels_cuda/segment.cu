@@ -15,7 +15,9 @@
 // uint16 when every row has fewer than 65536 edges (all ones: empty row),
 // else the index type I (-1: empty row); registers hold it in I. The
 // launcher picks the smallest instantiated STATS covering the
-// request (SEGMENT_STATS in loader.py); the epilogue writes only the
+// request (SEGMENT_STATS in loader.py), plus STAT_NOARG when no args are
+// asked for (inference: no positions tracked, fp32 VEC 4 max 46 -> 40
+// registers, mean+max+min+std 64 -> 56); the epilogue writes only the
 // requested reductions (`codes`) as VEC-wide stores into their blocks of the
 // [num_rows, R*F] output, the args when asked (training), and the mean / std
 // residuals of the backward (acc_t) when asked.
@@ -41,6 +43,11 @@
 #define STAT_SQ 2
 #define STAT_MAX 4
 #define STAT_MIN 8
+// Flag on top of the statistic bits: the forward tracks no max/min positions
+// (inference: no args asked for). The values and the merge of split rows are
+// the same; split rows store position 0 as their partials' "has a value" mark.
+#define STAT_NOARG 16
+#define STAT_BITS(STATS) ((STATS) & 15)
 
 // Occupancy and edges in flight, chosen on an H200 sweep (rmat20, F = 128,
 // benchmarks/sweep_segment.py, log
@@ -86,7 +93,7 @@
 #endif
 #define SEG_FWD_BOUNDS                                                                      \
     __launch_bounds__(256, !SEG_CAPPED(T, I, VEC) ? 1                                          \
-                           : (VEC == 4 && (STATS & (STATS - 1)) == 0)                         \
+                           : (VEC == 4 && (STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0)   \
                                ? SEG_FWD_MIN_BLOCKS_ONE : SEG_FWD_MIN_BLOCKS)
 
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
@@ -121,9 +128,11 @@ __device__ __forceinline__ bool takes_min(A v, A m, I arg) {
     return arg < 0 || beats_min(v, m);
 }
 
-// Running statistics of VEC features (only those of STATS are touched).
+// Running statistics of VEC features (only those of STATS are touched; with
+// STAT_NOARG no positions).
 template <typename A, typename I, int VEC, int STATS>
 struct seg_state {
+    static constexpr bool ARGS = !(STATS & STAT_NOARG);
     A s[VEC], sq[VEC], mx[VEC], mn[VEC];
     I amx[VEC], amn[VEC];
 
@@ -144,12 +153,13 @@ struct seg_state {
         return p;
     }
 
-    // the positions of statistic K (2 max, 3 min) in the stored type P (-1: all ones)
+    // the positions of statistic K (2 max, 3 min) in the stored type P (-1:
+    // all ones); STAT_NOARG: 0, a split row's "has a value" mark
     template <typename P, int K>
     __device__ __forceinline__ pack_t<P, VEC> arg_pack() const {
         pack_t<P, VEC> p;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) p.v[v] = (P)(K == 2 ? amx[v] : amn[v]);
+        for (int v = 0; v < VEC; ++v) p.v[v] = ARGS ? (P)(K == 2 ? amx[v] : amn[v]) : P(0);
         return p;
     }
 
@@ -162,14 +172,14 @@ struct seg_state {
         if (FIRST) {
             if (STATS & STAT_SUM) s[v] = A(0) + val;
             if (STATS & STAT_SQ) sq[v] = val * val;
-            if (STATS & STAT_MAX) { mx[v] = val; amx[v] = e; }
-            if (STATS & STAT_MIN) { mn[v] = val; amn[v] = e; }
+            if (STATS & STAT_MAX) { mx[v] = val; if (ARGS) amx[v] = e; }
+            if (STATS & STAT_MIN) { mn[v] = val; if (ARGS) amn[v] = e; }
             return;
         }
         if (STATS & STAT_SUM) s[v] += val;
         if (STATS & STAT_SQ) sq[v] += val * val;
-        if ((STATS & STAT_MAX) && beats_max(val, mx[v])) { mx[v] = val; amx[v] = e; }
-        if ((STATS & STAT_MIN) && beats_min(val, mn[v])) { mn[v] = val; amn[v] = e; }
+        if ((STATS & STAT_MAX) && beats_max(val, mx[v])) { mx[v] = val; if (ARGS) amx[v] = e; }
+        if ((STATS & STAT_MIN) && beats_min(val, mn[v])) { mn[v] = val; if (ARGS) amn[v] = e; }
     }
 
     // U consecutive edges from CSR position e of the row starting at rb: U

@@ -462,7 +462,8 @@ def _values(a, vtype):
 def test_gpu_nondeterministic_backward_matches_default(device, reduce, vtype, width, args):
     """deterministic=False (max/min terms by float atomics over the targets;
     the transpose walk skipped, or kept for the linear terms only) gives the
-    default's forward bit for bit and its gradient up to summation order, on
+    default's forward bit for bit (as does the inference forward, which
+    tracks no positions) and its gradient up to summation order, on
     a graph with empty rows, a hub (split into tasks; 65536 in-edges: args in
     the index dtype, else uint16), duplicates, self-loops and ties everywhere
     (small integer features), at an odd width (scalar loads and atomics) and
@@ -476,6 +477,8 @@ def test_gpu_nondeterministic_backward_matches_default(device, reduce, vtype, wi
     out_d, res_d = segment_reduce_fwd(g, xd, reduce, **kw)
     out_n, res_n = segment_reduce_fwd(g, xd, reduce, deterministic=False, **kw)
     np.testing.assert_array_equal(to_numpy(out_n), to_numpy(out_d))
+    # inference tracks no positions (STAT_NOARG): the same values
+    np.testing.assert_array_equal(to_numpy(segment_reduce(g, xd, reduce, **kw)), to_numpy(out_d))
     want = np.uint16 if hub < 65536 else g.index_dtype
     for a in (res_n.argmax, res_n.argmin):
         assert a is None or a.dtype == want

@@ -48,8 +48,11 @@ def _spmm_names(vt, it):
 
 
 # Statistic sets (bits: 1 sum, 2 sum of squares, 4 max, 8 min) of the
-# segment_fwd instantiations; a request runs the smallest superset.
+# segment_fwd instantiations; a request runs the smallest superset. Those
+# with max or min also run with bit 16 (STAT_NOARG: no positions tracked,
+# P = uint16) when no positions are asked for.
 SEGMENT_STATS = (1, 3, 4, 8, 12, 13, 15)
+STAT_NOARG = 16
 # (LIN, NARG) bounds of the segment_bwd instantiations (linear terms: 1 coef_a,
 # 2 coef_a + coef_b; NARG argmax/argmin terms); a request runs the first cover.
 SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2))
@@ -87,6 +90,9 @@ def _segment_names(vt, it):
             names.append(f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
             names += [f"segment_fwd<{T}, {I}, {vec}, {s}, {P}>" for s in SEGMENT_STATS
                       if s & 12 or pt == it]
+            if pt == "uint16":
+                names += [f"segment_fwd<{T}, {I}, {vec}, {s | STAT_NOARG}, {P}>"
+                          for s in SEGMENT_STATS if s & 12]
             names += [f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
                       for lin, narg in SEGMENT_TERMS if narg or pt == it]
     return names

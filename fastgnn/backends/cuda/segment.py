@@ -25,7 +25,7 @@ import cupy as cp
 import numpy as np
 
 from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STATS, SEGMENT_TERMS,
-                     get_function, segment_bwd_kernel, segment_position_type)
+                     STAT_NOARG, get_function, segment_bwd_kernel, segment_position_type)
 from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
                    from_acc, lane_group, task_plan)
 
@@ -71,6 +71,10 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     pos = graph.position_dtype if has_args else np.dtype(idx)
     argmax = cp.empty((n, F), dtype=pos) if residuals and "max" in codes else None
     argmin = cp.empty((n, F), dtype=pos) if residuals and "min" in codes else None
+    if has_args and argmax is None and argmin is None:
+        # no positions wanted (inference): the kernel tracks none; split rows'
+        # partial positions are only a uint16 "has a value" mark
+        stats, pos = stats | STAT_NOARG, np.dtype(np.uint16)
     var = residuals and ("var" in codes or "std" in codes)
     mean = cp.empty((n, F), dtype=acc) if var else None
     std = cp.empty((n, F), dtype=acc) if var and "std" in codes else None
