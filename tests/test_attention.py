@@ -301,7 +301,8 @@ def _check_attention(device, ei, g, score, x, dtype, *, slope=0.2, scale=None, d
             assert gr is None, name
             continue
         assert gr.shape == x[name].shape and gr.dtype == np.dtype(dtype), name
-        tol = (_att_tol(ei, g.num_dst, x, go, ga, r_grads[name], dtype, None, **kw) if name == "att" else None)
+        tol = (_att_tol(ei, g.num_dst, x, go, ga, r_grads[name], dtype, None, **kw)
+               if name == "att" else None)
         assert_close(to_numpy(gr), r_grads[name], dtype, f"{score} grad {name}", tol=tol)
     return to_numpy(out), grads
 
@@ -769,7 +770,8 @@ def _gpu_backward(score, vtype, case, rng_, **options):
         want, tol = r_grads[name], GPU_GRAD_TOL[vtype]
         if name == "att":
             tol = _att_tol(ei, n, xr, go, ga, want, vtype, tol, **kw)
-            # D = <g, out> alone (no bias in the store, no grad_alpha term)
+            # D = <g, out> alone: no bias (D would read the stored output
+            # without it, which the test does not see) and no grad_alpha term
             if vtype == "bfloat16" and "bias" not in x and ga is None:
                 want = _att_bf16_reference(ei, n, xr, go, _gpu_values(out, vtype), **kw)
         assert_close(got[name], want, vtype, f"{score} {case} grad {name}", tol=tol)

@@ -5,7 +5,8 @@ split, partial states merged in slot order) computing the statistics the
 requested reductions need (the smallest instantiated superset) and writing
 each reduction's block, plus, when training, the argmax/argmin positions
 (within the row, in Graph.position_dtype: uint16 below 65536 in-edges) and
-the mean/std residuals of the backward.
+the mean/std residuals of the backward; an inference forward (no positions
+asked for) runs the instantiation that tracks none (STAT_NOARG).
 Backward: one fused pass building coef_a/coef_b from the cotangent
 (segment_coef), then one pass over the cached transpose summing the linear
 terms and the arg-selected max/min terms (read straight from the cotangent's
@@ -68,13 +69,17 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     n = graph.num_dst
     out = cp.empty((n, R * F), dtype=x.dtype)
     has_args = bool(stats & (STAT_MAX | STAT_MIN))      # the kernel's, maybe more than asked
-    pos = graph.position_dtype if has_args else np.dtype(idx)
+    # no positions wanted (inference): the kernel tracks none and split rows'
+    # partial positions are only a uint16 "has a value" mark (STAT_NOARG = 0:
+    # benchmarks/sweep_segment.py's args-always variant)
+    no_args = bool(STAT_NOARG) and has_args and not (
+        residuals and ("max" in codes or "min" in codes))
+    if no_args:
+        stats, pos = stats | STAT_NOARG, np.dtype(np.uint16)
+    else:
+        pos = graph.position_dtype if has_args else np.dtype(idx)
     argmax = cp.empty((n, F), dtype=pos) if residuals and "max" in codes else None
     argmin = cp.empty((n, F), dtype=pos) if residuals and "min" in codes else None
-    if has_args and argmax is None and argmin is None:
-        # no positions wanted (inference): the kernel tracks none; split rows'
-        # partial positions are only a uint16 "has a value" mark
-        stats, pos = stats | STAT_NOARG, np.dtype(np.uint16)
     var = residuals and ("var" in codes or "std" in codes)
     mean = cp.empty((n, F), dtype=acc) if var else None
     std = cp.empty((n, F), dtype=acc) if var and "std" in codes else None
