@@ -285,8 +285,8 @@ def _run(args, argv, torch, device, cuda, quick):
             "timing": (f"median of {repeats} calls after {warmup} warm-up calls, "
                        + ("CUDA events" if cuda else "time.perf_counter")
                        + "; fwd under torch.no_grad, fwd+bwd = forward + torch.autograd.grad"
-                       + ("; autograd device threads off (every implementation)"
-                          if args.autograd_threads == "off" else ""))}
+                       + (f"; autograd device threads {args.autograd_threads} (every "
+                          "implementation)" if args.autograd_threads else ""))}
 
     for spec in graph_specs:                    # a typo fails now, not after an hour
         try:
