@@ -221,30 +221,15 @@ def _inputs(score, graph, heads, channels, edge_term, rng_, dtype=np.float64, bi
     return x
 
 
-def _att_terms(ei, num_dst, x, go, ga, negative_slope=0.2, scale=None, dropout=0.0, seed=0,
-               offset=0):
-    """gatv2's grad att = sum_e ds_e lrelu(t_e), ds_e = p_e (dp_e - D_i), in
-    parts (float64): (target of each edge, p [E, H], dp [E, H], lrelu(t) [E, H, C],
-    the exact D [num_dst, H])."""
-    src, dst = np.asarray(ei)
-    s, msg, aux = ref._attention_edges(ei, "gatv2", x, negative_slope, scale)
-    p = ref._group_softmax(dst, s, num_dst)
-    z = ref._keep_factor(s.shape[0], s.shape[1], dropout, seed, offset)
-    dp = z * np.einsum("ehc,ehc->eh", np.asarray(go, np.float64)[dst], msg)
-    if ga is not None:
-        dp = dp + np.asarray(ga, np.float64)
-    tot = np.zeros((num_dst, s.shape[1]))
-    np.add.at(tot, dst, p * dp)
-    return dst, p, dp, ref._lrelu(aux["t"], negative_slope), tot
-
-
 def _att_bound(ei, num_dst, x, go, ga, ref_att, **kw):
     """eps32 * ||sum_e p_e (|dp_e| + |D_i|) |lrelu(t_e)| || / ||grad att||: the
-    fp32 rounding of gatv2's grad att, term by term, relative to a sum that
-    cancels (ds sums to 0 over every target's edges).
+    fp32 rounding of gatv2's grad att = sum_e ds_e lrelu(t_e), term by term,
+    relative to a sum that cancels (ds sums to 0 over every target's edges).
     benchmarks/probe_gatv2_att_rounding.py measures the H200's error against it."""
-    dst, p, dp, lt, tot = _att_terms(ei, num_dst, x, go, ga, **kw)
-    terms = (p * (np.abs(dp) + np.abs(tot[dst])))[..., None] * np.abs(lt)
+    sm = ref.edge_attention_softmax_terms(ei, "gatv2", num_dst, x, go, ga, **kw)
+    dst = np.asarray(ei)[1]
+    lt = ref._lrelu(sm["aux"]["t"], kw.get("negative_slope", 0.2))
+    terms = (sm["p"] * (np.abs(sm["dp"]) + np.abs(sm["D"][dst])))[..., None] * np.abs(lt)
     den = np.linalg.norm(ref_att)
     return np.finfo(np.float32).eps * np.linalg.norm(terms.sum(0)) / den if den > 0 else 0.0
 
@@ -269,9 +254,12 @@ def _att_bf16_reference(ei, num_dst, x, go, out, **kw):
     grad att amplified by that cancellation: a GPU test of one head of width
     1 was 0.109 off the exact reference in session 8. Not GPU-run yet (no
     device time left that session)."""
-    dst, p, dp, lt, _ = _att_terms(ei, num_dst, x, go, None, **kw)
+    sm = ref.edge_attention_softmax_terms(ei, "gatv2", num_dst, x, go, None, **kw)
+    dst = np.asarray(ei)[1]
     delta = np.einsum("nhc,nhc->nh", np.asarray(go, np.float64), np.asarray(out, np.float64))
-    return ((p * (dp - delta[dst]))[..., None] * lt).sum(0).reshape(np.shape(x["att"]))
+    lt = ref._lrelu(sm["aux"]["t"], kw.get("negative_slope", 0.2))
+    return ((sm["p"] * (sm["dp"] - delta[dst]))[..., None] * lt).sum(0).reshape(
+        np.shape(x["att"]))
 
 
 def _off_kink(ei, score, x, margin=1e-5, step=1e-3):
@@ -283,13 +271,11 @@ def _off_kink(ei, score, x, margin=1e-5, step=1e-3):
     (1 - slope) ds att: about 1 test run in 1300 of an fp32 GPU case with an
     edge term (a 1.6e-3 grad xl error in session 8's GPU run). Without an
     edge term the sum is one rounded addition, whose sign is exact."""
-    src, dst = np.asarray(ei)
-    if score == "gatv2" and "xe" in x:
-        key, t = "xe", x["xl"][src] + x["xr"][dst] + x["xe"]
-    elif score == "gat" and "a_edge" in x:
-        key, t = "a_edge", x["a_src"][src] + x["a_dst"][dst] + x["a_edge"]
-    else:
+    key = {"gatv2": "xe", "gat": "a_edge"}.get(score)
+    if key not in x:
         return x
+    _, _, aux = ref._attention_edges(ei, score, x, 0.2, None)
+    t = aux["t" if score == "gatv2" else "u"]          # the LeakyReLU argument
     near = np.abs(t) < margin
     return {**x, key: np.where(near, x[key] + np.where(t < 0, -step, step), x[key]).astype(
         x[key].dtype)}

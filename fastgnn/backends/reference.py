@@ -224,6 +224,26 @@ def edge_attention(edge_index, score, num_dst, inputs, negative_slope=0.2, scale
     return out, alpha
 
 
+def edge_attention_softmax_terms(edge_index, score, num_dst, inputs, grad_out, grad_alpha=None,
+                                 negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0):
+    """The softmax part of `edge_attention_vjp`, per edge (float64): a dict of
+    p [E, H] (attention weights), z [E, H] (dropout factors), msg [E, H, C],
+    aux (the score's intermediates, `_attention_edges`), dp_e = z_e <g_i, m_e>
+    + ga_e [E, H] and D_i = sum_{same target} p dp [num_dst, H]; then
+    ds_e = p_e (dp_e - D_i)."""
+    dst = np.asarray(edge_index)[1]
+    s, msg, aux = _attention_edges(edge_index, score, inputs, negative_slope, scale)
+    E, H = s.shape
+    p = _group_softmax(dst, s, num_dst)
+    z = _keep_factor(E, H, dropout, seed, offset)
+    dp = z * np.einsum("ehc,ehc->eh", _f64(grad_out)[dst], msg)
+    if grad_alpha is not None:
+        dp = dp + _f64(grad_alpha)
+    tot = np.zeros((num_dst, H))
+    np.add.at(tot, dst, p * dp)
+    return {"p": p, "z": z, "msg": msg, "aux": aux, "dp": dp, "D": tot}
+
+
 def edge_attention_vjp(edge_index, score, num_dst, inputs, grad_out, grad_alpha=None,
                        negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0):
     """{input name: gradient} of `edge_attention` for the cotangents grad_out
@@ -232,16 +252,10 @@ def edge_attention_vjp(edge_index, score, num_dst, inputs, grad_out, grad_alpha=
     then the chain rule through each score function."""
     src, dst = np.asarray(edge_index)
     x = {k: _f64(v) for k, v in inputs.items() if v is not None}
-    s, msg, aux = _attention_edges(edge_index, score, inputs, negative_slope, scale)
-    E, H = s.shape
-    p = _group_softmax(dst, s, num_dst)
-    z = _keep_factor(E, H, dropout, seed, offset)
+    sm = edge_attention_softmax_terms(edge_index, score, num_dst, inputs, grad_out, grad_alpha,
+                                      negative_slope, scale, dropout, seed, offset)
+    p, z, msg, aux, dp, tot = sm["p"], sm["z"], sm["msg"], sm["aux"], sm["dp"], sm["D"]
     g = _f64(grad_out)
-    dp = z * np.einsum("ehc,ehc->eh", g[dst], msg)
-    if grad_alpha is not None:
-        dp = dp + _f64(grad_alpha)
-    tot = np.zeros((num_dst, H))
-    np.add.at(tot, dst, p * dp)
     ds = p * (dp - tot[dst])
     dmsg = (p * z)[..., None] * g[dst]
 

@@ -69,12 +69,10 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     n = graph.num_dst
     out = cp.empty((n, R * F), dtype=x.dtype)
     has_args = bool(stats & (STAT_MAX | STAT_MIN))      # the kernel's, maybe more than asked
-    # no positions wanted (inference): the kernel tracks none and split rows'
-    # partial positions are only a uint16 "has a value" mark (STAT_NOARG = 0:
-    # benchmarks/sweep_segment.py's args-always variant)
-    no_args = bool(STAT_NOARG) and has_args and not (
-        residuals and ("max" in codes or "min" in codes))
-    if no_args:
+    # inference (no residuals) wants no positions: the kernel tracks none and
+    # split rows' partial positions are only a uint16 "has a value" mark
+    # (STAT_NOARG = 0: benchmarks/sweep_segment.py's args-always variant)
+    if has_args and not residuals and STAT_NOARG:
         stats, pos = stats | STAT_NOARG, np.dtype(np.uint16)
     else:
         pos = graph.position_dtype if has_args else np.dtype(idx)
