@@ -4,7 +4,7 @@ formulations torch offers, each timed alone (CUDA events, median of 20), so
 the layers can use the fastest form of each product. Also under
 torch.backends.cuda.preferred_blas_library("cublaslt").
 
-    python benchmarks/probe_gemm.py [N] [F]
+    python benchmarks/probe_gemm.py [N] [F] [dtype] [default|cublaslt ...]
 """
 import sys
 
@@ -18,17 +18,18 @@ def median_ms(fn, repeats=20):
     return event_ms(fn, repeats)
 
 
-def cases(N, F):
+def cases(N, F, dtype):
     gen = torch.Generator(device="cuda").manual_seed(0)
-    a, g = (torch.randn(N, F, device="cuda", generator=gen) for _ in range(2))
-    W, W2 = (torch.randn(F, F, device="cuda", generator=gen) for _ in range(2))
-    b = torch.randn(F, device="cuda", generator=gen)
-    zero = torch.zeros(F, device="cuda")
-    out = torch.empty(N, F, device="cuda")
-    cat = torch.randn(N, 2 * F, device="cuda", generator=gen)
+    a, g = (torch.randn(N, F, device="cuda", generator=gen, dtype=dtype) for _ in range(2))
+    W, W2 = (torch.randn(F, F, device="cuda", generator=gen, dtype=dtype) for _ in range(2))
+    b = torch.randn(F, device="cuda", generator=gen, dtype=dtype)
+    zero = torch.zeros(F, device="cuda", dtype=dtype)
+    out = torch.empty(N, F, device="cuda", dtype=dtype)
+    cat = torch.randn(N, 2 * F, device="cuda", generator=gen, dtype=dtype)
     Wcat = torch.cat([W, W2], 0)            # [2F, F]
     Wcat_t = torch.cat([W, W2], 1)          # [F, 2F]
     gt = g.t().contiguous()
+    Wt = W.t().contiguous()
     return {
         "fwd  F.linear(a, W)          a W^T": lambda: torch.nn.functional.linear(a, W),
         "fwd  F.linear(a, W, b)       a W^T + b": lambda: torch.nn.functional.linear(a, W, b),
@@ -37,6 +38,8 @@ def cases(N, F):
         "fwd  out.addmm_(a, W.t())    out += a W^T": lambda: out.addmm_(a, W.t()),
         "bwd  g.mm(W)                 g W": lambda: g.mm(W),
         "bwd  torch.addmm(zero, g, W) g W + 0": lambda: torch.addmm(zero, g, W),
+        "bwd  F.linear(g, Wt)         g (W^T)^T": lambda: torch.nn.functional.linear(g, Wt),
+        "bwd  F.linear(g, Wt, zero)   g (W^T)^T + 0": lambda: torch.nn.functional.linear(g, Wt, zero),
         "bwd  out.addmm_(g, W)        out += g W": lambda: out.addmm_(g, W),
         "wgt  g.t().mm(a)             g^T a": lambda: g.t().mm(a),
         "wgt  a.t().mm(g).t()         (a^T g)^T": lambda: a.t().mm(g).t(),
@@ -48,20 +51,21 @@ def cases(N, F):
     }
 
 
-def main(N=1 << 20, F=128):
-    print(f"N={N} F={F} fp32, allow_tf32={torch.backends.cuda.matmul.allow_tf32}; "
+def main(N=1 << 20, F=128, dtype="float32", libs=("default", "cublaslt")):
+    print(f"N={N} F={F} {dtype}, allow_tf32={torch.backends.cuda.matmul.allow_tf32}; "
           f"one product = {2 * N * F * F / 1e9:.1f} GFLOP; ms (median of 20)")
-    for lib in ("default", "cublaslt"):
+    for lib in libs:
         if lib != "default":
             try:
                 torch.backends.cuda.preferred_blas_library(lib)
             except Exception as exc:  # noqa: BLE001
                 print(f"[{lib}] unavailable: {exc}")
                 continue
-        for name, fn in cases(N, F).items():
+        for name, fn in cases(N, F, getattr(torch, dtype)).items():
             print(f"[{lib:8s}] {name:55s} {median_ms(fn):.3f}", flush=True)
     torch.backends.cuda.preferred_blas_library("cublas")
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    args = sys.argv[1:]
+    main(*(int(a) for a in args[:2]), *args[2:3], *([tuple(args[3:])] if args[3:] else []))
