@@ -22,6 +22,7 @@ import fastgnn
 from fastgnn._array import check_deterministic
 
 from . import functional as _functional
+from .gemm import g_w, x_wt
 from .functional import _norm_dtype, bias_grad, gcn_norm, spmm
 from .graph_cache import resolve, to_graph
 
@@ -232,7 +233,7 @@ class GCNConv(torch.nn.Module):
         else:
             graph, adj_w = resolve(edge_index, n)
             weight = edge_weight if adj_w is None and not _is_sparse(edge_index) else adj_w
-        x = self.lin(x)
+        x, = shared_input_linears(x, (self.lin,))
         return _spmm_bias(graph, x, weight, self.bias, reduce=self._reduce,
                           csr_weights=csr_weights)
 
@@ -426,7 +427,8 @@ class _SharedInputLinears(torch.autograd.Function):
     linear (a beta = 1 epilogue reads grad_x once instead). Weight and bias
     gradients as torch.nn.Linear's: G_k^T x and the column sums of G_k
     (`bias_grad`: one streaming pass on large CUDA tensors). One linear is
-    torch's Linear with that bias gradient.
+    torch's Linear with that bias gradient. Bias-free products x W^T and the
+    first G_k W_k go through `gemm` (the faster cuBLAS form for the shape).
 
     forward(ctx, x, W_1, b_1, W_2, b_2, ...) -> (y_1, y_2, ...); b_k may be None."""
 
@@ -436,7 +438,7 @@ class _SharedInputLinears(torch.autograd.Function):
         ctx.set_materialize_grads(False)        # an unused output sends no gradient
         ctx.save_for_backward(x, *ws)
         ctx.has_bias = tuple(b is not None for b in bs)
-        return tuple(F.linear(x, w, b) for w, b in zip(ws, bs))
+        return tuple(F.linear(x, w, b) if b is not None else x_wt(x, w) for w, b in zip(ws, bs))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -448,7 +450,7 @@ class _SharedInputLinears(torch.autograd.Function):
             if g is None:
                 continue
             if needs[0]:
-                grad_x = g.mm(w) if grad_x is None else grad_x.addmm_(g, w)
+                grad_x = g_w(g, w) if grad_x is None else grad_x.addmm_(g, w)
             if needs[1 + 2 * k]:
                 out[2 * k] = g.t().mm(x)
             if ctx.has_bias[k] and needs[2 + 2 * k]:
