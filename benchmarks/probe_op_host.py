@@ -1,0 +1,123 @@
+"""Developer probe (GPU): where the host time of one fastgnn.torch op call
+goes, on a small graph (where a call costs what Python and the launches
+cost). Autograd multithreading off (the backward on the calling thread).
+
+Prints host microseconds per call (perf_counter over back-to-back calls, no
+sync) of, from the outside in: the torch op forward (no grad, with grad) and
+its backward; the array op on CuPy arrays; the CUDA backend launcher; the
+bare kernel launches it makes (replayed with the same arguments); and the
+pieces around them (device scope, DLPack both ways, a CuPy allocation from
+torch's allocator). Then cProfile's top functions by own time for a
+forward+backward.
+
+    python benchmarks/probe_op_host.py [graph spec] [reduce] [calls]
+    python benchmarks/probe_op_host.py file:.data/soc-brightkite.txt max 2000
+"""
+import cProfile
+import pstats
+import sys
+import time
+
+import cupy as cp
+import torch
+
+import fastgnn
+import fastgnn.torch as ft
+from fastgnn.backends.cuda import segment as cuda_segment
+from fastgnn.bench import graphs
+from fastgnn.torch import _autograd
+
+F = 128
+
+
+def us_per_call(step, calls):
+    step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+class _Recorder:
+    """Wraps a CuPy kernel: remembers the last launch's arguments."""
+
+    def __init__(self, kern, log):
+        self.kern, self.log = kern, log
+
+    def __call__(self, grid, block, args, **kw):
+        self.log.append((self.kern, grid, block, args, kw))
+        return self.kern(grid, block, args, **kw)
+
+
+def main(spec="file:.data/soc-brightkite.txt", reduce="max", calls=2000):
+    torch.autograd.set_multithreading_enabled(False)
+    g = graphs.make(spec, torch, torch.device("cuda"))
+    ei, n = g.edge_index, g.num_nodes
+    x = torch.randn(n, F, device="cuda", requires_grad=True)
+    graph = ft.to_graph(ei, n)
+    cot = torch.randn(n, F, device="cuda")
+    print(f"graph {g.name}: {n} nodes, {ei.shape[1]} edges; segment_reduce {reduce}, F={F}; "
+          f"host us per call (mt off)")
+    rows = []
+
+    def row(name, step):
+        rows.append((name, us_per_call(step, calls)))
+        print(f"  {name:48s} {rows[-1][1]:8.1f}", flush=True)
+
+    with torch.no_grad():
+        row("torch op fwd, no grad", lambda: ft.segment_reduce(graph, x, reduce))
+    row("torch op fwd, grad", lambda: ft.segment_reduce(graph, x, reduce))
+    y = ft.segment_reduce(graph, x, reduce)
+    row("torch op fwd + autograd.grad", lambda: torch.autograd.grad(
+        ft.segment_reduce(graph, x, reduce), [x], cot))
+
+    xa = cp.from_dlpack(x.detach())
+    with _autograd.device_scope(x.device):
+        row("array op fwd, no residuals", lambda: fastgnn.segment_reduce_fwd(
+            graph, xa, reduce, needs_x_grad=False))
+        row("array op fwd (fastgnn.segment_reduce_fwd)", lambda: fastgnn.segment_reduce_fwd(
+            graph, xa, reduce))
+        out, res = fastgnn.segment_reduce_fwd(graph, xa, reduce)
+        ga = cp.from_dlpack(cot)
+        row("array op bwd (fastgnn.segment_reduce_bwd)", lambda: fastgnn.segment_reduce_bwd(
+            graph, res, ga))
+        log = []
+        real = cuda_segment.get_function
+        cuda_segment.get_function = lambda *a: _Recorder(real(*a), log)
+        try:
+            fastgnn.segment_reduce_fwd(graph, xa, reduce)
+        finally:
+            cuda_segment.get_function = real
+        launches = list(log)
+
+        def replay():
+            for kern, grid, block, args, kw in launches:
+                kern(grid, block, args, **kw)
+        row(f"bare kernel launches of the fwd ({len(launches)})", replay)
+        row("cp.empty((n, F)) from torch's allocator", lambda: cp.empty((n, F), cp.float32))
+
+    def scope():
+        with _autograd.device_scope(x.device):
+            pass
+    row("device_scope enter + exit", scope)
+    shared = _autograd._shared_device(x.device)
+    row("torch -> cupy (DLPack, shared stream)", lambda: _autograd._to_array(x, shared))
+    row("cupy -> torch (DLPack, shared stream)", lambda: _autograd._to_tensor(xa, False, shared))
+    row("torch.empty((n, F))", lambda: torch.empty((n, F), device="cuda"))
+    del y
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls // 4):
+        torch.autograd.grad(ft.segment_reduce(graph, x, reduce), [x], cot)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(*a[:2], *(int(v) for v in a[2:3]))
