@@ -97,6 +97,11 @@ def main(spec="file:.data/soc-brightkite.txt", reduce="max", calls=2000):
             for kern, grid, block, args, kw in launches:
                 kern(grid, block, args, **kw)
         row(f"bare kernel launches of the fwd ({len(launches)})", replay)
+
+        def replay_cupy():
+            for kern, grid, block, args, kw in launches:
+                getattr(kern, "raw", kern)(grid, block, args, **kw)
+        row("the same by CuPy's RawKernel call", replay_cupy)
         row("cp.empty((n, F)) from torch's allocator", lambda: cp.empty((n, F), cp.float32))
 
     def scope():
