@@ -95,7 +95,8 @@
 #endif
 #define SEG_FWD_BOUNDS                                                                      \
     __launch_bounds__(256, !SEG_CAPPED(T, I, VEC) ? 1                                          \
-                           : (VEC == 4 && (STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0)   \
+                           : (VEC == 4 && (STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0    \
+                              && !((STATS & STAT_NOARG) && SEG_NAN_MINMAX))                   \
                                ? SEG_FWD_MIN_BLOCKS_ONE : SEG_FWD_MIN_BLOCKS)
 
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
@@ -118,6 +119,33 @@ template <typename A>
 __device__ __forceinline__ bool beats_min(A v, A m) {
     return !(v >= m) && m == m;
 }
+
+// The inference forward (no positions) keeps only the running max/min
+// value, with PyG's NaN rule (a NaN wins and stays): one PTX max.NaN /
+// min.NaN instruction (sm_80+) for 32-bit accumulators, where beats_max and
+// a select take three; a NaN result is the canonical NaN. Ties need no rule
+// without positions. SEG_NAN_MINMAX=0 (a sweep knob) keeps the compares.
+#ifndef SEG_NAN_MINMAX
+#define SEG_NAN_MINMAX 1
+#endif
+template <typename A>
+__device__ __forceinline__ A max_nan(A m, A v) { return beats_max(v, m) ? v : m; }
+template <typename A>
+__device__ __forceinline__ A min_nan(A m, A v) { return beats_min(v, m) ? v : m; }
+#if SEG_NAN_MINMAX && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <>
+__device__ __forceinline__ float max_nan<float>(float m, float v) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(v));
+    return r;
+}
+template <>
+__device__ __forceinline__ float min_nan<float>(float m, float v) {
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(v));
+    return r;
+}
+#endif
 
 // the same with "no value yet" (arg < 0) taking any v: merging partial states
 template <typename A, typename I>
@@ -180,8 +208,13 @@ struct seg_state {
         }
         if (STATS & STAT_SUM) s[v] += val;
         if (STATS & STAT_SQ) sq[v] += val * val;
-        if ((STATS & STAT_MAX) && beats_max(val, mx[v])) { mx[v] = val; if (ARGS) amx[v] = e; }
-        if ((STATS & STAT_MIN) && beats_min(val, mn[v])) { mn[v] = val; if (ARGS) amn[v] = e; }
+        if (!ARGS) {
+            if (STATS & STAT_MAX) mx[v] = max_nan(mx[v], val);
+            if (STATS & STAT_MIN) mn[v] = min_nan(mn[v], val);
+            return;
+        }
+        if ((STATS & STAT_MAX) && beats_max(val, mx[v])) { mx[v] = val; amx[v] = e; }
+        if ((STATS & STAT_MIN) && beats_min(val, mn[v])) { mn[v] = val; amn[v] = e; }
     }
 
     // U consecutive edges from CSR position e of the row starting at rb: U

@@ -155,6 +155,16 @@ def test_nan_propagates_through_max_min(device):
     gx = to_numpy(segment_reduce_bwd(g, res, to_device(go, device)))
     np.testing.assert_allclose(gx, ref.segment_reduce_vjp(ei, x, ["max", "min"], 300, go),
                                rtol=1e-12, atol=1e-12)
+    # the inference forward (no positions; fp32 on the GPU: PTX max.NaN / min.NaN)
+    x32 = x.astype(np.float32)
+    for reduce in (["max", "min"], "max", "min", ["mean", "max", "min", "std"]):
+        inf = to_numpy(segment_reduce(g, to_device(x32, device), reduce))
+        r32 = ref.segment_reduce(ei, x32.astype(np.float64), reduce, 300)
+        names = [reduce] if isinstance(reduce, str) else reduce
+        for k, name in enumerate(names):
+            if name in ("max", "min"):                # NaN alike, exact elsewhere
+                np.testing.assert_array_equal(inf[:, 5 * k:5 * k + 5],
+                                              r32[:, 5 * k:5 * k + 5].astype(np.float32))
 
 
 @pytest.mark.parametrize("device", devices())
