@@ -15,7 +15,6 @@ forward+backward.
     python benchmarks/probe_op_host.py file:.data/soc-brightkite.txt max 2000
 """
 import cProfile
-import os
 import pstats
 import sys
 import time
@@ -67,7 +66,7 @@ def main(spec="file:.data/soc-brightkite.txt", reduce="max", calls=2000):
     graph = ft.to_graph(ei, n)
     cot = torch.randn(n, F, device="cuda")
     print(f"graph {g.name}: {n} nodes, {ei.shape[1]} edges; segment_reduce {reduce}, F={F}; "
-          f"host us per call (mt off); FASTGNN_LAUNCH={os.environ.get('FASTGNN_LAUNCH', '')}")
+          f"host us per call (mt off)")
     rows = []
 
     def row(name, step):
@@ -105,10 +104,6 @@ def main(spec="file:.data/soc-brightkite.txt", reduce="max", calls=2000):
                 kern(grid, block, args, **kw)
         row(f"bare kernel launches of the fwd ({len(launches)})", replay)
 
-        def replay_cupy():
-            for kern, grid, block, args, kw in launches:
-                getattr(kern, "raw", kern)(grid, block, args, **kw)
-        row("the same by CuPy's RawKernel call", replay_cupy)
         row("cp.empty((n, F)) from torch's allocator", lambda: cp.empty((n, F), cp.float32))
 
     def scope():

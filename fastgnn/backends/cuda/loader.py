@@ -14,8 +14,6 @@ import importlib.resources
 import itertools
 import os
 
-from .launch import Kernel
-
 # fastgnn value type -> C storage type (see kernels_cuda/common.cuh)
 C_VALUE = {"float32": "float", "float64": "double", "float16": "f16_t", "bfloat16": "bf16_t"}
 C_INDEX = {"int32": "int", "int64": "long long"}
@@ -195,9 +193,7 @@ def clear_compiled():
 
 def get_function(family: str, vtype: str, itype: str, name: str):
     """The compiled kernel `name` (a name expression of KERNELS[family]) on
-    the current device, compiling its (family, vtype, itype) module once;
-    launched through the driver with packed arguments (launch.Kernel), or by
-    CuPy's own call when FASTGNN_LAUNCH=cupy (read at first use of a name)."""
+    the current device, compiling its (family, vtype, itype) module once."""
     import cupy
     dev = cupy.cuda.runtime.getDevice()
     fkey = (family, vtype, itype, dev, name)
@@ -210,6 +206,5 @@ def get_function(family: str, vtype: str, itype: str, name: str):
         names = KERNELS[family](vtype, itype)
         mod = cupy.RawModule(code=source(family), options=options(), name_expressions=names)
         _modules[key] = mod
-    raw = mod.get_function(name)
-    fn = _functions[fkey] = raw if os.environ.get("FASTGNN_LAUNCH") == "cupy" else Kernel(raw)
+    fn = _functions[fkey] = mod.get_function(name)
     return fn
