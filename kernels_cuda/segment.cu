@@ -96,7 +96,7 @@
 #define SEG_FWD_BOUNDS                                                                      \
     __launch_bounds__(256, !SEG_CAPPED(T, I, VEC) ? 1                                          \
                            : (VEC == 4 && (STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0    \
-                              && !((STATS & STAT_NOARG) && SEG_NAN_MINMAX))                   \
+                              && !SEG_NAN_OP(T, STATS))                                      \
                                ? SEG_FWD_MIN_BLOCKS_ONE : SEG_FWD_MIN_BLOCKS)
 
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
@@ -122,12 +122,21 @@ __device__ __forceinline__ bool beats_min(A v, A m) {
 
 // The inference forward (no positions) keeps only the running max/min
 // value, with PyG's NaN rule (a NaN wins and stays): one PTX max.NaN /
-// min.NaN instruction (sm_80+) for 32-bit accumulators, where beats_max and
-// a select take three; a NaN result is the canonical NaN. Ties need no rule
-// without positions. SEG_NAN_MINMAX=0 (a sweep knob) keeps the compares.
+// min.NaN instruction (sm_80+) for fp32 accumulators, where beats_max and a
+// select take three; a NaN result is the canonical NaN. Ties need no rule
+// without positions. Used where it is faster (SEG_NAN_OP; H200 rmat20 F=128
+// inference forward, sweep_segment_rmat20_h200_session9.log, compares ->
+// max.NaN): mean+max+min+std fp32 2.68 -> 2.24 ms, bf16 2.59 -> 2.06, max
+// bf16 1.36 -> 1.22 (those at 4 blocks per SM); a single statistic of fp32
+// values keeps the compares, which fit 40 registers and 5 blocks where the
+// max.NaN form takes 59 and 4 (max fp32 1.51 against 1.64 ms).
+// SEG_NAN_MINMAX=0 (a sweep knob) keeps the compares everywhere.
 #ifndef SEG_NAN_MINMAX
 #define SEG_NAN_MINMAX 1
 #endif
+#define SEG_NAN_OP(T, STATS)                                                             \
+    (SEG_NAN_MINMAX && ((STATS) & STAT_NOARG)                                            \
+     && ((STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) != 0 || sizeof(T) < 4))
 template <typename A>
 __device__ __forceinline__ A max_nan(A m, A v) { return beats_max(v, m) ? v : m; }
 template <typename A>
@@ -197,7 +206,7 @@ struct seg_state {
     // task's first edge, which starts the statistics of STATS (so later
     // edges need no "no value yet" test; the sum as 0 + val, so a row of
     // -0.0 sums to +0.0 as from a zeroed accumulator)
-    template <bool FIRST>
+    template <bool FIRST, bool NAN_OP = false>
     __device__ __forceinline__ void add(int v, A val, I e) {
         if (FIRST) {
             if (STATS & STAT_SUM) s[v] = A(0) + val;
@@ -208,13 +217,13 @@ struct seg_state {
         }
         if (STATS & STAT_SUM) s[v] += val;
         if (STATS & STAT_SQ) sq[v] += val * val;
-        if (!ARGS) {
+        if (NAN_OP) {
             if (STATS & STAT_MAX) mx[v] = max_nan(mx[v], val);
             if (STATS & STAT_MIN) mn[v] = min_nan(mn[v], val);
             return;
         }
-        if ((STATS & STAT_MAX) && beats_max(val, mx[v])) { mx[v] = val; amx[v] = e; }
-        if ((STATS & STAT_MIN) && beats_min(val, mn[v])) { mn[v] = val; amn[v] = e; }
+        if ((STATS & STAT_MAX) && beats_max(val, mx[v])) { mx[v] = val; if (ARGS) amx[v] = e; }
+        if ((STATS & STAT_MIN) && beats_min(val, mn[v])) { mn[v] = val; if (ARGS) amn[v] = e; }
     }
 
     // U consecutive edges from CSR position e of the row starting at rb: U
@@ -233,7 +242,8 @@ struct seg_state {
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int v = 0; v < VEC; ++v)
-                add<FIRST>(v, value_traits<T>::to_acc(p[u].v[v]), (I)(e + u - rb));
+                add<FIRST, SEG_NAN_OP(T, STATS)>(v, value_traits<T>::to_acc(p[u].v[v]),
+                                                 (I)(e + u - rb));
     }
 };
 
