@@ -419,3 +419,27 @@ def test_gpu_spmm_bias(dtype, reduce):
     assert_close(_np(w.grad), gw, vt, "grad edge_weight")
     with pytest.raises(ValueError, match="bias lives on CPU"):
         ft.spmm(eit, x, w, reduce, bias=b.detach().cpu())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not (fastgnn.gpu_available() and torch.cuda.is_available()),
+                                        reason="needs a CUDA device visible to CuPy and torch")])])
+def test_no_grad_calls_run_the_inference_forward(monkeypatch, device):
+    """Under torch.no_grad (or with no input requiring grad) an op's forward is
+    told that no gradient is wanted (no residuals, no max/min positions) and
+    makes no autograd node; its output equals the grad-mode one."""
+    import fastgnn.ops.segment as seg
+    seen = []
+    real = seg._fwd
+    monkeypatch.setattr(seg, "_fwd", lambda *a: seen.append(a[4]) or real(*a))
+    ei = torch.from_numpy(awkward_edge_index(40, 200, seed=2)).to(device)
+    x = torch.randn(40, 6, dtype=torch.float32, device=device, requires_grad=True)
+    reduce = ["mean", "max", "min", "std"]
+    y_grad = ft.segment_reduce(ei, x, reduce)
+    with torch.no_grad():
+        y_inf = ft.segment_reduce(ei, x, reduce)
+    y_detached = ft.segment_reduce(ei, x.detach(), reduce)
+    assert seen == [True, False, False]
+    assert y_grad.grad_fn is not None and y_inf.grad_fn is None and y_detached.grad_fn is None
+    torch.testing.assert_close(y_inf, y_grad.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(y_detached, y_grad.detach(), rtol=0, atol=0)

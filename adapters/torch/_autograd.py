@@ -321,6 +321,27 @@ def _device_of(tensors):
 
 
 # ---------------------------------------------------------------- autograd
+def _forward(op: Op, graph, static: dict, tensors, needs: dict):
+    """op.fwd on the tensors' arrays, with each fwd flag set from `needs`
+    (input name -> gradient wanted): (outputs as tensors, single output?,
+    residuals, bf16?, device)."""
+    bf16 = any(t is not None and t.dtype == torch.bfloat16
+               for name, t in zip(op.inputs, tensors) if name in op.features)
+    device = _device_of(tensors)
+    with device_scope(device):
+        shared = _shared_device(device)
+        arrays = [None if t is None else _to_array(t, shared) for t in tensors]
+        kw = dict(static)
+        if bf16 and op.vtype_arg:
+            kw[op.vtype_arg] = "bfloat16"
+        for key, name in op.fwd_flags.items():
+            kw[key] = needs[name]
+        out, res = op.fwd(graph, *arrays, **kw)
+        single = not isinstance(out, tuple)
+        outs = tuple(_to_tensor(a, bf16, shared) for a in ((out,) if single else out))
+    return outs, single, res, bf16, device
+
+
 class FastgnnFunction(torch.autograd.Function):
     """The one autograd.Function for every fastgnn op: forward(ctx, op, graph,
     static, *tensors). Use `apply` rather than calling it directly."""
@@ -328,21 +349,7 @@ class FastgnnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: Op, graph, static: dict, *tensors):
         needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
-        bf16 = any(t is not None and t.dtype == torch.bfloat16
-                   for name, t in zip(op.inputs, tensors) if name in op.features)
-        device = _device_of(tensors)
-        with device_scope(device):
-            shared = _shared_device(device)
-            arrays = [None if t is None else _to_array(t, shared) for t in tensors]
-            kw = dict(static)
-            if bf16 and op.vtype_arg:
-                kw[op.vtype_arg] = "bfloat16"
-            for key, name in op.fwd_flags.items():
-                kw[key] = needs[name]
-            out, res = op.fwd(graph, *arrays, **kw)
-            single = not isinstance(out, tuple)
-            outs = tuple(_to_tensor(a, bf16, shared) for a in ((out,) if single else out))
-
+        outs, single, res, bf16, device = _forward(op, graph, static, tensors, needs)
         ctx.op, ctx.graph, ctx.bf16, ctx.device = op, graph, bf16, device
         ctx.in_dtypes = [None if t is None else t.dtype for t in tensors]
         if any(needs.values()):
@@ -408,5 +415,15 @@ def apply(op: Op, graph, *tensors, **static):
             elif t.dtype != first[1]:
                 raise TypeError(f"{name} must have {first[0]}'s dtype {first[1]}, got {t.dtype} "
                                 f"({op.name} takes its inputs in one dtype)")
+    if not (torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in tensors)):
+        # nothing to differentiate (torch.no_grad, or no input requires grad):
+        # the forward alone, told that no gradient is wanted (no residuals, no
+        # max/min positions), without an autograd node. Inside
+        # autograd.Function.forward, ctx.needs_input_grad follows requires_grad
+        # even under no_grad, so this is where inference is recognised.
+        outs, single, _, _, _ = _forward(op, graph, static, tensors,
+                                         dict.fromkeys(op.inputs, False))
+        return outs[0] if single else outs
     return FastgnnFunction.apply(op, graph, static, *tensors)
 
