@@ -19,7 +19,8 @@
 // asked for (inference: no positions tracked, fp32 VEC 4 max 46 -> 40
 // registers, mean+max+min+std 64 -> 56; H200 rmat20 F=128 inference forward
 // max fp32 1.62 -> 1.41 ms, mean+max+min+std 2.87 -> 2.50, bf16 1.48 -> 1.28
-// and 3.00 -> 2.42, sweep_segment_rmat20_h200_session8b.log); the epilogue
+// and 3.00 -> 2.42, sweep_segment_rmat20_h200_session8b.log; max/min by
+// max.NaN / min.NaN where faster, SEG_NAN_OP below); the epilogue
 // writes only the requested reductions (`codes`) as VEC-wide stores into their blocks of the
 // [num_rows, R*F] output, the args when asked (training), and the mean / std
 // residuals of the backward (acc_t) when asked.
