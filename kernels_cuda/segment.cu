@@ -94,10 +94,11 @@
 #ifndef SEG_FWD_MIN_BLOCKS_ONE
 #define SEG_FWD_MIN_BLOCKS_ONE 5
 #endif
+// STATS holds a single statistic (one bit of sum, sum of squares, max, min)
+#define SEG_ONE_STAT(STATS) ((STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0)
 #define SEG_FWD_BOUNDS                                                                      \
     __launch_bounds__(256, !SEG_CAPPED(T, I, VEC) ? 1                                          \
-                           : (VEC == 4 && (STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0    \
-                              && !SEG_NAN_OP(T, STATS))                                      \
+                           : (VEC == 4 && SEG_ONE_STAT(STATS) && !SEG_NAN_OP(T, STATS))    \
                                ? SEG_FWD_MIN_BLOCKS_ONE : SEG_FWD_MIN_BLOCKS)
 
 // A stored position (P) back in the index type: P's all-ones value (-1 for a
@@ -136,8 +137,7 @@ __device__ __forceinline__ bool beats_min(A v, A m) {
 #define SEG_NAN_MINMAX 1
 #endif
 #define SEG_NAN_OP(T, STATS)                                                             \
-    (SEG_NAN_MINMAX && ((STATS) & STAT_NOARG)                                            \
-     && ((STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) != 0 || sizeof(T) < 4))
+    (SEG_NAN_MINMAX && ((STATS) & STAT_NOARG) && (!SEG_ONE_STAT(STATS) || sizeof(T) < 4))
 template <typename A>
 __device__ __forceinline__ A max_nan(A m, A v) { return beats_max(v, m) ? v : m; }
 template <typename A>

@@ -52,7 +52,8 @@ def _median_ms(fn) -> float:
 
 
 def _pick(key, blas, lt) -> torch.Tensor:
-    """blas() or lt(), whichever was faster the first time `key` came."""
+    """blas() or lt(), whichever was faster the first time `key` came (lt
+    makes its zero bias and W^T copy only when it runs: weight-sized)."""
     wins = _lt_wins.get(key)
     if wins is None:
         with torch.no_grad():
@@ -67,9 +68,8 @@ def x_wt(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.linear(x, w)
     n, k = x.shape
     m = w.shape[0]
-    zero = torch.zeros(m, device=x.device, dtype=x.dtype)
-    return _pick((x.device.index, x.dtype, n, k, m, "x_wt"),
-                 lambda: F.linear(x, w), lambda: F.linear(x, w, zero))
+    return _pick((x.device.index, x.dtype, n, k, m, "x_wt"), lambda: F.linear(x, w),
+                 lambda: F.linear(x, w, x.new_zeros(m)))
 
 
 def g_w(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -78,6 +78,5 @@ def g_w(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return g.mm(w)
     n, m = g.shape
     k = w.shape[1]
-    zero = torch.zeros(k, device=g.device, dtype=g.dtype)
-    return _pick((g.device.index, g.dtype, n, m, k, "g_w"),
-                 lambda: g.mm(w), lambda: F.linear(g, w.t().contiguous(), zero))
+    return _pick((g.device.index, g.dtype, n, m, k, "g_w"), lambda: g.mm(w),
+                 lambda: F.linear(g, w.t().contiguous(), g.new_zeros(k)))
