@@ -2,9 +2,12 @@
 same graph (CUDA events, median of 10) for a few head layouts, so the gap
 between them can be placed, then the backward pass alone (all input
 gradients, random cotangent) of the three scores at 4 heads x 32 in fp32 and
-bf16; run under `ncu` to read the counters of one launch of each kernel.
+bf16; run under `ncu` to read the counters of one launch of each kernel
+(`bwd-once`: only one backward per score and type, nothing timed).
 
-    python benchmarks/probe_attention.py [scale]
+    python benchmarks/probe_attention.py [scale] [bwd-once]
+    ncu -k regex:attn_bwd --section SpeedOfLight --section WarpStateStats \
+        python benchmarks/probe_attention.py 20 bwd-once
 """
 import sys
 
@@ -27,10 +30,22 @@ def attention_inputs(rng, n, H, C, vtype):
             arr(n, H, C))
 
 
-def main(scale=20):
+def backward_once(g, n, rng, H=4, C=32):
+    """One backward of each score at H x C, fp32 then bf16 (for ncu)."""
+    for vtype in ("float32", "bfloat16"):
+        inputs, grad = attention_inputs(rng, n, H, C, vtype)
+        for kind, kw in inputs.items():
+            _, res = fastgnn.edge_attention_fwd(g, kind, vtype=vtype, **kw)
+            fastgnn.edge_attention_bwd(g, res, grad)
+    cp.cuda.Device().synchronize()
+
+
+def main(scale=20, mode=""):
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
+    if mode == "bwd-once":
+        return backward_once(g, n, rng)
     x = rng.standard_normal((n, 128), dtype=cp.float32)
     print(f"rmat{scale}: n={n} E={g.num_edges}")
     print(f"spmm sum F=128: {median_ms(lambda: fastgnn.spmm(g, x), 10):.3f} ms")
@@ -55,4 +70,4 @@ def main(scale=20):
         print(f"{vtype} H={H} C={C}: " + "  ".join(line))
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:2]))
+    main(*(int(a) for a in sys.argv[1:2]), *sys.argv[2:3])

@@ -10,7 +10,9 @@ events, median of 10) in fp32 and bf16. One line per (defines, dtype).
 
     python benchmarks/sweep_attention.py [scale] ["-DATTN_BWD_UNROLL=4" ...]
 
-A variant "maxvec=N" (not a define) runs the defaults with the kernels'
+A variant "grid=full" (not a define) runs the defaults on the grid of one
+lane group per (task, head) pair instead of the persistent grid
+(fastgnn.backends.cuda.attention.PERSISTENT). A variant "maxvec=N" (not a define) runs the defaults with the kernels'
 wide vectors at N values instead of 16 bytes (e.g. 4: bf16 heads of 32 on
 8 lanes of 8 bytes instead of 4 lanes of 16); its modules compile in this
 process on first use.
@@ -28,7 +30,8 @@ from fastgnn.testing import rmat_edge_index
 from probe_attention import attention_inputs   # benchmarks/ (the script's directory)
 from sweep_common import defines_to_prewarm, enter_variant
 
-DEFAULT_VARIANTS = ["", "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2", "-DATTN_FWD_UNROLL=2",
+FULL_GRID = "grid=full"
+DEFAULT_VARIANTS = ["", FULL_GRID, "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2", "-DATTN_FWD_UNROLL=2",
                     "-DATTN_FWD_UNROLL=1", "-DATTN_MIN_BLOCKS=2",
                     "-DATTN_BWD_ATOMIC_UNROLL=4", "-DATTN_BWD_ATOMIC_UNROLL=1"]
 VTYPES = ("float32", "bfloat16")
@@ -46,7 +49,8 @@ def main(scale=20, variants=None):
     variants = variants or DEFAULT_VARIANTS
     # NVRTC is the slow part: compile every variant's modules on every core
     # first; CuPy's disk cache then serves the timing loop below
-    prewarm(modules(["attention"], list(VTYPES), ["int32"], defines_to_prewarm(variants)))
+    prewarm(modules(["attention"], list(VTYPES), ["int32"],
+                    defines_to_prewarm([v for v in variants if v != FULL_GRID])))
     ei, n = rmat_edge_index(scale, xp=cp)
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
@@ -55,7 +59,8 @@ def main(scale=20, variants=None):
     print(f"rmat{scale}: n={n} E={g.num_edges}, H={H} C={C}; fwd / bwd / bwd with "
           "deterministic=False, ms (median of 10)")
     for defines in variants:
-        enter_variant(defines, _cap_vec)
+        cuda_attention.PERSISTENT = defines != FULL_GRID
+        enter_variant("" if defines == FULL_GRID else defines, _cap_vec)
         for vt, (inputs, grad) in data.items():
             cells = []
             for kind, kw in inputs.items():

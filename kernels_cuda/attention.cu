@@ -61,14 +61,16 @@
 
 #include "common.cuh"
 
-// Blocks per multiprocessor (of 256 threads) the one-chunk kernels ask
-// ptxas to fit (__launch_bounds__; 1 = no register cap). The forward of
-// 32- and 16-bit types without an edge term defaults to 3 (<= 80 registers,
-// spill-free; the heavier edge-term variants keep no cap); the backward
-// kernels (fp32) default to none, they spill under 80 registers. Tuning
-// knobs for experiments: FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_MIN_BLOCKS=4
-// -DATTN_MIN_BLOCKS=3" (fastgnn/backends/cuda/loader.py); the compile check
-// catches spills.
+// Blocks per multiprocessor (of 256 threads) the one-chunk kernels without
+// an edge term ask ptxas to fit (__launch_bounds__; 1 = no register cap;
+// the edge-term variants keep no cap). The forward of 32- and 16-bit types
+// defaults to 3 (<= 80 registers, spill-free); the backward kernels to none:
+// on persistent grids a cap of 3 gains nothing (rmat20, 4 heads x 32, fp32
+// backward: gatv2 8.70 vs 8.60 ms without, dot 9.01 vs 8.99, gat 7.30 vs
+// 5.99; sweep_attention_rmat20_h200_session10.log), and the atomic target
+// pass spills under 80 registers. Tuning knobs for experiments:
+// FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_MIN_BLOCKS=4 -DATTN_MIN_BLOCKS=3"
+// (fastgnn/backends/cuda/loader.py); the compile check catches spills.
 #ifndef ATTN_FWD_MIN_BLOCKS
 #define ATTN_FWD_MIN_BLOCKS 3
 #endif
@@ -77,14 +79,15 @@
 #endif
 #define ATTN_FWD_BOUNDS \
     __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
-#define ATTN_BWD_MIN_BLOCKS ((NCH == 1 && sizeof(T) == 4) ? ATTN_MIN_BLOCKS : 1)
+#define ATTN_BWD_MIN_BLOCKS ((NCH == 1 && sizeof(T) == 4 && !HAS_E) ? ATTN_MIN_BLOCKS : 1)
 #define ATTN_BOUNDS __launch_bounds__(256, ATTN_BWD_MIN_BLOCKS)
-// The target pass: its BLOCK_GATT variants of one chunk (not atomic) ask for
-// at least 2 blocks (<= 128 registers, what their per-task twins take), so
-// the shared-slot write costs them no occupancy.
+// The target pass: the atomic variants keep no cap; the BLOCK_GATT variants
+// of one chunk ask for at least 2 blocks (<= 128 registers, what their
+// per-task twins take), so the shared-slot write costs them no occupancy.
 #define ATTN_DST_BOUNDS                                                                 \
-    __launch_bounds__(256, (BLOCK_GATT && NCH == 1 && !ATOMIC && ATTN_BWD_MIN_BLOCKS < 2) \
-                               ? 2 : ATTN_BWD_MIN_BLOCKS)
+    __launch_bounds__(256, ATOMIC ? 1                                                   \
+                           : (BLOCK_GATT && NCH == 1 && ATTN_BWD_MIN_BLOCKS < 2) ? 2    \
+                           : ATTN_BWD_MIN_BLOCKS)
 
 #define KIND_GAT 0
 #define KIND_GATV2 1
@@ -202,22 +205,45 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     }
 }
 
-// Task t, head h, the lane layout L and the task's n edges (eidx, ecid: its
-// indices and caller ids, n <= chunk so edge positions are 32-bit). A group
-// without a task (the grid's tail) runs NO_TASK: `return`, or a jump past the
-// task's scope where the block meets at a barrier afterwards.
-#define GROUP_PROLOGUE GROUP_PROLOGUE_OR(return)
-#define GROUP_PROLOGUE_OR(NO_TASK)                                                  \
+// Persistent grids: the launcher sizes the grid to what the device holds at
+// once (fastgnn/backends/cuda/attention.py, _persistent_grid), and each run
+// of H consecutive lane groups (a "slot": group q has head h = q mod H, slot
+// q / H) walks a contiguous range of tasks, slot_begin[s] .. slot_begin[s +
+// 1], the ranges cut so that each holds about the same number of edges
+// (task_slots there, cached per graph). A group that ends a short task so
+// starts its next one at once, where a grid of one group per (task, head)
+// left it idle until its block's longest task ended (rmat20: 47% of the
+// gatv2 target pass's warp cycles waited at the block's grad_att barrier,
+// and the source pass ran at 23% achieved occupancy of a possible 37.5%;
+// benchmarks/results/ncu_attention_bwd_rmat20_h200_session10.txt). A group's
+// head and tasks are fixed by the launch shape, so sums carried across its
+// tasks (gatv2's block grad_att) are bitwise repeatable. rmat20, 4 heads x
+// 32, fp32, ms forward / backward: gatv2 3.54 / 11.93 -> 2.97 / 8.44, dot
+// 3.64 / 11.26 -> 2.84 / 9.00, gat 2.71 / 6.87 -> 1.99 / 5.91
+// (sweep_attention_rmat20_h200_session10b.log). slot_begin null:
+// slot s holds task s alone (the grid has a slot for every task). Groups
+// past the last whole slot have no task.
+// FOR_EACH_GROUP_TASK opens the loop over the group's tasks t (lane layout L
+// and head h fixed); TASK_PROLOGUE gives task t's row and its n edges (eidx,
+// ecid: their indices and caller ids, n <= chunk so edge positions are
+// 32-bit).
+#define FOR_EACH_GROUP_TASK                                                         \
     const int grp_ = GROUP ? GROUP : group;                                         \
-    const i64 gid = group_index(grp_);                                              \
-    const i64 t = gid / H;                                                          \
-    const int h = (int)(gid - t * H);                                               \
-    if (t >= num_tasks) NO_TASK;                                                    \
     Lanes<VEC, GROUP> L;                                                            \
     L.lane = group_lane(grp_);                                                      \
     L.group = grp_;                                                                 \
     L.nch = nch;                                                                    \
     L.C = C;                                                                        \
+    const i64 q_ = group_index(grp_);                                               \
+    const i64 slot_ = q_ / H;                                                       \
+    const int h = (int)(q_ - slot_ * H);                                            \
+    const bool has_slot_ = slot_ < (i64)gridDim.x * (blockDim.x / grp_) / H;        \
+    i64 t_end_ = !has_slot_ ? 0 : slot_begin != nullptr ? (i64)slot_begin[slot_ + 1] \
+                                                        : slot_ + 1;                \
+    t_end_ = t_end_ < num_tasks ? t_end_ : num_tasks;                               \
+    for (i64 t = !has_slot_ ? 0 : slot_begin != nullptr ? (i64)slot_begin[slot_] : slot_; \
+         t < t_end_; ++t)
+#define TASK_PROLOGUE                                                               \
     i64 row, e0, e1;                                                                \
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);                \
     const I* __restrict__ eidx = indices + e0;                                      \
@@ -231,7 +257,9 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // benchmarks/results/sweep_attention_rmat20_h200_session4*.log), where the
 // 16-bit types use VEC = 8 and fp32 VEC = 4:
 //   forward   gat U = 1 (fp32 2.86 -> 2.38 ms, bf16 2.30 -> 2.10; 2 below
-//             VEC 4), gatv2 U = 2 (fp32 3.62 -> 3.23; 4 below VEC 4),
+//             VEC 4), gatv2 U = 2 (fp32 3.62 -> 3.23; 4 below VEC 4; 1 at
+//             VEC 8, the 16-bit types, whose U = 2 spills under the
+//             80-register cap with the persistent loop: 72 registers at 1),
 //             dot U = 4 (2 at VEC 8): fewer is slower (fp32 3.65 -> 4.35 at 1);
 //   backward  gat U = 1 (fp32 8.8 -> 7.0 ms, bf16 6.5 -> 5.5; 2 below VEC 4),
 //             gatv2 and dot U = 2 (fp32 gatv2 13.2 -> 10.5, dot 12.8 -> 9.9
@@ -255,7 +283,7 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 template <int KIND, int VEC, int NCH>
 struct Unroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
-                               : KIND == KIND_GATV2 ? (VEC >= 4 ? 2 : 4)
+                               : KIND == KIND_GATV2 ? (VEC >= 8 ? 1 : VEC >= 4 ? 2 : 4)
                                : (VEC >= 8 ? 2 : 4);
     static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL : tuned;
 };
@@ -393,7 +421,8 @@ __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
 // rows are gathered first, then the running max moves once per step.
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
 __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
-                         const I* __restrict__ task_slot, const I* __restrict__ indptr,
+                         const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
+                             const I* __restrict__ indptr,
                          const I* __restrict__ indices, const I* __restrict__ cid,
                          const T* __restrict__ S, const T* __restrict__ Dn,
                          const T* __restrict__ Ed, const T* __restrict__ att,
@@ -414,114 +443,116 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
     typedef Slice<T, VEC, NCH> Sl;
     constexpr int U = Unroll<KIND, VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
-    GROUP_PROLOGUE
-    const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
-                         Vr = rows_of<false>(L, V, H, h);
-    Sl d, a, acc;
-    load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
-    if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
-    if (alpha_mode) {                      // its own loop: no softmax state is live
-        const A row_lse = lse[row * H + h];
+    FOR_EACH_GROUP_TASK {
+        TASK_PROLOGUE
+        const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
+                             Vr = rows_of<false>(L, V, H, h);
+        Sl d, a, acc;
+        load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
+        if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+        if (alpha_mode) {                      // its own loop: no softmax state is live
+            const A row_lse = lse[row * H + h];
+            for (int b = 0; b < n; b += U) {
+                EDGE_BATCH(true)
+                Sl s[U], e[U];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    load_slice<GAT>(L, Sr, nb_[u], s[u]);
+                    if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const A sc = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+                    if (b + u < n && L.lane == 0)
+                        alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(exp(sc - row_lse));
+                }
+            }
+            continue;
+        }
+        zero_slice(acc);
+        const bool need_ce = HAS_E || drop.on;
+        A m = neg_inf<A>(), l = A(0);
         for (int b = 0; b < n; b += U) {
-            EDGE_BATCH(true)
-            Sl s[U], e[U];
+            EDGE_BATCH(need_ce)
+            A z[U];                            // dropout factors, before the rows are live
+#pragma unroll
+            for (int u = 0; u < U; ++u) z[u] = drop.on ? (A)drop_factor(drop, ce[u], H, h) : A(1);
+            Sl s[U], e[U], v[U];
+            A sc[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 load_slice<GAT>(L, Sr, nb_[u], s[u]);
                 if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+                if (KIND != KIND_GATV2) load_slice<false>(L, Vr, nb_[u], v[u]);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const A sc = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
-                if (b + u < n && L.lane == 0)
-                    alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(exp(sc - row_lse));
+                sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+                if (b + u >= n) sc[u] = neg_inf<A>();
             }
-        }
-        return;
-    }
-    zero_slice(acc);
-    const bool need_ce = HAS_E || drop.on;
-    A m = neg_inf<A>(), l = A(0);
-    for (int b = 0; b < n; b += U) {
-        EDGE_BATCH(need_ce)
-        A z[U];                            // dropout factors, before the rows are live
+            A M = m;
 #pragma unroll
-        for (int u = 0; u < U; ++u) z[u] = drop.on ? (A)drop_factor(drop, ce[u], H, h) : A(1);
-        Sl s[U], e[U], v[U];
-        A sc[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            load_slice<GAT>(L, Sr, nb_[u], s[u]);
-            if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
-            if (KIND != KIND_GATV2) load_slice<false>(L, Vr, nb_[u], v[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
-            if (b + u >= n) sc[u] = neg_inf<A>();
-        }
-        A M = m;
-#pragma unroll
-        for (int u = 0; u < U; ++u) M = sc[u] > M ? sc[u] : M;
-        if (M > m) {                       // new running max: rescale what we have
-            const A corr = exp(m - M);
-            l *= corr;
-#pragma unroll
-            for (int k = 0; k < NCH; ++k)
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) acc.v[k][q] *= corr;
-            m = M;
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            // exp(0) = 1 exactly where the score is the max (also for +inf),
-            // 0 for -inf scores (and the masked tail) and NaN scores; one exp
-            // per edge, evaluated without a branch
-            A w = exp(sc[u] == m ? A(0) : sc[u] - m);
-            w = sc[u] > neg_inf<A>() ? w : A(0);
-            l += w;
-            if (sc[u] != sc[u]) l = sc[u];       // a NaN score makes the row NaN, as torch
-            if (drop.on) w *= z[u];
-            if (w != A(0)) {
+            for (int u = 0; u < U; ++u) M = sc[u] > M ? sc[u] : M;
+            if (M > m) {                       // new running max: rescale what we have
+                const A corr = exp(m - M);
+                l *= corr;
 #pragma unroll
                 for (int k = 0; k < NCH; ++k)
 #pragma unroll
+                    for (int q = 0; q < VEC; ++q) acc.v[k][q] *= corr;
+                m = M;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                // exp(0) = 1 exactly where the score is the max (also for +inf),
+                // 0 for -inf scores (and the masked tail) and NaN scores; one exp
+                // per edge, evaluated without a branch
+                A w = exp(sc[u] == m ? A(0) : sc[u] - m);
+                w = sc[u] > neg_inf<A>() ? w : A(0);
+                l += w;
+                if (sc[u] != sc[u]) l = sc[u];       // a NaN score makes the row NaN, as torch
+                if (drop.on) w *= z[u];
+                if (w != A(0)) {
+#pragma unroll
+                    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+                        for (int q = 0; q < VEC; ++q)
+                            acc.v[k][q] += w * msg_of<KIND, HAS_E, T, VEC, NCH>(s[u], v[u], e[u], k, q);
+                }
+            }
+        }
+        const i64 slot = (i64)task_slot[t];
+        if (slot < 0) {
+            const bool empty = indptr[row] == indptr[row + 1];
+            const A inv = empty ? A(0) : A(1) / l;
+#pragma unroll
+            for (int k = 0; k < NCH; ++k) {
+                if (!L.has(k)) continue;
+                pack_t<T, VEC> o;
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv);
+                store_pack<T, VEC>(out + (row * H + h) * (i64)C + L.chan(k), o);
+                if (out_b != nullptr) {
+                    const T* b = bias + h * C + L.chan(k);
+#pragma unroll
                     for (int q = 0; q < VEC; ++q)
-                        acc.v[k][q] += w * msg_of<KIND, HAS_E, T, VEC, NCH>(s[u], v[u], e[u], k, q);
+                        o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv
+                                                           + value_traits<T>::to_acc(b[q]));
+                    store_pack<T, VEC>(out_b + (row * H + h) * (i64)C + L.chan(k), o);
+                }
             }
-        }
-    }
-    const i64 slot = (i64)task_slot[t];
-    if (slot < 0) {
-        const bool empty = indptr[row] == indptr[row + 1];
-        const A inv = empty ? A(0) : A(1) / l;
+            if (L.lane == 0) lse[row * H + h] = empty ? neg_inf<A>() : m + log(l);
+        } else {
 #pragma unroll
-        for (int k = 0; k < NCH; ++k) {
-            if (!L.has(k)) continue;
-            pack_t<T, VEC> o;
+            for (int k = 0; k < NCH; ++k) {
+                if (!L.has(k)) continue;
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv);
-            store_pack<T, VEC>(out + (row * H + h) * (i64)C + L.chan(k), o);
-            if (out_b != nullptr) {
-                const T* b = bias + h * C + L.chan(k);
-#pragma unroll
-                for (int q = 0; q < VEC; ++q)
-                    o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv
-                                                       + value_traits<T>::to_acc(b[q]));
-                store_pack<T, VEC>(out_b + (row * H + h) * (i64)C + L.chan(k), o);
+                for (int q = 0; q < VEC; ++q) p_acc[(slot * H + h) * C + L.chan(k) + q] = acc.v[k][q];
             }
-        }
-        if (L.lane == 0) lse[row * H + h] = empty ? neg_inf<A>() : m + log(l);
-    } else {
-#pragma unroll
-        for (int k = 0; k < NCH; ++k) {
-            if (!L.has(k)) continue;
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) p_acc[(slot * H + h) * C + L.chan(k) + q] = acc.v[k][q];
-        }
-        if (L.lane == 0) {
-            p_m[slot * H + h] = m;
-            p_l[slot * H + h] = l;
+            if (L.lane == 0) {
+                p_m[slot * H + h] = m;
+                p_l[slot * H + h] = l;
+            }
         }
     }
 }
@@ -569,16 +600,15 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
 }
 
 // gatv2's grad_att partials per thread block (attn_bwd_dst with BLOCK_GATT):
-// the group of (task, head) gid = gid0 + s, s < blockDim / group, leaves its
-// C terms in shared slot s (dynamic shared memory of (blockDim / group) * C
-// acc values, sized by the launcher); after the barrier, thread x of the block
-// sums column (h, c) = x, x + blockDim, ... of the block's row part[b, H, C]
-// over the slots s == h - gid0 (mod H) of groups that have a task, in slot
-// order: a fixed order for a launch shape, so the same bits every run; no
-// atomics. The launcher runs it only where blockDim / group > H, so every
-// head has groups in a block; only the grid's last block may have fewer
-// groups with a task, and a head without any there gets 0. Every thread of
-// the block calls it (the barrier), also those without a task.
+// group q = q0 + s of the block (q0 = blockIdx.x * blockDim / group, s <
+// blockDim / group; head q mod H) leaves the C terms of all its tasks (zeros
+// if it had none) in shared slot s (dynamic shared memory of (blockDim /
+// group) * C acc values, sized by the launcher); after the barrier, thread x
+// of the block sums column (h, c) = x, x + blockDim, ... of the block's row
+// part[b, H, C] over the slots s == h - q0 (mod H), in slot order: a fixed
+// order for a launch shape, so the same bits every run; no atomics. The
+// launcher runs it only where blockDim / group > H, so every head has groups
+// in every block. Every thread of the block calls it (the barrier).
 template <typename A>
 __device__ __forceinline__ A* gatt_slots() {
     extern __shared__ __align__(16) unsigned char gatt_smem[];
@@ -587,19 +617,17 @@ __device__ __forceinline__ A* gatt_slots() {
 
 template <typename A>
 __device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [blocks, H, C]
-                                               i64 num_groups, int H, int C, int group) {
+                                               int H, int C, int group) {
     __syncthreads();
     const A* __restrict__ slots = gatt_slots<A>();
     const int per_block = blockDim.x / group;
-    const i64 gid0 = (i64)blockIdx.x * per_block;
-    const int live = num_groups - gid0 < per_block ? (int)(num_groups - gid0) : per_block;
-    const int h0 = (int)(gid0 % H);
+    const int h0 = (int)(((i64)blockIdx.x * per_block) % H);
     A* __restrict__ row = part + (i64)blockIdx.x * H * C;
     for (int x = threadIdx.x; x < H * C; x += blockDim.x) {
         const int h = x / C;
         const int c = x - h * C;
         A sum = A(0);
-        for (int s = h >= h0 ? h - h0 : h - h0 + H; s < live; s += H) sum += slots[s * C + c];
+        for (int s = h >= h0 ? h - h0 : h - h0 + H; s < per_block; s += H) sum += slots[s * C + c];
         row[x] = sum;
     }
 }
@@ -625,7 +653,8 @@ __device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [block
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E, bool ATOMIC,
           bool BLOCK_GATT>
 __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
-                             const I* __restrict__ task_slot, const I* __restrict__ indptr,
+                             const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
+                             const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
                              const T* __restrict__ S, const T* __restrict__ Dn,
                              const T* __restrict__ Ed, const T* __restrict__ att,
@@ -650,24 +679,26 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     constexpr int U = BwdUnroll<KIND, VEC, NCH, ATOMIC>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
-    // The task's scope: a group leaves it by `goto task_done` (a jump out of
-    // the scope, past no initialisation), never by `return`, so every thread
-    // of the block, also those without a task, reaches gatt_block_sum's
-    // barrier (a lambda would too, but it changed the registers of the
-    // variants without BLOCK_GATT; this keeps their code as it was).
-    {
-        GROUP_PROLOGUE_OR(goto task_done)
+    // gatv2's grad_att terms: one task's (rows of gatt_part per task), or
+    // every task of the group (BLOCK_GATT: the launcher keeps the grid's
+    // group count a multiple of H, so a group's head never changes). The
+    // loop has no `return`: every thread of the block, also those without a
+    // task, reaches gatt_block_sum's barrier after it.
+    Sl patt;
+    zero_slice(patt);
+    FOR_EACH_GROUP_TASK {
+        TASK_PROLOGUE
         const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
                              Vr = rows_of<false>(L, V, H, h);
         const Rows<T*> gEr = rows_of<false>(L, gEd, H, h);   // not gat (scalar, written by lane 0)
         const bool has_g = g != nullptr;
-        Sl d, a, gr, dacc, patt;
+        Sl d, a, gr, dacc;
         load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
         if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
         if (has_g) load_slice<false>(L, rows_of<false>(L, g, H, h), row, gr);
         else zero_slice(gr);
         zero_slice(dacc);
-        zero_slice(patt);
+        if (!BLOCK_GATT) zero_slice(patt);
         const A row_lse = lse[row * H + h];
         A D;
         if (out != nullptr) {              // delta = <g_i, out_i>, computed by every task of the row
@@ -769,7 +800,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                 if (gDn != nullptr && slot < 0) gDn[row * H + h] = value_traits<T>::from_acc(dgat);
                 if (gDn != nullptr && slot >= 0) p_dn[slot * H + h] = dgat;
             }
-            goto task_done;
+            continue;
         }
 #pragma unroll
         for (int k = 0; k < NCH; ++k) {
@@ -778,21 +809,26 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
             if (gDn != nullptr)
                 store_row<T, VEC>(gDn, p_dn, slot, (row * H + h) * (i64)C + c0,
                                   (slot * H + h) * C + c0, dacc.v[k]);
-            if (KIND == KIND_GATV2 && gatt_part != nullptr) {
-                // the task's grad_att terms: its row of gatt_part, or (BLOCK_GATT)
-                // the group's shared slot, summed per block by gatt_block_sum
-                A* __restrict__ pa;
-                if constexpr (BLOCK_GATT) pa = gatt_slots<A>() + (threadIdx.x / grp_) * C;
-                else pa = gatt_part + (t * H + h) * C;
+            if (KIND == KIND_GATV2 && !BLOCK_GATT && gatt_part != nullptr) {
+                A* __restrict__ pa = gatt_part + (t * H + h) * C;     // the task's row
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) pa[c0 + q] = patt.v[k][q];
             }
         }
     }
-task_done:
     if constexpr (BLOCK_GATT) {
-        if (gatt_part != nullptr)                   // uniform: no divergent barrier
-            gatt_block_sum(gatt_part, num_tasks * H, H, C, GROUP ? GROUP : group);
+        if (gatt_part != nullptr) {                 // uniform: no divergent barrier
+            // the group's terms (zeros if it had no task) in its shared
+            // slot, summed per block
+            A* __restrict__ pa = gatt_slots<A>() + (threadIdx.x / grp_) * C;
+#pragma unroll
+            for (int k = 0; k < NCH; ++k) {
+                if (!L.has(k)) continue;
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) pa[L.chan(k) + q] = patt.v[k][q];
+            }
+            gatt_block_sum(gatt_part, H, C, grp_);
+        }
     }
 }
 
@@ -803,7 +839,8 @@ task_done:
 // flight) and lse, delta are gathered.
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
 __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
-                             const I* __restrict__ task_slot, const I* __restrict__ indptr,
+                             const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
+                             const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
                              const T* __restrict__ S, const T* __restrict__ Dn,
                              const T* __restrict__ Ed, const T* __restrict__ att,
@@ -823,81 +860,83 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
     typedef Slice<T, VEC, NCH> Sl;
     constexpr int U = BwdUnroll<KIND, VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
-    GROUP_PROLOGUE
-    const i64 j = row;
-    const Rows<const T*> Dr = rows_of<GAT>(L, Dn, H, h), Er = rows_of<GAT>(L, Ed, H, h),
-                         Gr = rows_of<false>(L, g, H, h);
-    const bool has_g = g != nullptr;
-    Sl sj, vj, a, sacc, vacc;
-    load_slice<GAT>(L, rows_of<GAT>(L, S, H, h), j, sj);
-    if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, rows_of<false>(L, V, H, h), j, vj);
-    else zero_slice(vj);
-    if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
-    zero_slice(sacc);
-    zero_slice(vacc);
-    const bool need_ce = HAS_E || drop.on || ga != nullptr;
-    A sgat = A(0);
-    for (int b = 0; b < n; b += U) {
-        EDGE_BATCH(need_ce)
-        Sl dv[U], gv[U], e[U];
-        A sc[U], gm[U], row_lse[U], D[U];
+    FOR_EACH_GROUP_TASK {
+        TASK_PROLOGUE
+        const i64 j = row;
+        const Rows<const T*> Dr = rows_of<GAT>(L, Dn, H, h), Er = rows_of<GAT>(L, Ed, H, h),
+                             Gr = rows_of<false>(L, g, H, h);
+        const bool has_g = g != nullptr;
+        Sl sj, vj, a, sacc, vacc;
+        load_slice<GAT>(L, rows_of<GAT>(L, S, H, h), j, sj);
+        if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, rows_of<false>(L, V, H, h), j, vj);
+        else zero_slice(vj);
+        if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+        zero_slice(sacc);
+        zero_slice(vacc);
+        const bool need_ce = HAS_E || drop.on || ga != nullptr;
+        A sgat = A(0);
+        for (int b = 0; b < n; b += U) {
+            EDGE_BATCH(need_ce)
+            Sl dv[U], gv[U], e[U];
+            A sc[U], gm[U], row_lse[U], D[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            load_slice<GAT>(L, Dr, nb_[u], dv[u]);
-            if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
-            if (has_g) load_slice<false>(L, Gr, nb_[u], gv[u]);
-            else zero_slice(gv[u]);
-            row_lse[u] = lse[(i64)nb_[u] * H + h];
-            D[u] = delta[(i64)nb_[u] * H + h];
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            sc[u] = score_of<KIND, GROUP, HAS_E>(sj, dv[u], e[u], a, slope, scale, group);
-            gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gv[u], sj, vj, e[u], group) : A(0);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (b + u >= n) continue;
-            const A p = exp(sc[u] - row_lse[u]);
-            const A z = (A)drop_factor(drop, ce[u], H, h);
-            A dp = z != A(0) ? z * gm[u] : A(0);
-            if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
-            const A ds = p * (dp - D[u]);
-            const A w = p * z;
-            if (KIND == KIND_GAT) {
-                A x = sj.v[0][0] + dv[u].v[0][0];
-                if (HAS_E) x += e[u].v[0][0];
-                sgat += ds * lrelu_grad(x, slope);
+            for (int u = 0; u < U; ++u) {
+                load_slice<GAT>(L, Dr, nb_[u], dv[u]);
+                if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+                if (has_g) load_slice<false>(L, Gr, nb_[u], gv[u]);
+                else zero_slice(gv[u]);
+                row_lse[u] = lse[(i64)nb_[u] * H + h];
+                D[u] = delta[(i64)nb_[u] * H + h];
             }
 #pragma unroll
-            for (int k = 0; k < NCH; ++k)
+            for (int u = 0; u < U; ++u) {
+                sc[u] = score_of<KIND, GROUP, HAS_E>(sj, dv[u], e[u], a, slope, scale, group);
+                gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gv[u], sj, vj, e[u], group) : A(0);
+            }
 #pragma unroll
-                for (int q = 0; q < VEC; ++q) {
-                    if (KIND == KIND_GATV2) {
-                        const A tt = lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q);
-                        sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u].v[k][q];
-                    } else {
-                        if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u].v[k][q];
-                        vacc.v[k][q] += w * gv[u].v[k][q];
-                    }
+            for (int u = 0; u < U; ++u) {
+                if (b + u >= n) continue;
+                const A p = exp(sc[u] - row_lse[u]);
+                const A z = (A)drop_factor(drop, ce[u], H, h);
+                A dp = z != A(0) ? z * gm[u] : A(0);
+                if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
+                const A ds = p * (dp - D[u]);
+                const A w = p * z;
+                if (KIND == KIND_GAT) {
+                    A x = sj.v[0][0] + dv[u].v[0][0];
+                    if (HAS_E) x += e[u].v[0][0];
+                    sgat += ds * lrelu_grad(x, slope);
                 }
-        }
-    }
-    const i64 slot = (i64)task_slot[t];
-    if (KIND == KIND_GAT && gS != nullptr && L.lane == 0) {
-        if (slot < 0) gS[j * H + h] = value_traits<T>::from_acc(sgat);
-        else p_s[slot * H + h] = sgat;
-    }
 #pragma unroll
-    for (int k = 0; k < NCH; ++k) {
-        if (!L.has(k)) continue;
-        const int c0 = L.chan(k);
-        if (KIND != KIND_GAT && gS != nullptr)
-            store_row<T, VEC>(gS, p_s, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
-                              sacc.v[k]);
-        if (KIND != KIND_GATV2 && gV != nullptr)
-            store_row<T, VEC>(gV, p_v, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
-                              vacc.v[k]);
+                for (int k = 0; k < NCH; ++k)
+#pragma unroll
+                    for (int q = 0; q < VEC; ++q) {
+                        if (KIND == KIND_GATV2) {
+                            const A tt = lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q);
+                            sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u].v[k][q];
+                        } else {
+                            if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u].v[k][q];
+                            vacc.v[k][q] += w * gv[u].v[k][q];
+                        }
+                    }
+            }
+        }
+        const i64 slot = (i64)task_slot[t];
+        if (KIND == KIND_GAT && gS != nullptr && L.lane == 0) {
+            if (slot < 0) gS[j * H + h] = value_traits<T>::from_acc(sgat);
+            else p_s[slot * H + h] = sgat;
+        }
+#pragma unroll
+        for (int k = 0; k < NCH; ++k) {
+            if (!L.has(k)) continue;
+            const int c0 = L.chan(k);
+            if (KIND != KIND_GAT && gS != nullptr)
+                store_row<T, VEC>(gS, p_s, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
+                                  sacc.v[k]);
+            if (KIND != KIND_GATV2 && gV != nullptr)
+                store_row<T, VEC>(gV, p_v, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
+                                  vacc.v[k]);
+        }
     }
 }
 

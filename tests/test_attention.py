@@ -851,19 +851,18 @@ def test_gpu_gatv2_grad_att_block_partials(vtype, heads, channels):
 
 
 def test_gatt_partial_rows_plan():
-    """The launcher's choice for grad_att's partial rows: per block (8x fewer
-    rows than tasks on rmat20 in fp32, 16x in bf16) within the shared-memory
-    budget for every head layout, per task where blocks hold no more
-    (task, head) pairs than heads."""
+    """The launcher's choice for grad_att's partial rows: per block within
+    the shared-memory budget for every head layout, where a block holds more
+    (task, head) pairs than heads (8 tasks' pairs on rmat20 in fp32, 16 in
+    bf16), else per task."""
     attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
     from types import SimpleNamespace
     ntask = 1_048_576 + 3000                       # rmat20's rows plus split hub tasks
-    for vtype, per_block, smem in (("float32", 8, 4096), ("bfloat16", 16, 8192)):
+    for vtype, smem in (("float32", 4096), ("bfloat16", 8192)):
         aligned = SimpleNamespace(data=SimpleNamespace(ptr=0), ndim=3, shape=(1, 4, 32))
         group = attn._shape(vtype, 32, (aligned,))[3]
-        rows, shared, block = attn._gatt_rows(ntask, 4, 32, group, attn._acc(vtype))
-        assert block and shared == smem and rows == -(-ntask // per_block), vtype
-    assert attn._gatt_rows(ntask, 8, 128, 32, np.float32) == (ntask, 0, False)
+        assert attn._block_gatt(ntask, 4, 32, group, attn._acc(vtype)) == (True, smem), vtype
+    assert attn._block_gatt(ntask, 8, 128, 32, np.float32) == (False, 0)
     for vtype in ("float32", "float64", "float16", "bfloat16"):
         for C in range(1, 1025):
             for ptr in (0, 2):                     # wide vectors, or one value per lane
@@ -873,9 +872,66 @@ def test_gatt_partial_rows_plan():
                 except NotImplementedError:        # wider than the kernels hold
                     continue
                 for H in (1, 2, 3, 5, 8, 13, 32, 64):
-                    rows, shared, block = attn._gatt_rows(1000, H, C, group, attn._acc(vtype))
+                    block, shared = attn._block_gatt(1000, H, C, group, attn._acc(vtype))
                     assert block == (attn.BLOCK // group > H), (vtype, C, H)
-                    assert shared <= attn.GATT_SMEM_BUDGET and rows <= 1000
+                    assert shared <= attn.GATT_SMEM_BUDGET
+
+
+def test_persistent_grid_plan(monkeypatch):
+    """The persistent grid: one group per (task, head) pair while that fits
+    on the device at once (slot_begin NULL), else the resident blocks, whose
+    slots of H groups take contiguous task ranges of about equal work that
+    cover every task once, in order; PERSISTENT = False gives the
+    one-group-per-pair grid."""
+    attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
+    from fastgnn.backends.cuda.spmm import TaskPlan
+    deg = np.r_[np.zeros(5, int), np.ones(300, int), np.full(40, 16), [5000, 700]]
+    indptr = np.r_[0, np.cumsum(deg)]
+    g = Graph(indptr, np.zeros(indptr[-1], dtype=np.int64), None, 1, len(deg))
+    chunk = 256
+    ntask = np.maximum(-(-deg // chunk), 1)
+    row = np.repeat(np.arange(len(deg)), ntask)
+    first = np.r_[0, np.cumsum(ntask)][row]
+    begin = indptr[row] + (np.arange(len(row)) - first) * chunk
+    plan = TaskPlan(chunk, row, begin, np.full(len(row), -1), None, None, 0)
+    T = len(row)
+    monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
+    grid, slot_begin = attn._persistent_grid(None, g, plan, 4, 8)     # 3 blocks x 32 groups / 4
+    assert grid == (3,) and slot_begin.shape == (25,)
+    assert slot_begin[0] == 0 and slot_begin[-1] == T and np.all(np.diff(slot_begin) >= 0)
+    work = np.minimum(begin + chunk, indptr[row + 1]) - begin + attn.TASK_COST_EDGES
+    per_slot = np.add.reduceat(np.r_[work, 0], slot_begin[:-1])[np.diff(slot_begin) > 0]
+    assert per_slot.max() <= work.sum() / 24 + work.max()          # balanced up to one task
+    assert attn._persistent_grid(None, g, plan, 4, 8)[1] is slot_begin   # cached on the graph
+    monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 1000)
+    assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL)
+    monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
+    monkeypatch.setattr(attn, "PERSISTENT", False)
+    assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("case", ["plain", "odd_width", "wide", "weights", "bipartite", "bias"])
+@pytest.mark.parametrize("vtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("score", SCORES)
+def test_gpu_persistent_grid_walks_many_tasks_per_group(score, vtype, case, monkeypatch):
+    """A grid of two blocks, where every lane group walks many tasks (gatv2's
+    block grad_att summed across them; odd_width's 3 heads leave groups past
+    the last slot of 3 idle), gives the reference's results (checked in
+    _gpu_backward), and every gradient but grad_att bit for bit as on a grid
+    of one group per pair (grad_att sums in another order)."""
+    from fastgnn.backends.cuda import attention as attn
+    seed = _seed()
+    monkeypatch.setattr(attn, "PERSISTENT", False)
+    full = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
+    monkeypatch.setattr(attn, "PERSISTENT", True)
+    monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 2)
+    few = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
+    assert sorted(few) == sorted(full)
+    for name in full:
+        if name != "att":
+            np.testing.assert_array_equal(few[name], full[name], err_msg=f"{score} {case} {name}")
 
 
 # ------------------------------------------- the atomic backward (opt-in)

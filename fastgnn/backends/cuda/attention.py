@@ -6,8 +6,9 @@ split into tasks whose partials are merged in slot order (attn_combine for
 the forward's (m, l, acc) states, spmm_combine for backward sums), grad_att
 summed by a fixed-order column sum from partial rows [H, C], one per thread
 block of the target pass (summed in shared memory in a fixed order) or, where
-that does not pay, one per task (_gatt_rows). Per-edge
-arrays stay in the caller's order. No float atomics by default: bitwise
+that does not pay, one per task (_block_gatt). The forward and both backward
+passes run on persistent grids (_persistent_grid). Per-edge arrays stay in
+the caller's order. No float atomics by default: bitwise
 repeatable. With params.deterministic False the backward's target pass also
 scatters the source-side gradients with float atomics into fp32/fp64 buffers
 and the source pass over the transpose is skipped (faster, not repeatable).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import cupy as cp
 import numpy as np
+from cupy_backends.cuda.api import driver
 
 from ...graph import Graph
 from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
@@ -76,6 +78,73 @@ def _shape(vtype, C, arrays):
 
 def _grid(units, group):
     return (max(1, -(-units * group // BLOCK)),)
+
+
+# attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
+# blocks as the device holds at once, each slot of H lane groups walking a
+# contiguous range of tasks of about equal edge count (FOR_EACH_GROUP_TASK in
+# attention.cu). False: one lane group per (task, head) pair, as before the
+# loop (benchmarks/sweep_attention.py's "grid=full" compares the two).
+PERSISTENT = True
+# The resident block count to assume instead of asking the device (tests set
+# a few blocks, so that every group walks many tasks); None: the occupancy.
+RESIDENT_BLOCKS = None
+# A task's fixed work (its target rows, its stores) counted in edges when the
+# slots' task ranges are cut to equal work.
+TASK_COST_EDGES = 4
+_resident: dict = {}
+
+
+def _resident_blocks(kern, smem):
+    """Blocks of `kern` (BLOCK threads, `smem` bytes of dynamic shared memory)
+    the device holds at once: its occupancy times the multiprocessors, cached
+    per kernel (RESIDENT_BLOCKS if set)."""
+    if RESIDENT_BLOCKS:
+        return RESIDENT_BLOCKS
+    key = (kern.kernel.ptr, smem)
+    if key not in _resident:
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.kernel.ptr, BLOCK, smem)
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        _resident[key] = max(1, per_sm) * sms
+    return _resident[key]
+
+
+def task_slots(graph, plan, num_slots):
+    """slot_begin [num_slots + 1] int64: slot s of a persistent grid takes the
+    tasks slot_begin[s] .. slot_begin[s + 1] - 1 of `plan` (graph's task
+    plan), the ranges cut where the running work (each task's edges plus
+    TASK_COST_EDGES) crosses s / num_slots of the total. Cached per graph and
+    slot count; NumPy or CuPy arrays, as the plan's."""
+    def build():
+        xp = cp.get_array_module(plan.task_row)
+        begin = plan.task_begin.astype(np.int64)
+        row_end = graph.indptr[plan.task_row.astype(np.int64) + 1].astype(np.int64)
+        work = xp.minimum(begin + plan.chunk, row_end) - begin + TASK_COST_EDGES
+        prefix = xp.zeros(work.shape[0] + 1, dtype=np.int64)
+        xp.cumsum(work, out=prefix[1:])
+        total = int(prefix[-1])
+        cuts = xp.arange(num_slots + 1, dtype=np.int64) * total // num_slots
+        return xp.searchsorted(prefix, cuts, side="left").astype(np.int64)
+    return graph.cached(("attention_task_slots", plan.chunk, num_slots), build)
+
+
+def _persistent_grid(kern, graph, plan, H, group, smem=0):
+    """(grid, slot_begin) of a launch of `kern` over `plan`'s tasks x H heads,
+    lane groups of `group`: the resident blocks and the slots' task ranges
+    (task_slots) where one group per (task, head) pair would need more
+    blocks than that; else that grid and NULL (slot s = task s). The grid
+    depends only on the device and the kernel, so which tasks a group takes,
+    in which order, and every sum carried across them, is the same on every
+    run."""
+    ntask = int(plan.task_row.shape[0])
+    full = _grid(ntask * H, group)[0]
+    if not PERSISTENT:
+        return (full,), NULL
+    blocks = _resident_blocks(kern, smem)
+    slots = blocks * (BLOCK // group) // H
+    if blocks >= full or slots == 0:
+        return (full,), NULL
+    return (blocks,), task_slots(graph, plan, slots)
 
 
 def _names(graph, vtype):
@@ -145,11 +214,12 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     p_l = cp.empty((slots, H), dtype=acc) if slots else None
     p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
     fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, Ed is not None)
-    common = (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, _arg(bias))
+    grid, slot_begin = _persistent_grid(fwd, graph, plan, H, group)
+    common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
+              graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, _arg(bias))
     scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
                np.int32(DEFAULT_CHUNK), np.int32(group), acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
-    fwd(_grid(ntask * H, group), (BLOCK,),
+    fwd(grid, (BLOCK,),
         common + (out, _arg(out_b), lse, NULL, _arg(p_m), _arg(p_l), _arg(p_acc)) + scalars
         + (np.int32(0),))
     num_split = int(plan.split_row.shape[0])
@@ -162,7 +232,7 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
               lse, np.int64(num_split),
               np.int32(H), np.int32(C), np.int32(g1)))
     if need_alpha and graph.num_edges:
-        fwd(_grid(ntask * H, group), (BLOCK,),
+        fwd(grid, (BLOCK,),
             common + (out, NULL, lse, alpha, NULL, NULL, NULL) + scalars + (np.int32(1),))
     return out, lse, alpha, out_b
 
@@ -221,19 +291,19 @@ def _combine(plan, partial, out, width, vtype, itype):
         np.int32(width), np.int32(group)))
 
 
-def _gatt_rows(ntask, H, C, group, acc):
-    """(rows, shared_mem, block) of gatv2's grad_att partials [rows, H * C]:
-    one row per thread block of the target pass (attn_bwd_dst's BLOCK_GATT,
-    BLOCK // group (task, head) slots of C values in shared memory) when the
-    slots fit GATT_SMEM_BUDGET and the blocks are fewer than the tasks (more
-    (task, head) pairs per block than heads), else one row per task. On rmat20
-    (H=4, C=32) a block holds 8 tasks in fp32 (group 8), 16 in bf16 (group 4).
-    block: whether the launch is the BLOCK_GATT variant."""
-    blocks = _grid(ntask * H, group)[0]
+def _block_gatt(ntask, H, C, group, acc):
+    """(block, shared_mem): whether gatv2's grad_att partials go one row per
+    thread block of the target pass (attn_bwd_dst's BLOCK_GATT: BLOCK // group
+    (task, head) slots of C values in shared memory, summed per block) and
+    the bytes that takes. It does when the slots fit GATT_SMEM_BUDGET and a
+    block holds more (task, head) pairs than there are heads (every head has
+    slots in every block); otherwise each task writes its own row. On rmat20
+    (H=4, C=32) a block holds 8 tasks' pairs in fp32 (group 8), 16 in bf16
+    (group 4)."""
     smem = (BLOCK // group) * C * np.dtype(acc).itemsize
-    if smem <= GATT_SMEM_BUDGET and blocks < ntask:
-        return blocks, smem, True
-    return ntask, 0, False
+    if smem <= GATT_SMEM_BUDGET and _grid(ntask * H, group)[0] < ntask:
+        return True, smem
+    return False, 0
 
 
 def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
@@ -296,17 +366,19 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                 if need_gDn and plan.num_slots else None)
         gEd = cp.empty_like(Ed) if need_gEd else None
         # gatv2: grad_att partial rows per thread block (or per task)
-        gatt_rows, smem, block_gatt = (_gatt_rows(ntask, H, C, group, acc) if need_gatt
-                                       else (0, 0, False))
-        gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
+        block_gatt, smem = _block_gatt(ntask, H, C, group, acc) if need_gatt else (False, 0)
         # atomic: fp32/fp64 sums, zeroed (the gradients themselves for fp32/fp64)
         aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
         aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
         kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
                        atomic, block_gatt)
-        kern(_grid(ntask * H, group), (BLOCK,),
-             (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-              caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
+        grid, slot_begin = _persistent_grid(kern, graph, plan, H, group, smem)
+        gatt_rows = grid[0] if block_gatt else ntask
+        gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
+        kern(grid, (BLOCK,),
+             (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
+              graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g),
+              _arg(ga),
               out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
               _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars,
              shared_mem=smem)
@@ -336,8 +408,9 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
                if need_gV and plan.num_slots else None)
         kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, Ed is not None)
-        kern(_grid(ntask * H, group), (BLOCK,),
-             (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices,
+        grid, slot_begin = _persistent_grid(kern, t, plan, H, group)
+        kern(grid, (BLOCK,),
+             (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, t.indptr, t.indices,
               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
               delta, _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask)) + scalars)
         _combine(plan, p_s, gS, H * Cs, vtype, itype)

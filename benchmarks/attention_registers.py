@@ -1,0 +1,19 @@
+"""Developer probe (GPU): registers and local memory (spills) of the attention
+kernels rmat20's 4 heads x 32 runs, as the device's own NVRTC/ptxas build
+them (the compile check builds with the local NVRTC, which may differ).
+
+    python benchmarks/attention_registers.py
+"""
+from fastgnn.backends.cuda.loader import get_function
+
+NAMES = [f"{k}<{kind}, {t}, int, {vec}, 1, {grp}, false{extra}>"
+         for t, vec, grp in (("float", 4, 8), ("bf16_t", 8, 4))
+         for kind in (0, 1, 2)
+         for k, extra in (("attn_fwd", ""), ("attn_bwd_src", ""),
+                          ("attn_bwd_dst", ", false, true" if kind == 1 else ", false, false"))]
+
+if __name__ == "__main__":
+    for name in NAMES:
+        vtype = "float32" if ", float," in name else "bfloat16"
+        fn = get_function("attention", vtype, "int32", name)
+        print(f"{fn.num_regs:4d} regs {fn.local_size_bytes:4d} B local  {name}")
