@@ -9,9 +9,10 @@ block of the target pass (summed in shared memory in a fixed order) or, where
 that does not pay, one per task (_block_gatt). The forward and both backward
 passes run on persistent grids (_persistent_grid). Per-edge arrays stay in
 the caller's order. No float atomics by default: bitwise
-repeatable. With params.deterministic False the backward's target pass also
-scatters the source-side gradients with float atomics into fp32/fp64 buffers
-and the source pass over the transpose is skipped (faster, not repeatable).
+repeatable. With params.deterministic False the backward's target pass of
+the scores where that is faster (ATOMIC_SCORES: gatv2) also scatters the
+source-side gradients with float atomics into fp32/fp64 buffers and the
+source pass over the transpose is skipped (faster, not repeatable).
 
 """
 from __future__ import annotations
@@ -89,6 +90,13 @@ PERSISTENT = True
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
 RESIDENT_BLOCKS = None
+# Scores whose backward takes the atomic target pass when deterministic=False
+# allows it: where it is faster than the two passes on persistent grids
+# (rmat20, 4 x 32, fwd+bwd ms, deterministic / atomic: gatv2 fp32 11.2 / 8.2,
+# bf16 14.4 / 10.9; dot fp32 11.5 / 13.8, bf16 12.9 / 19.1; gat fp32 7.68 /
+# 7.53, bf16 7.63 / 10.4; benchmarks/results/attention_rmat20_h200_session10.md).
+# The others keep the deterministic passes (which deterministic=False allows).
+ATOMIC_SCORES = frozenset({"gatv2"})
 # A task's fixed work (its target rows, its stores) counted in edges when the
 # slots' task ranges are cut to equal work.
 TASK_COST_EDGES = 4
@@ -101,7 +109,7 @@ def _resident_blocks(kern, smem):
     per kernel (RESIDENT_BLOCKS if set)."""
     if RESIDENT_BLOCKS:
         return RESIDENT_BLOCKS
-    key = (kern.kernel.ptr, smem)
+    key = (kern, smem)        # the kernel object (kept here), never a reusable address
     if key not in _resident:
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.kernel.ptr, BLOCK, smem)
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -340,9 +348,9 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         return grads
     out = cp.ascontiguousarray(out)
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
-    # deterministic=False: the target pass scatters the source-side gradients
-    # too (float atomics) and the source pass does not run
-    atomic = not params.deterministic and (need_gS or need_gV)
+    # deterministic=False (for ATOMIC_SCORES): the target pass scatters the
+    # source-side gradients too (float atomics) and the source pass does not run
+    atomic = (not params.deterministic and score in ATOMIC_SCORES and (need_gS or need_gV))
     src_pass = (need_gS or need_gV) and not atomic
     dst_pass = need_gDn or need_gEd or need_gatt or atomic
     # the common case: the target pass computes delta = <g_i, out_i> itself
