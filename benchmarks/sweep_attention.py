@@ -12,10 +12,11 @@ events, median of 10) in fp32 and bf16. One line per (defines, dtype).
 
 A variant "grid=full" (not a define) runs the defaults on the grid of one
 lane group per (task, head) pair instead of the persistent grid
-(fastgnn.backends.cuda.attention.PERSISTENT). A variant "maxvec=N" (not a define) runs the defaults with the kernels'
-wide vectors at N values instead of 16 bytes (e.g. 4: bf16 heads of 32 on
-8 lanes of 8 bytes instead of 4 lanes of 16); its modules compile in this
-process on first use.
+(fastgnn.backends.cuda.attention.PERSISTENT). A variant "maxvec=N" (not a
+define) runs the defaults with the kernels' widest vector at N values
+(loader.ATTENTION_MAX_VEC, 4 by default; e.g. 8: bf16 heads of 32 on 4 lanes
+of 16 bytes instead of 8 lanes of 8, as before session 10); its modules
+compile in this process on first use.
 """
 import sys
 
@@ -37,12 +38,11 @@ DEFAULT_VARIANTS = ["", FULL_GRID, "-DATTN_BWD_UNROLL=1", "-DATTN_BWD_UNROLL=2",
 VTYPES = ("float32", "bfloat16")
 
 
-def _cap_vec(cap, vecs=loader.attention_vecs):
-    """Make the attention kernels' wide vectors at most `cap` values (0: as
-    compiled by default); both the instantiation list and the launcher read
-    attention_vecs."""
-    capped = (lambda vtype: [1, min(vecs(vtype)[-1], cap)]) if cap else vecs
-    loader.attention_vecs = cuda_attention.attention_vecs = capped
+def _cap_vec(cap, default=loader.ATTENTION_MAX_VEC):
+    """Make the attention kernels' widest vector `cap` values (0: the
+    default); the instantiation list and the launcher both ask
+    loader.attention_vecs, which reads loader.ATTENTION_MAX_VEC."""
+    loader.ATTENTION_MAX_VEC = cap or default
 
 
 def main(scale=20, variants=None):

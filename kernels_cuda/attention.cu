@@ -56,7 +56,7 @@
 // pass); per target and head 3 rows (Dn, g, out) and delta written once.
 // gatv2's grad_att: per thread block of the target pass one row [H, C] of
 // acc values (BLOCK_GATT; blockDim / group (task, head) pairs per block, so
-// e.g. 8 tasks per row at H = 4, C = 32 in fp32, 16 in bf16), else one row
+// e.g. 8 tasks per row at H = 4, C = 32 in fp32 and bf16), else one row
 // [H, C] per task; either summed by column_sum.
 
 #include "common.cuh"
@@ -255,11 +255,11 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // channel chunks per lane: U = 1 (registers). One chunk, chosen per score on
 // an H200 sweep (rmat20, 4 heads x 32; benchmarks/sweep_attention.py, logs
 // benchmarks/results/sweep_attention_rmat20_h200_session4*.log), where the
-// 16-bit types use VEC = 8 and fp32 VEC = 4:
+// 16-bit types used VEC = 8 and fp32 VEC = 4 (since session 10 every type
+// runs VEC = 4 at most: loader.ATTENTION_MAX_VEC; the VEC 8 choices below
+// serve a larger cap):
 //   forward   gat U = 1 (fp32 2.86 -> 2.38 ms, bf16 2.30 -> 2.10; 2 below
-//             VEC 4), gatv2 U = 2 (fp32 3.62 -> 3.23; 4 below VEC 4; 1 at
-//             VEC 8, the 16-bit types, whose U = 2 spills under the
-//             80-register cap with the persistent loop: 72 registers at 1),
+//             VEC 4), gatv2 U = 2 (fp32 3.62 -> 3.23; 4 below VEC 4),
 //             dot U = 4 (2 at VEC 8): fewer is slower (fp32 3.65 -> 4.35 at 1);
 //   backward  gat U = 1 (fp32 8.8 -> 7.0 ms, bf16 6.5 -> 5.5; 2 below VEC 4),
 //             gatv2 and dot U = 2 (fp32 gatv2 13.2 -> 10.5, dot 12.8 -> 9.9
@@ -283,7 +283,7 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 template <int KIND, int VEC, int NCH>
 struct Unroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
-                               : KIND == KIND_GATV2 ? (VEC >= 8 ? 1 : VEC >= 4 ? 2 : 4)
+                               : KIND == KIND_GATV2 ? (VEC >= 4 ? 2 : 4)
                                : (VEC >= 8 ? 2 : 4);
     static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL : tuned;
 };

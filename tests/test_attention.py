@@ -853,12 +853,12 @@ def test_gpu_gatv2_grad_att_block_partials(vtype, heads, channels):
 def test_gatt_partial_rows_plan():
     """The launcher's choice for grad_att's partial rows: per block within
     the shared-memory budget for every head layout, where a block holds more
-    (task, head) pairs than heads (8 tasks' pairs on rmat20 in fp32, 16 in
-    bf16), else per task."""
+    (task, head) pairs than heads (8 tasks' pairs on rmat20: 8 lanes of 4
+    values per head in fp32 and bf16), else per task."""
     attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
     from types import SimpleNamespace
     ntask = 1_048_576 + 3000                       # rmat20's rows plus split hub tasks
-    for vtype, smem in (("float32", 4096), ("bfloat16", 8192)):
+    for vtype, smem in (("float32", 4096), ("bfloat16", 4096)):
         aligned = SimpleNamespace(data=SimpleNamespace(ptr=0), ndim=3, shape=(1, 4, 32))
         group = attn._shape(vtype, 32, (aligned,))[3]
         assert attn._block_gatt(ntask, 4, 32, group, attn._acc(vtype)) == (True, smem), vtype

@@ -306,8 +306,7 @@ def _block_gatt(ntask, H, C, group, acc):
     the bytes that takes. It does when the slots fit GATT_SMEM_BUDGET and a
     block holds more (task, head) pairs than there are heads (every head has
     slots in every block); otherwise each task writes its own row. On rmat20
-    (H=4, C=32) a block holds 8 tasks' pairs in fp32 (group 8), 16 in bf16
-    (group 4)."""
+    (H=4, C=32) a block holds 8 tasks' pairs (group 8, in fp32 and bf16)."""
     smem = (BLOCK // group) * C * np.dtype(acc).itemsize
     if smem <= GATT_SMEM_BUDGET and _grid(ntask * H, group)[0] < ntask:
         return True, smem

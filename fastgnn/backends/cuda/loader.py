@@ -104,9 +104,19 @@ def attention_nchs(vec):
     return (1, 4) if vec <= 4 else (1, 2)
 
 
+# Widest vector of the attention kernels, in values: 4 (16 bytes of fp32, 8 of
+# a 16-bit type). 16-bit heads of 32 so take 8 lanes of 4 values, as fp32's,
+# instead of 4 lanes of 8: fewer registers per lane (occupancy) and shorter
+# per-lane chains; on persistent grids (rmat20, 4 x 32, bf16, fwd / bwd ms)
+# gatv2 3.35 / 11.45 -> 2.88 / 9.05, dot 3.39 / 9.79 -> 2.62 / 8.46, gat 2.15 /
+# 5.71 -> 1.99 / 5.52 (benchmarks/results/sweep_attention_rmat20_h200_session10c.log).
+ATTENTION_MAX_VEC = 4
+
+
 def attention_vecs(vtype):
-    """Vector widths of the attention kernels: 1 (any width) and the widest."""
-    return [1, vec_widths(vtype)[-1]]
+    """Vector widths of the attention kernels: 1 (any width) and the widest
+    (at most ATTENTION_MAX_VEC values)."""
+    return [1, min(vec_widths(vtype)[-1], ATTENTION_MAX_VEC)]
 
 
 # Lanes per (task, head) compiled in (the GROUP template values) for heads
