@@ -14,7 +14,9 @@
 // transpose positions to it), so nothing per edge is ever permuted.
 //
 // Mapping: the task list of spmm.cu (rows cut into <= chunk edges); a lane
-// group per (task, head). Lane l owns channels c = l*VEC + k*G*VEC,
+// group per (task, head) at a time, on a persistent grid where each group
+// keeps one head and walks a range of tasks (FOR_EACH_GROUP_TASK below).
+// Lane l owns channels c = l*VEC + k*G*VEC,
 // k < nch (<= NCH, a template parameter: 1 when one pass of the group
 // covers the head, else 4), so a head of up to NCH*32*VEC channels sits in
 // registers. The edges of a task go in steps of U (Unroll: 4 rows of VEC
@@ -218,9 +220,11 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // benchmarks/results/ncu_attention_bwd_rmat20_h200_session10.txt). A group's
 // head and tasks are fixed by the launch shape, so sums carried across its
 // tasks (gatv2's block grad_att) are bitwise repeatable. rmat20, 4 heads x
-// 32, fp32, ms forward / backward: gatv2 3.54 / 11.93 -> 2.97 / 8.44, dot
-// 3.64 / 11.26 -> 2.84 / 9.00, gat 2.71 / 6.87 -> 1.99 / 5.91
-// (sweep_attention_rmat20_h200_session10b.log). slot_begin null:
+// 32, fp32, forward / backward ms, one group per pair before the loop ->
+// persistent: gatv2 3.15 / 11.55 -> 2.97 / 8.44, dot 3.19 / 9.78 -> 2.84 /
+// 9.00, gat 2.47 / 6.91 -> 1.99 / 5.91 (probe_attention_rmat20_h200_session10.log,
+// sweep_attention_rmat20_h200_session10b.log; the looped kernels on a grid of
+// one group per pair, its "grid=full" row, are slower still). slot_begin null:
 // slot s holds task s alone (the grid has a slot for every task). Groups
 // past the last whole slot have no task.
 // FOR_EACH_GROUP_TASK opens the loop over the group's tasks t (lane layout L
@@ -422,7 +426,7 @@ __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
 __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                          const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
-                             const I* __restrict__ indptr,
+                         const I* __restrict__ indptr,
                          const I* __restrict__ indices, const I* __restrict__ cid,
                          const T* __restrict__ S, const T* __restrict__ Dn,
                          const T* __restrict__ Ed, const T* __restrict__ att,
