@@ -57,9 +57,9 @@
 // 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source
 // pass); per target and head 3 rows (Dn, g, out) and delta written once.
 // gatv2's grad_att: per thread block of the target pass one row [H, C] of
-// acc values (BLOCK_GATT; blockDim / group (task, head) pairs per block, so
-// e.g. 8 tasks per row at H = 4, C = 32 in fp32 and bf16), else one row
-// [H, C] per task; either summed by column_sum.
+// acc values (BLOCK_GATT; the sums of its blockDim / group groups over all
+// their tasks: on a persistent grid about num_tasks / blocks tasks per row),
+// else one row [H, C] per task; either summed by column_sum.
 
 #include "common.cuh"
 
@@ -211,15 +211,18 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // once (fastgnn/backends/cuda/attention.py, _persistent_grid), and each run
 // of H consecutive lane groups (a "slot": group q has head h = q mod H, slot
 // q / H) walks a contiguous range of tasks, slot_begin[s] .. slot_begin[s +
-// 1], the ranges cut so that each holds about the same number of edges
-// (task_slots there, cached per graph). A group that ends a short task so
+// 1], the ranges cut so that each holds about the same work (its edges plus
+// TASK_COST_EDGES per task: task_slots there, cached per graph). A group that ends a short task so
 // starts its next one at once, where a grid of one group per (task, head)
 // left it idle until its block's longest task ended (rmat20: 47% of the
 // gatv2 target pass's warp cycles waited at the block's grad_att barrier,
 // and the source pass ran at 23% achieved occupancy of a possible 37.5%;
 // benchmarks/results/ncu_attention_bwd_rmat20_h200_session10.txt). A group's
 // head and tasks are fixed by the launch shape, so sums carried across its
-// tasks (gatv2's block grad_att) are bitwise repeatable. rmat20, 4 heads x
+// tasks (gatv2's block grad_att) are bitwise repeatable for one grid size;
+// the grid follows the device's multiprocessor count and the kernel's
+// occupancy, so another GPU model (or MIG slice, or build) may round
+// grad_att differently. rmat20, 4 heads x
 // 32, fp32, forward / backward ms, one group per pair before the loop ->
 // persistent: gatv2 3.15 / 11.55 -> 2.97 / 8.44, dot 3.19 / 9.78 -> 2.84 /
 // 9.00, gat 2.47 / 6.91 -> 1.99 / 5.91 (probe_attention_rmat20_h200_session10.log,
@@ -684,10 +687,10 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     constexpr bool GAT = KIND == KIND_GAT;
     static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
     // gatv2's grad_att terms: one task's (rows of gatt_part per task), or
-    // every task of the group (BLOCK_GATT: the launcher keeps the grid's
-    // group count a multiple of H, so a group's head never changes). The
-    // loop has no `return`: every thread of the block, also those without a
-    // task, reaches gatt_block_sum's barrier after it.
+    // every task of the group (BLOCK_GATT; a group's head h = q mod H never
+    // changes across its tasks). The loop has no `return`: every thread of
+    // the block, also those without a task, reaches gatt_block_sum's
+    // barrier after it.
     Sl patt;
     zero_slice(patt);
     FOR_EACH_GROUP_TASK {

@@ -743,7 +743,8 @@ def _gpu_values(a, vtype):
 
 def _gpu_backward(score, vtype, case, rng_, **options):
     """Run one GPU_CASES case; check out (and alpha) and every wanted gradient
-    against the reference; returns {name: gradient (float64)}."""
+    against the reference; returns {name: gradient (float64)} and the
+    forward's {"out": ..., "alpha": ... (when asked for)}."""
     from fastgnn import edge_attention_bwd, edge_attention_fwd
     from fastgnn.ops.attention import SCORE_INPUTS
     heads, channels, edge_term, dropout, weights, needs, num_src = GPU_CASES[case]
@@ -769,7 +770,9 @@ def _gpu_backward(score, vtype, case, rng_, **options):
     wanted = SOURCE_SIDE[score] if needs == "source" else list(x)
     grads = edge_attention_bwd(g, res, go_d, ga_d, needs=wanted)
     r_grads = ref.edge_attention_vjp(ei, score, n, xr, go, ga, **kw)
-    got = {}
+    got = {"out": _gpu_values(out, vtype)}
+    if weights:
+        got["alpha"] = _gpu_values(alpha, vtype)
     for name, gr in zip(SCORE_INPUTS[score], grads):
         if name not in wanted:
             assert gr is None, name
@@ -902,7 +905,14 @@ def test_persistent_grid_plan(monkeypatch):
     work = np.minimum(begin + chunk, indptr[row + 1]) - begin + attn.TASK_COST_EDGES
     per_slot = np.add.reduceat(np.r_[work, 0], slot_begin[:-1])[np.diff(slot_begin) > 0]
     assert per_slot.max() <= work.sum() / 24 + work.max()          # balanced up to one task
+    # each slot starts at the first task whose work before it reaches s / 24 of the total
+    before = np.r_[0, np.cumsum(work)]
+    for s_, t_ in enumerate(slot_begin):
+        cut = work.sum() * s_ // 24
+        assert before[t_] >= cut and (t_ == 0 or before[t_ - 1] < cut), s_
     assert attn._persistent_grid(None, g, plan, 4, 8)[1] is slot_begin   # cached on the graph
+    monkeypatch.setattr(attn, "TASK_COST_EDGES", 0)                 # edges alone: other cuts
+    assert not np.array_equal(attn._persistent_grid(None, g, plan, 4, 8)[1], slot_begin)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 1000)
     assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
@@ -919,8 +929,9 @@ def test_gpu_persistent_grid_walks_many_tasks_per_group(score, vtype, case, monk
     """A grid of two blocks, where every lane group walks many tasks (gatv2's
     block grad_att summed across them; odd_width's 3 heads leave groups past
     the last slot of 3 idle), gives the reference's results (checked in
-    _gpu_backward), and every gradient but grad_att bit for bit as on a grid
-    of one group per pair (grad_att sums in another order)."""
+    _gpu_backward), and the output, attention weights and every gradient
+    but grad_att bit for bit as on a grid of one group per pair (grad_att
+    sums in another order)."""
     from fastgnn.backends.cuda import attention as attn
     seed = _seed()
     monkeypatch.setattr(attn, "PERSISTENT", False)

@@ -55,9 +55,11 @@ and grad_b[h] = sum_i g[i, h] (the optional bias b [H, C]),
 computed without atomics: D and the target-side and per-edge terms in one
 pass per target over the CSR, the source-side terms in one pass per source
 over the cached transpose, and grad_att as per-chunk partial sums (a fixed
-chunking of the targets) added in a fixed order. Results are bitwise repeatable.
-(Opt-in `deterministic=False`, GPU only: the pass per target also adds the
-source-side terms with float atomics and the pass per source is skipped.)
+chunking of the targets; on the GPU it follows the launch grid, so one
+machine and build give the same bits) added in a fixed order. Results are
+bitwise repeatable. (Opt-in `deterministic=False`, GPU only, gatv2: the pass
+per target also adds the source-side terms with float atomics and the pass
+per source is skipped.)
 
 Dropout
 -------
@@ -534,10 +536,12 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
               before dropout) in the caller's edge order.
     deterministic: True (default): the backward uses no float atomics and is
               bitwise repeatable. False (GPU only; the CPU backend ignores it
-              and stays deterministic): the backward's pass over the targets
-              also adds the source-side gradients (a_src and v; xl; k and v)
-              with float atomics and the pass over the cached transpose is
-              skipped: faster, but the sums' order, so their last bits, vary.
+              and stays deterministic): for "gatv2", where that is faster,
+              the backward's pass over the targets also adds the
+              source-side gradient (of xl) with float atomics and the pass
+              over the cached transpose is skipped: faster, but the sums'
+              order, so their last bits, vary. "gat" and "dot" keep the
+              deterministic passes (faster for them).
     Per-edge inputs and outputs are in the caller's edge order. Targets
     without in-edges get 0. Returns out [num_dst, H, C] (and alpha) in the
     inputs' dtype; nothing of size E x H x C is allocated.

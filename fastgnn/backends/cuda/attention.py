@@ -24,8 +24,8 @@ from cupy_backends.cuda.api import driver
 from ...graph import Graph
 from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
-from .loader import (C_INDEX, C_VALUE, VALUE_BYTES, attention_groups, attention_nchs,
-                     attention_vecs, get_function)
+from .loader import (C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES, attention_groups,
+                     attention_nchs, attention_vecs, get_function)
 from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, column_sums, from_acc,
                    lane_group, spmm_custom, task_plan)
 
@@ -101,6 +101,7 @@ ATOMIC_SCORES = frozenset({"gatv2"})
 # slots' task ranges are cut to equal work.
 TASK_COST_EDGES = 4
 _resident: dict = {}
+ON_CLEAR.append(_resident.clear)      # recompiled kernels get their own occupancy
 
 
 def _resident_blocks(kern, smem):
@@ -130,10 +131,10 @@ def task_slots(graph, plan, num_slots):
         work = xp.minimum(begin + plan.chunk, row_end) - begin + TASK_COST_EDGES
         prefix = xp.zeros(work.shape[0] + 1, dtype=np.int64)
         xp.cumsum(work, out=prefix[1:])
-        total = int(prefix[-1])
-        cuts = xp.arange(num_slots + 1, dtype=np.int64) * total // num_slots
+        # the total stays on the device: no host sync per new graph
+        cuts = xp.arange(num_slots + 1, dtype=np.int64) * prefix[-1:] // num_slots
         return xp.searchsorted(prefix, cuts, side="left").astype(np.int64)
-    return graph.cached(("attention_task_slots", plan.chunk, num_slots), build)
+    return graph.cached(("attention_task_slots", plan.chunk, num_slots, TASK_COST_EDGES), build)
 
 
 def _persistent_grid(kern, graph, plan, H, group, smem=0):
@@ -141,9 +142,11 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0):
     lane groups of `group`: the resident blocks and the slots' task ranges
     (task_slots) where one group per (task, head) pair would need more
     blocks than that; else that grid and NULL (slot s = task s). The grid
-    depends only on the device and the kernel, so which tasks a group takes,
-    in which order, and every sum carried across them, is the same on every
-    run."""
+    depends on the graph's task count, the device's multiprocessor count and
+    the compiled kernel's occupancy, nothing else: which tasks a group takes,
+    in which order, and every sum carried across them (gatv2's grad_att), is
+    the same on every run of one machine and build (another GPU model or MIG
+    slice may round grad_att differently)."""
     ntask = int(plan.task_row.shape[0])
     full = _grid(ntask * H, group)[0]
     if not PERSISTENT:
@@ -306,7 +309,7 @@ def _block_gatt(ntask, H, C, group, acc):
     the bytes that takes. It does when the slots fit GATT_SMEM_BUDGET and a
     block holds more (task, head) pairs than there are heads (every head has
     slots in every block); otherwise each task writes its own row. On rmat20
-    (H=4, C=32) a block holds 8 tasks' pairs (group 8, in fp32 and bf16)."""
+    (H=4, C=32) a block holds 32 groups of 8 lanes, in fp32 and bf16."""
     smem = (BLOCK // group) * C * np.dtype(acc).itemsize
     if smem <= GATT_SMEM_BUDGET and _grid(ntask * H, group)[0] < ntask:
         return True, smem

@@ -193,12 +193,20 @@ _modules: dict = {}
 _functions: dict = {}
 
 
+# Callables clear_compiled also runs: caches keyed by compiled kernels
+# (attention.py's resident-block counts).
+ON_CLEAR: list = []
+
+
 def clear_compiled():
     """Forget every compiled module, so the next launch recompiles with the
     current options() (FASTGNN_NVRTC_OPTIONS is read at compile time only;
-    benchmarks/sweep_attention.py uses this between knob settings)."""
+    benchmarks/sweep_attention.py uses this between knob settings), and
+    whatever was cached per compiled kernel (ON_CLEAR)."""
     _modules.clear()
     _functions.clear()
+    for clear in ON_CLEAR:
+        clear()
 
 
 def get_function(family: str, vtype: str, itype: str, name: str):
