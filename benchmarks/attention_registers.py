@@ -6,8 +6,9 @@ them (the compile check builds with the local NVRTC, which may differ).
 """
 from fastgnn.backends.cuda.loader import get_function
 
+# heads of 32 at the widest vector (loader.ATTENTION_MAX_VEC = 4: 8 lanes)
 NAMES = [f"{k}<{kind}, {t}, int, {vec}, 1, {grp}, false{extra}>"
-         for t, vec, grp in (("float", 4, 8), ("bf16_t", 8, 4))
+         for t, vec, grp in (("float", 4, 8), ("bf16_t", 4, 8))
          for kind in (0, 1, 2)
          for k, extra in (("attn_fwd", ""), ("attn_bwd_src", ""),
                           ("attn_bwd_dst", ", false, true" if kind == 1 else ", false, false"))]
