@@ -8,11 +8,11 @@ summed by a fixed-order column sum from partial rows [H, C], one per thread
 block of the target pass (summed in shared memory in a fixed order) or, where
 that does not pay, one per task (_block_gatt). The forward and both backward
 passes run on persistent grids (_persistent_grid). Per-edge arrays stay in
-the caller's order. No float atomics by default: bitwise
-repeatable. With params.deterministic False the backward's target pass of
-the scores where that is faster (ATOMIC_SCORES: gatv2) also scatters the
-source-side gradients with float atomics into fp32/fp64 buffers and the
-source pass over the transpose is skipped (faster, not repeatable).
+the caller's order. No float atomics by default: bitwise repeatable. With
+params.deterministic False the backward's target pass of the scores where
+that is faster (ATOMIC_SCORES: gatv2) also scatters the source-side
+gradients with float atomics into fp32/fp64 buffers and the source pass
+over the transpose is skipped (faster, not repeatable).
 
 """
 from __future__ import annotations
@@ -83,8 +83,8 @@ def _grid(units, group):
 
 # attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
 # blocks as the device holds at once, each slot of H lane groups walking a
-# contiguous range of tasks of about equal edge count (FOR_EACH_GROUP_TASK in
-# attention.cu). False: one lane group per (task, head) pair, as before the
+# contiguous range of tasks of about equal work (task_slots; FOR_EACH_GROUP_TASK
+# in attention.cu). False: one lane group per (task, head) pair, as before the
 # loop (benchmarks/sweep_attention.py's "grid=full" compares the two).
 PERSISTENT = True
 # The resident block count to assume instead of asking the device (tests set
