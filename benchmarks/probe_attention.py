@@ -30,13 +30,22 @@ def attention_inputs(rng, n, H, C, vtype):
             arr(n, H, C))
 
 
-def backward_once(g, n, rng, H=4, C=32):
-    """One backward of each score at H x C, fp32 then bf16 (for ncu)."""
+def backward_pass(g, n, rng, repeats=10, H=4, C=32):
+    """The backward of each score at H x C in fp32 then bf16: timed (CUDA
+    events, median of `repeats`, one line per type), or run once and untimed
+    with repeats=0 (for ncu)."""
     for vtype in ("float32", "bfloat16"):
         inputs, grad = attention_inputs(rng, n, H, C, vtype)
+        line = []
         for kind, kw in inputs.items():
             _, res = fastgnn.edge_attention_fwd(g, kind, vtype=vtype, **kw)
-            fastgnn.edge_attention_bwd(g, res, grad)
+            if not repeats:
+                fastgnn.edge_attention_bwd(g, res, grad)
+                continue
+            tb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res, grad), repeats)
+            line.append(f"{kind} bwd {tb:.3f} ms")
+        if repeats:
+            print(f"{vtype} H={H} C={C}: " + "  ".join(line))
     cp.cuda.Device().synchronize()
 
 
@@ -45,7 +54,7 @@ def main(scale=20, mode=""):
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
     rng = cp.random.default_rng(0)
     if mode == "bwd-once":
-        return backward_once(g, n, rng)
+        return backward_pass(g, n, rng, repeats=0)
     x = rng.standard_normal((n, 128), dtype=cp.float32)
     print(f"rmat{scale}: n={n} E={g.num_edges}")
     print(f"spmm sum F=128: {median_ms(lambda: fastgnn.spmm(g, x), 10):.3f} ms")
@@ -59,15 +68,8 @@ def main(scale=20, mode=""):
         td = median_ms(lambda: fastgnn.edge_attention(g, "dot", q=xr, k=xl, v=xl), 10)
         tg = median_ms(lambda: fastgnn.edge_attention(g, "gat", a_src=gat_s, a_dst=gat_d, v=xl), 10)
         print(f"H={H} C={C}: gatv2 fwd {t2:.3f} ms  dot fwd {td:.3f} ms  gat fwd {tg:.3f} ms")
-    H, C = 4, 32
-    for vtype in ("float32", "bfloat16"):
-        inputs, grad = attention_inputs(rng, n, H, C, vtype)
-        line = []
-        for kind, kw in inputs.items():
-            _, res = fastgnn.edge_attention_fwd(g, kind, vtype=vtype, **kw)
-            tb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res, grad), 10)
-            line.append(f"{kind} bwd {tb:.3f} ms")
-        print(f"{vtype} H={H} C={C}: " + "  ".join(line))
+    backward_pass(g, n, rng)
+
 
 if __name__ == "__main__":
     main(*(int(a) for a in sys.argv[1:2]), *sys.argv[2:3])

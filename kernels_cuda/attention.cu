@@ -280,9 +280,11 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 #define ATTN_BWD_UNROLL 0
 #endif
 // The atomic target pass (deterministic=False) takes the backward's U except
-// gatv2 at VEC = 4 (fp32), U = 4: 10.17 -> 8.57 ms on rmat20, H = 4 x 32,
-// while bf16 (VEC 8) is slower at 4 (9.08 -> 12.65) and gat and dot gain
-// nothing (sweep_attention_rmat20_h200_session5.log). Knob for a sweep of
+// gatv2 at VEC = 4, U = 4: fp32 10.17 -> 8.57 ms on rmat20, H = 4 x 32,
+// while bf16 at VEC 8 was slower at 4 (9.08 -> 12.65) and gat and dot gain
+// nothing (sweep_attention_rmat20_h200_session5.log); bf16 now runs VEC = 4
+// too, where U = 4 gives 5.61 ms (sweep_attention_rmat20_h200_session10c.log,
+// maxvec=4), and only gatv2 takes the atomic pass (ATOMIC_SCORES). Knob for a sweep of
 // the atomic pass alone: -DATTN_BWD_ATOMIC_UNROLL=n.
 #ifndef ATTN_BWD_ATOMIC_UNROLL
 #define ATTN_BWD_ATOMIC_UNROLL 0
