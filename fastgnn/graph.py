@@ -192,12 +192,17 @@ class Graph:
     @property
     def position_dtype(self):
         """dtype of a position within a target's CSR row (0 .. deg-1, all ones
-        = none): uint16 when every in-degree is below 65536, else the index
-        dtype. The max/min arg residuals of the reductions use it (2 bytes
-        per row and feature instead of 4-8); chosen once (one device sync)."""
+        = none): the narrowest of uint8 (every in-degree below 256), uint16
+        (below 65536) and the index dtype. The max/min arg residuals of the
+        reductions use it (1-2 bytes per row and feature instead of 4-8: the
+        max backward gathers one such row per edge); chosen once (one device
+        sync)."""
         def build():
             deg = int(self.in_degree.max()) if self.num_dst else 0
-            return np.dtype(np.uint16) if deg <= 0xFFFF else np.dtype(self.index_dtype)
+            for narrow in (np.uint8, np.uint16):
+                if deg <= np.iinfo(narrow).max:     # positions stop at deg - 1 < all ones
+                    return np.dtype(narrow)
+            return np.dtype(self.index_dtype)
         return self.cached("position_dtype", build)
 
     @property

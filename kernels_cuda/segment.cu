@@ -12,8 +12,9 @@
 // flight) and feeds the statistics of the compile-time set STATS (sum, sum
 // of squares, max + arg, min + arg). An arg is the position of the winning
 // edge within its row (e - indptr[row]), stored in the position type P:
-// uint16 when every row has fewer than 65536 edges (all ones: empty row),
-// else the index type I (-1: empty row); registers hold it in I. The
+// uint8 when every row has fewer than 256 edges, uint16 below 65536 (all
+// ones: empty row), else the index type I (-1: empty row); registers hold
+// it in I. The
 // launcher picks the smallest instantiated STATS covering the
 // request (SEGMENT_STATS in loader.py), plus STAT_NOARG when no args are
 // asked for (inference: no positions tracked, fp32 VEC 4 max 46 -> 40
@@ -38,7 +39,8 @@
 //
 // rmat20 (1M rows, 16.1M edges, max in-degree 39764), F=128, fp32, max with
 // args: P = uint16 halves the arg bytes: 256 MB written by the forward
-// instead of 512 MB, and 256 B read per edge by the backward instead of 512 B.
+// instead of 512 MB, and 256 B read per edge by the backward instead of 512 B;
+// uniform20 (max in-degree 40): P = uint8, 128 MB and 128 B.
 
 #include "common.cuh"
 
@@ -497,7 +499,7 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 // g0/g1 are read only for the features whose arg matches the edge (~1/deg
 // of them), so a max backward moves one gathered row of P per edge: with
 // P = uint16 half the bytes of the SpMM backward's fp32 row (rmat20, F=128:
-// 256 B per edge, 4.1 GB without cache reuse).
+// 256 B per edge, 4.1 GB without cache reuse), with uint8 a quarter.
 #define SEGMENT_BWD_PARAMS                                                                   \
     const I* __restrict__ task_row, const I* __restrict__ task_begin,                        \
     const I* __restrict__ task_slot, const I* __restrict__ t_indptr,                         \
@@ -622,7 +624,7 @@ segment_bwd_capped(SEGMENT_BWD_PARAMS) {
 // into a zeroed acc_t accumulator (for float/double it may be grad_x holding
 // segment_bwd's linear terms already; 16-bit types are cast once afterwards,
 // by cast_from_acc or by segment_bwd's addend). args are positions within the
-// row in P (uint16 or I; all ones = no edge, skipped), decoded by from_pos.
+// row in P (uint8, uint16 or I; all ones = no edge, skipped), decoded by from_pos.
 // Mapping: one thread per (row, VEC features), rows in order; VEC-wide loads
 // of the args and of the cotangent block (row stride ldg); when the VEC
 // winners are one source (always for a degree-1 row) one vector atomic (sm_90)

@@ -168,33 +168,36 @@ def test_nan_propagates_through_max_min(device):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("hub", [65535, 65536], ids=["uint16", "wide"])
+@pytest.mark.parametrize("hub", [255, 256, 65535, 65536],
+                         ids=["uint8", "uint16-256", "uint16", "wide"])
 @pytest.mark.parametrize("dtype,width", [("float64", 3), ("float32", 64)])
 def test_arg_positions_narrow_and_wide(device, hub, dtype, width):
-    """Max/min args are positions within the row: uint16 while every row has
-    at most 65535 edges (the all-ones value marks empty rows), the index dtype
-    from 65536 on. Segments: one of `hub` values (split into many tasks),
-    empty ones, short ones; small integers (ties everywhere) and NaNs."""
+    """Max/min args are positions within the row in the narrowest type that
+    holds them with the all-ones value left to mark empty rows: uint8 while
+    every row has at most 255 edges, uint16 up to 65535, the index dtype
+    from 65536 on. Segments: one of `hub` values (from 65535: split into many
+    tasks), empty ones, short ones; small integers (ties everywhere) and NaNs,
+    ties at the hub's last positions."""
     rng = np.random.default_rng(_seed())
     counts = rng.integers(0, 40, 50)
     counts[::6] = 0                               # empty segments
     counts[7] = hub                               # rows split into tasks, merged in slot order
-    counts[20] = 700
+    counts[20] = min(700, hub)
     indptr = np.concatenate([[0], np.cumsum(counts)])
     e = int(indptr[-1])
     values = rng.integers(-2, 3, (e, width)).astype(dtype)
     values[rng.integers(0, e, 30), rng.integers(0, width, 30)] = np.nan
     hub_col = values[int(indptr[7]):int(indptr[8]), 0]
     hub_col[np.isnan(hub_col)] = 0
-    hub_col[65530:] = 9                           # ties at the last 16-bit positions
+    hub_col[hub - 6:] = 9                         # ties at the last narrow positions
     ei = np.stack([np.arange(e), np.repeat(np.arange(50), counts)])
     reduce = ["max", "min", "sum"]
     out, res = segment_csr_fwd(to_device(indptr, device), to_device(values, device), reduce)
-    want = np.uint16 if hub < 65536 else res.graph.index_dtype
+    want = _position_dtype(hub, res.graph.index_dtype)
     assert res.inner.argmax.dtype == want and res.inner.argmin.dtype == want
     amx = to_numpy(res.inner.argmax)
     assert np.all(amx[counts == 0] == np.array(-1).astype(want))    # empty rows: all ones
-    assert amx[7, 0] == 65530                     # the first of the tied 9s, row-relative
+    assert amx[7, 0] == hub - 6                   # the first of the tied 9s, row-relative
     out = to_numpy(out)
     r = ref.segment_reduce(ei, values, reduce, 50)
     np.testing.assert_array_equal(out[:, :2 * width], r[:, :2 * width])   # exact, NaN alike
@@ -419,6 +422,34 @@ def test_bad_inputs_raise_clear_errors(device):
 
 # ---------------------------------------------------------------- GPU only
 @pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
+@pytest.mark.parametrize("hub", [200, 3000], ids=["uint8", "uint16"])
+@pytest.mark.parametrize("width", [5, 64])
+def test_gpu_split_rows_merge_positions(device, hub, width):
+    """Rows cut into many tasks (chunk 16 instead of the default 256, so
+    uint8 rows split too) merge their partial max/min states and positions
+    in slot order (segment_combine) to the same args and values as the
+    default cut, and the results match the float64 reference."""
+    from fastgnn.backends.cuda import segment as cuda_segment
+    reduce = ("mean", "max", "min", "std")
+    ei, g, x, go = _case(device, width, hub=hub, reduce=list(reduce))
+    x = np.random.default_rng(_seed()).integers(-3, 4, x.shape).astype(np.float32)  # ties
+    xd = to_device(x, device)
+    small = cuda_segment.segment_fwd(g, xd, reduce, "float32", chunk=16)
+    default = cuda_segment.segment_fwd(g, xd, reduce, "float32")
+    assert small[1].dtype == _position_dtype(hub, g.index_dtype)
+    for a, b in zip(small[1:3], default[1:3]):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    out = to_numpy(small[0])
+    np.testing.assert_array_equal(out[:, width:3 * width], to_numpy(default[0])[:, width:3 * width])
+    assert_close(out, ref.segment_reduce(ei, x, list(reduce), g.num_dst), "float32", "out")
+    god = to_device(go.astype(np.float32), device)
+    gx = cuda_segment.segment_bwd(g, xd, god, reduce, *small[3:5], *small[1:3], "float32",
+                                  chunk=16)
+    assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, list(reduce), g.num_dst, go),
+                 "float32", "grad_x", tol=1e-4)
+
+
+@pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
 @pytest.mark.parametrize("vtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("reduce", MULTI, ids=_id)
 @pytest.mark.parametrize("width", [8, 37, 128])
@@ -445,8 +476,14 @@ NONDET_REDUCES = ["max", "min", ["mean", "max", "min", "std"], ["max", "min"], [
 # elementwise: the same fp32/fp64 sums in another order, rounded once to the
 # value type (16-bit: within about one ulp)
 _ELEMENT_RTOL = {"float64": 1e-12, "float32": 1e-5, "float16": 2.0 ** -9, "bfloat16": 2.0 ** -6}
-_ARG_CASES = {"uint16": (3000, None), "wide-int32": (65536, np.int32),
+_ARG_CASES = {"uint8": (200, None), "uint16": (3000, None), "wide-int32": (65536, np.int32),
               "wide-int64": (65536, np.int64)}
+
+
+def _position_dtype(max_degree, index_dtype):
+    """The arg positions' dtype for a graph whose largest in-degree is max_degree."""
+    return (np.dtype(np.uint8) if max_degree < 256 else np.dtype(np.uint16)
+            if max_degree < 65536 else np.dtype(index_dtype))
 
 
 def _typed(a, vtype, device):
@@ -475,7 +512,7 @@ def test_gpu_nondeterministic_backward_matches_default(device, reduce, vtype, wi
     default's forward bit for bit (as does the inference forward, which
     tracks no positions) and its gradient up to summation order, on
     a graph with empty rows, a hub (split into tasks; 65536 in-edges: args in
-    the index dtype, else uint16), duplicates, self-loops and ties everywhere
+    the index dtype, 3000: uint16, 200: uint8), duplicates, self-loops and ties everywhere
     (small integer features), at an odd width (scalar loads and atomics) and
     a vector one."""
     hub, index_dtype = _ARG_CASES[args]
@@ -489,7 +526,8 @@ def test_gpu_nondeterministic_backward_matches_default(device, reduce, vtype, wi
     np.testing.assert_array_equal(to_numpy(out_n), to_numpy(out_d))
     # inference tracks no positions (STAT_NOARG): the same values
     np.testing.assert_array_equal(to_numpy(segment_reduce(g, xd, reduce, **kw)), to_numpy(out_d))
-    want = np.uint16 if hub < 65536 else g.index_dtype
+    want = _position_dtype(int(to_numpy(g.in_degree).max()), g.index_dtype)
+    assert want == _position_dtype(hub, g.index_dtype)     # the hub is the largest row
     for a in (res_n.argmax, res_n.argmin):
         assert a is None or a.dtype == want
     gx_d = _values(segment_reduce_bwd(g, res_d, god), vtype)

@@ -32,8 +32,9 @@ reduction (m_i = mean, s_i = std):
 
 coef_a/coef_b are built in one fused pass over the cotangent (float32, or
 float64 for float64 inputs). The residuals hold only what the VJP needs: the
-argmax/argmin positions within the row (uint16 when no target has 65536
-in-edges or more, else the index dtype: Graph.position_dtype), the mean (and std) written by the forward kernel for
+argmax/argmin positions within the row (Graph.position_dtype: uint8 when
+every target has fewer than 256 in-edges, uint16 below 65536, else the index
+dtype), the mean (and std) written by the forward kernel for
 var/std, in that accumulation precision, and x for var/std.
 
 Opt-in `deterministic=False` (GPU only): the max/min terms are scattered

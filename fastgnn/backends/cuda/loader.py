@@ -17,9 +17,10 @@ import os
 # fastgnn value type -> C storage type (see kernels_cuda/common.cuh)
 C_VALUE = {"float32": "float", "float64": "double", "float16": "f16_t", "bfloat16": "bf16_t"}
 C_INDEX = {"int32": "int", "int64": "long long"}
-# position-within-row types of the max/min args (Graph.position_dtype): uint16
-# or the index type
-C_POSITION = {"uint16": "unsigned short", **C_INDEX}
+# position-within-row types of the max/min args (Graph.position_dtype): uint8,
+# uint16 or the index type
+C_POSITION = {"uint8": "unsigned char", "uint16": "unsigned short", **C_INDEX}
+NARROW_POSITIONS = ("uint8", "uint16")
 VALUE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 COMPILE_OPTIONS = ("-std=c++17",)
 
@@ -83,7 +84,7 @@ def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
     names = [f"segment_coef<{T}, {I}>", f"cast_from_acc<{T}>"]
     for vec in (v for v in vec_widths(vt) if v <= SEGMENT_MAX_VEC):
-        for pt in ("uint16", it):
+        for pt in (*NARROW_POSITIONS, it):
             P = C_POSITION[pt]
             names.append(f"segment_combine<{T}, {I}, {vec}, {P}>")
             # the atomic max/min backward (deterministic=False)

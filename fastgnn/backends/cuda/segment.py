@@ -4,9 +4,10 @@ Forward: one pass per row task (the task list of the SpMM family: hub rows
 split, partial states merged in slot order) computing the statistics the
 requested reductions need (the smallest instantiated superset) and writing
 each reduction's block, plus, when training, the argmax/argmin positions
-(within the row, in Graph.position_dtype: uint16 below 65536 in-edges) and
-the mean/std residuals of the backward; an inference forward (no positions
-asked for) runs the instantiation that tracks none (STAT_NOARG).
+(within the row, in Graph.position_dtype: uint8 below 256 in-edges, uint16
+below 65536) and the mean/std residuals of the backward; an inference
+forward (no positions asked for) runs the instantiation that tracks none
+(STAT_NOARG).
 Backward: one fused pass building coef_a/coef_b from the cotangent
 (segment_coef), then one pass over the cached transpose summing the linear
 terms and the arg-selected max/min terms (read straight from the cotangent's
