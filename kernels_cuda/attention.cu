@@ -271,6 +271,13 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 //   backward  gat U = 1 (fp32 8.8 -> 7.0 ms, bf16 6.5 -> 5.5; 2 below VEC 4),
 //             gatv2 and dot U = 2 (fp32 gatv2 13.2 -> 10.5, dot 12.8 -> 9.9
 //             against 4; 1 is slower). The backward holds more state per row.
+// Re-swept on persistent grids at VEC 4 for every type (session 11,
+// sweep_attention_rmat20_h200_session11.log; fwd / bwd ms, U = 2 -> 4):
+// gatv2 forward fp32 2.98 -> 2.50, bf16 2.90 -> 2.44 (8: 2.92, 2.88); dot
+// backward fp32 8.91 -> 8.41, bf16 8.48 -> 7.58; gatv2 backward bf16 9.09 ->
+// 8.61 but fp32 8.46 -> 8.72 (so 4 for 16-bit types only); gat keeps 1 (4:
+// fwd 1.98 -> 2.03, bwd 5.90 -> 6.20 in fp32). Rows of 16-bit types are half
+// as many bytes, so more of them in flight pay where fp32's do not.
 // FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_UNROLL=n" / "-DATTN_BWD_UNROLL=n"
 // override U for one-chunk heads (experiment knobs).
 #ifndef ATTN_FWD_UNROLL
@@ -292,15 +299,15 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 template <int KIND, int VEC, int NCH>
 struct Unroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
-                               : KIND == KIND_GATV2 ? (VEC >= 4 ? 2 : 4)
-                               : (VEC >= 8 ? 2 : 4);
+                               : (VEC >= 8 ? 2 : 4);     // gatv2 and dot
     static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL : tuned;
 };
 
-template <int KIND, int VEC, int NCH, bool ATOMIC = false>
+template <int KIND, typename T, int VEC, int NCH, bool ATOMIC = false>
 struct BwdUnroll {
-    static constexpr int tuned = ATOMIC && KIND == KIND_GATV2 && VEC == 4 ? 4
-                               : KIND == KIND_GAT && VEC >= 4 ? 1 : 2;
+    static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
+                               : VEC != 4 ? 2
+                               : KIND == KIND_DOT || ATOMIC || sizeof(T) == 2 ? 4 : 2;
     static constexpr int knob = ATOMIC && ATTN_BWD_ATOMIC_UNROLL > 0 ? ATTN_BWD_ATOMIC_UNROLL
                                                                       : ATTN_BWD_UNROLL;
     static constexpr int U = NCH > 1 ? 1 : knob > 0 ? knob : tuned;
@@ -685,7 +692,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = BwdUnroll<KIND, VEC, NCH, ATOMIC>::U;
+    constexpr int U = BwdUnroll<KIND, T, VEC, NCH, ATOMIC>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
     // gatv2's grad_att terms: one task's (rows of gatt_part per task), or
@@ -867,7 +874,7 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = BwdUnroll<KIND, VEC, NCH>::U;
+    constexpr int U = BwdUnroll<KIND, T, VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
