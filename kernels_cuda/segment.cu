@@ -52,7 +52,9 @@
 // (inference: no args asked for). The values and the merge of split rows are
 // the same; split rows store position 0 as their partials' "has a value" mark.
 #define STAT_NOARG 16
-#define STAT_BITS(STATS) ((STATS) & 15)
+// product of the nonzero values and the count of zeros (mul)
+#define STAT_PROD 32
+#define STAT_BITS(STATS) ((STATS) & ~STAT_NOARG)
 
 // Occupancy and edges in flight, chosen on an H200 sweep (rmat20, F = 128,
 // benchmarks/sweep_segment.py, log
@@ -99,7 +101,7 @@
 // STATS holds a single statistic (one bit of sum, sum of squares, max, min)
 #define SEG_ONE_STAT(STATS) ((STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0)
 #define SEG_FWD_BOUNDS                                                                      \
-    __launch_bounds__(256, !SEG_CAPPED(T, I, VEC) ? 1                                          \
+    __launch_bounds__(256, !SEG_CAPPED(T, I, VEC) || ((STATS) & STAT_PROD) ? 1                  \
                            : (VEC == 4 && SEG_ONE_STAT(STATS) && !SEG_NAN_OP(T, STATS))    \
                                ? SEG_FWD_MIN_BLOCKS_ONE : SEG_FWD_MIN_BLOCKS)
 
@@ -175,25 +177,35 @@ __device__ __forceinline__ bool takes_min(A v, A m, I arg) {
 template <typename A, typename I, int VEC, int STATS>
 struct seg_state {
     static constexpr bool ARGS = !(STATS & STAT_NOARG);
-    A s[VEC], sq[VEC], mx[VEC], mn[VEC];
+    A s[VEC], sq[VEC], mx[VEC], mn[VEC], pr[VEC];
     I amx[VEC], amn[VEC];
+    int zc[VEC];
 
     __device__ __forceinline__ void init() {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
             s[v] = sq[v] = mx[v] = mn[v] = A(0);
+            pr[v] = A(1);
+            zc[v] = 0;
             amx[v] = amn[v] = I(-1);
         }
     }
 
-    // statistic K (0 sum, 1 sum of squares, 2 max, 3 min) of the VEC features, for one store
+    // statistic K (0 sum, 1 sum of squares, 2 max, 3 min, 4 product of the
+    // nonzero values, 5 zero count) of the VEC features, for one store
     template <int K>
     __device__ __forceinline__ pack_t<A, VEC> pack() const {
         pack_t<A, VEC> p;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) p.v[v] = K == 0 ? s[v] : K == 1 ? sq[v] : K == 2 ? mx[v] : mn[v];
+        for (int v = 0; v < VEC; ++v)
+            p.v[v] = K == 0 ? s[v] : K == 1 ? sq[v] : K == 2 ? mx[v] : K == 3 ? mn[v]
+                   : K == 4 ? pr[v] : A(zc[v]);
         return p;
     }
+
+    // mul's value of feature v: the nonzero product, times 0 after a zero
+    // (so NaN when that product is inf or NaN, as a product through 0 would be)
+    __device__ __forceinline__ A product(int v) const { return zc[v] > 0 ? pr[v] * A(0) : pr[v]; }
 
     // the positions of statistic K (2 max, 3 min) in the stored type P (-1:
     // all ones); STAT_NOARG: 0, a split row's "has a value" mark
@@ -216,10 +228,15 @@ struct seg_state {
             if (STATS & STAT_SQ) sq[v] = val * val;
             if (STATS & STAT_MAX) { mx[v] = val; if (ARGS) amx[v] = e; }
             if (STATS & STAT_MIN) { mn[v] = val; if (ARGS) amn[v] = e; }
+            if (STATS & STAT_PROD) { pr[v] = val != A(0) ? val : A(1); zc[v] = val == A(0); }
             return;
         }
         if (STATS & STAT_SUM) s[v] += val;
         if (STATS & STAT_SQ) sq[v] += val * val;
+        if (STATS & STAT_PROD) {
+            if (val == A(0)) ++zc[v];
+            else pr[v] *= val;                  // a NaN stays
+        }
         if (NAN_OP) {
             if (STATS & STAT_MAX) mx[v] = max_nan(mx[v], val);
             if (STATS & STAT_MIN) mn[v] = min_nan(mn[v], val);
@@ -251,13 +268,17 @@ struct seg_state {
 };
 
 // Final values of the requested reductions for features [f0, f0 + VEC) of
-// one row, as VEC-wide stores; plus the backward's mean / std residuals
-// (acc_t, [num_rows, F]) where those pointers are set.
+// one row, as VEC-wide stores; plus the backward's residuals (acc_t,
+// [num_rows, F]) where those pointers are set: mean / std, and for mul the
+// product and what a zero input's gradient is scaled by (the product of
+// the others for the row's only zero, else the product again).
 template <typename T, typename I, int VEC, int STATS>
 __device__ __forceinline__ void write_reductions(
         const seg_state<typename value_traits<T>::acc_t, I, VEC, STATS>& st,
         T* __restrict__ out, typename value_traits<T>::acc_t* __restrict__ res_mean,
         typename value_traits<T>::acc_t* __restrict__ res_std,
+        typename value_traits<T>::acc_t* __restrict__ res_mul,
+        typename value_traits<T>::acc_t* __restrict__ res_mul_zero,
         i64 row, int f0, int F, int num_codes, int codes, i64 deg) {
     typedef typename value_traits<T>::acc_t A;
     const A inv = deg > 0 ? A(1) / A(deg) : A(0);
@@ -285,7 +306,8 @@ __device__ __forceinline__ void write_reductions(
             else if (code == 2) val = deg > 0 ? st.mx[v] : A(0);
             else if (code == 3) val = deg > 0 ? st.mn[v] : A(0);
             else if (code == 4) val = var.v[v];
-            else val = sd.v[v];
+            else if (code == 5) val = sd.v[v];
+            else val = deg > 0 ? st.product(v) : A(1);       // mul: PyG starts from ones
             o.v[v] = value_traits<T>::from_acc(val);
         }
         store_pack<T, VEC>(out + base + (i64)r * F, o);
@@ -293,6 +315,16 @@ __device__ __forceinline__ void write_reductions(
     if (STATS & STAT_SQ) {
         if (res_mean != nullptr) store_pack<A, VEC>(res_mean + row * F + f0, mean);
         if (res_std != nullptr) store_pack<A, VEC>(res_std + row * F + f0, sd);
+    }
+    if ((STATS & STAT_PROD) && res_mul != nullptr) {
+        pack_t<A, VEC> p, pz;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            p.v[v] = st.product(v);
+            pz.v[v] = st.zc[v] == 1 ? st.pr[v] : p.v[v];
+        }
+        store_pack<A, VEC>(res_mul + row * F + f0, p);
+        store_pack<A, VEC>(res_mul_zero + row * F + f0, pz);
     }
 }
 
@@ -306,10 +338,14 @@ __global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const
                             P* __restrict__ argmin,           // [num_rows, F] or null
                             typename value_traits<T>::acc_t* __restrict__ res_mean,  // [num_rows, F] or null
                             typename value_traits<T>::acc_t* __restrict__ res_std,   // [num_rows, F] or null
-                            typename value_traits<T>::acc_t* __restrict__ p_sum,  // [slots, F] x4
+                            typename value_traits<T>::acc_t* __restrict__ res_mul,   // [num_rows, F] or null
+                            typename value_traits<T>::acc_t* __restrict__ res_mul_zero,
+                            typename value_traits<T>::acc_t* __restrict__ p_sum,  // [slots, F] x6
                             typename value_traits<T>::acc_t* __restrict__ p_sq,   // (those of STATS)
                             typename value_traits<T>::acc_t* __restrict__ p_max,
                             typename value_traits<T>::acc_t* __restrict__ p_min,
+                            typename value_traits<T>::acc_t* __restrict__ p_prod,
+                            typename value_traits<T>::acc_t* __restrict__ p_zc,
                             P* __restrict__ p_argmax, P* __restrict__ p_argmin,   // [slots, F]
                             i64 num_tasks, int F, int chunk, int group, int num_codes,
                             int codes) {
@@ -334,8 +370,8 @@ __global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const
         for (; e < e1; ++e) st.template gather<T, 1>(indices, x, F, f0, e, rb);
         if (slot < 0) {
             const i64 deg = (i64)indptr[row + 1] - rb;
-            write_reductions<T, I, VEC, STATS>(st, out, res_mean, res_std, row, f0, F, num_codes,
-                                               codes, deg);
+            write_reductions<T, I, VEC, STATS>(st, out, res_mean, res_std, res_mul, res_mul_zero,
+                                               row, f0, F, num_codes, codes, deg);
             const i64 k = row * F + f0;
             if ((STATS & STAT_MAX) && argmax != nullptr) store_pack<P, VEC>(argmax + k, st.template arg_pack<P, 2>());
             if ((STATS & STAT_MIN) && argmin != nullptr) store_pack<P, VEC>(argmin + k, st.template arg_pack<P, 3>());
@@ -350,6 +386,10 @@ __global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const
             if (STATS & STAT_MIN) {
                 store_pack<A, VEC>(p_min + k, st.template pack<3>());
                 store_pack<P, VEC>(p_argmin + k, st.template arg_pack<P, 3>());
+            }
+            if (STATS & STAT_PROD) {
+                store_pack<A, VEC>(p_prod + k, st.template pack<4>());
+                store_pack<A, VEC>(p_zc + k, st.template pack<5>());
             }
         }
     }
@@ -371,11 +411,15 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
                                 const typename value_traits<T>::acc_t* __restrict__ p_sq,
                                 const typename value_traits<T>::acc_t* __restrict__ p_max,
                                 const typename value_traits<T>::acc_t* __restrict__ p_min,
+                                const typename value_traits<T>::acc_t* __restrict__ p_prod,
+                                const typename value_traits<T>::acc_t* __restrict__ p_zc,
                                 const P* __restrict__ p_argmax, const P* __restrict__ p_argmin,
                                 T* __restrict__ out,                                       // [num_rows, R*F]
                                 P* __restrict__ argmax, P* __restrict__ argmin,            // [num_rows, F] or null
                                 typename value_traits<T>::acc_t* __restrict__ res_mean,
                                 typename value_traits<T>::acc_t* __restrict__ res_std,
+                                typename value_traits<T>::acc_t* __restrict__ res_mul,
+                                typename value_traits<T>::acc_t* __restrict__ res_mul_zero,
                                 i64 num_split, int F, int group, int stats, int num_codes,
                                 int codes) {
     typedef typename value_traits<T>::acc_t A;
@@ -389,13 +433,14 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
     const i64 deg = (i64)indptr[row + 1] - (i64)indptr[row];
     const bool has_sum = stats & STAT_SUM, has_sq = stats & STAT_SQ;
     const bool has_max = stats & STAT_MAX, has_min = stats & STAT_MIN;
+    const bool has_prod = stats & STAT_PROD;
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
-        seg_state<A, I, VEC, STAT_SUM | STAT_SQ | STAT_MAX | STAT_MIN> st;
+        seg_state<A, I, VEC, STAT_SUM | STAT_SQ | STAT_MAX | STAT_MIN | STAT_PROD> st;
         st.init();
         i64 k = k0;
         while (k < k1) {
             const int n = k + U <= k1 ? U : 1;   // full steps, then one slot at a time
-            pack_t<A, VEC> ps[U], pq[U], pmx[U], pmn[U];
+            pack_t<A, VEC> ps[U], pq[U], pmx[U], pmn[U], ppr[U], pzc[U];
             pack_t<P, VEC> pax[U], pan[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -405,6 +450,7 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
                     if (has_sq) pq[u] = load_pack<A, VEC>(p_sq + q);
                     if (has_max) { pmx[u] = load_pack<A, VEC>(p_max + q); pax[u] = load_pack<P, VEC>(p_argmax + q); }
                     if (has_min) { pmn[u] = load_pack<A, VEC>(p_min + q); pan[u] = load_pack<P, VEC>(p_argmin + q); }
+                    if (has_prod) { ppr[u] = load_pack<A, VEC>(p_prod + q); pzc[u] = load_pack<A, VEC>(p_zc + q); }
                 }
             }
 #pragma unroll
@@ -414,6 +460,10 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
                     for (int v = 0; v < VEC; ++v) {
                         if (has_sum) st.s[v] += ps[u].v[v];
                         if (has_sq) st.sq[v] += pq[u].v[v];
+                        if (has_prod) {
+                            st.pr[v] *= ppr[u].v[v];
+                            st.zc[v] += (int)pzc[u].v[v];
+                        }
                         // a later slot wins only by a strictly larger value (or the first
                         // NaN): ties keep the earlier CSR position
                         const I ax = from_pos<I>(pax[u].v[v]), an = from_pos<I>(pan[u].v[v]);
@@ -430,7 +480,8 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
             }
             k += n;
         }
-        write_reductions<T, I, VEC>(st, out, res_mean, res_std, row, f0, F, num_codes, codes, deg);
+        write_reductions<T, I, VEC>(st, out, res_mean, res_std, res_mul, res_mul_zero, row, f0, F,
+                                    num_codes, codes, deg);
         if (argmax != nullptr) store_pack<P, VEC>(argmax + row * F + f0, st.template arg_pack<P, 2>());
         if (argmin != nullptr) store_pack<P, VEC>(argmin + row * F + f0, st.template arg_pack<P, 3>());
     }
@@ -441,15 +492,21 @@ __global__ void segment_combine(const I* __restrict__ split_row, const I* __rest
 // g_r of every requested reduction r, d_i = deg_in(i), m = mean, s = std:
 //   sum: a += g   mean: a += g/d   var: a += -2 g m/d, b += 2 g/d
 //   std: as var with g * 0.5/s (0 where s == 0)
+//   mul: c = g * mul_out, d = g * mul_zero (the forward's mul residuals)
 // Mapping: one thread per (row, feature). Traffic per element: R reads of T,
-// the mean/std residuals (acc_t) when var/std are requested, 1-2 acc_t writes.
+// the mean/std/mul residuals (acc_t) when var/std/mul are requested, 1-4
+// acc_t writes.
 template <typename T, typename I>
 __global__ void segment_coef(const I* __restrict__ indptr,
                              const T* __restrict__ g,          // [num_rows, R*F]
                              const typename value_traits<T>::acc_t* __restrict__ mean,  // [num_rows, F] or null
                              const typename value_traits<T>::acc_t* __restrict__ sd,    // [num_rows, F] or null
+                             const typename value_traits<T>::acc_t* __restrict__ mul_out,   // [num_rows, F] or null
+                             const typename value_traits<T>::acc_t* __restrict__ mul_zero,  // [num_rows, F] or null
                              typename value_traits<T>::acc_t* __restrict__ coef_a,     // [num_rows, F] or null
                              typename value_traits<T>::acc_t* __restrict__ coef_b,     // [num_rows, F] or null
+                             typename value_traits<T>::acc_t* __restrict__ coef_c,     // [num_rows, F] or null
+                             typename value_traits<T>::acc_t* __restrict__ coef_d,     // [num_rows, F] or null
                              i64 num_rows, int F, int num_codes, int codes) {
     typedef typename value_traits<T>::acc_t A;
     const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -463,7 +520,10 @@ __global__ void segment_coef(const I* __restrict__ indptr,
         const int code = (codes >> (3 * r)) & 7;
         if (code == 2 || code == 3) continue;     // max/min: read by segment_bwd itself
         A gv = value_traits<T>::to_acc(g[row * (i64)num_codes * F + (i64)r * F + f]);
-        if (code == 0) a += gv;
+        if (code == 6) {
+            coef_c[k] = gv * mul_out[k];
+            coef_d[k] = gv * mul_zero[k];
+        } else if (code == 0) a += gv;
         else if (code == 1) a += gv * inv;
         else {
             if (code == 5) {
@@ -481,12 +541,15 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 
 // grad_x[j,f] = sum_{e=(j->i)} coef_a[i,f] + coef_b[i,f]*x[j,f]
 //               + [arg0[i,f] == p_e] g0[i,f] + [arg1[i,f] == p_e] g1[i,f]
+//               + (coef_c[i,f] / x[j,f] where x[j,f] != 0, else coef_d[i,f])
 // (arg0/g0, arg1/g1: the argmax / argmin positions and the max / min blocks
 // of the cotangent, row stride ldg; p_e = e - indptr[i], the position of e
 // in its forward row). Walks the transpose: tasks over source rows j,
 // `t_indices` = targets i, `t_pos` = p_e (type P as the args, cached per
 // graph, read only with arg terms); same lane mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
-// and coef_b) and NARG (arg terms, 0-2) are compile-time upper bounds; a null
+// and coef_b, 3: those and mul's coef_c / coef_d, summed apart and divided
+// by x[j] once at the end; coef_d is read only by lanes holding a zero of
+// x[j]) and NARG (arg terms, 0-2) are compile-time upper bounds; a null
 // pointer switches a term off at run time (uniform branch). Split source rows
 // write fp32 partials (combined by spmm_combine). `addend` (acc_t, [num_cols_fwd,
 // F], or null): sums added to row j before the single rounding to T, by the
@@ -507,6 +570,8 @@ __global__ void segment_coef(const I* __restrict__ indptr,
     const T* __restrict__ x,                                      /* [num_cols_fwd, F] */    \
     const typename value_traits<T>::acc_t* __restrict__ coef_a,   /* [num_rows_fwd, F] */    \
     const typename value_traits<T>::acc_t* __restrict__ coef_b,                              \
+    const typename value_traits<T>::acc_t* __restrict__ coef_c,                              \
+    const typename value_traits<T>::acc_t* __restrict__ coef_d,                              \
     const P* __restrict__ arg0, const T* __restrict__ g0,   /* [num_rows_fwd, F] / ldg */    \
     const P* __restrict__ arg1, const T* __restrict__ g1,                                    \
     const typename value_traits<T>::acc_t* __restrict__ addend,   /* [num_cols_fwd, F] or null */ \
@@ -514,7 +579,8 @@ __global__ void segment_coef(const I* __restrict__ indptr,
     typename value_traits<T>::acc_t* __restrict__ partial,        /* [slots, F] */           \
     i64 num_tasks, int F, i64 ldg, int chunk, int group
 #define SEGMENT_BWD_ARGS                                                                     \
-    task_row, task_begin, task_slot, t_indptr, t_indices, t_pos, x, coef_a, coef_b, arg0, g0, \
+    task_row, task_begin, task_slot, t_indptr, t_indices, t_pos, x, coef_a, coef_b, coef_c,   \
+    coef_d, arg0, g0,                                                                         \
     arg1, g1, addend, grad_x, partial, num_tasks, F, ldg, chunk, group
 
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
@@ -529,19 +595,29 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     const i64 slot = (i64)task_slot[t];
     const bool has_a = LIN >= 1 && coef_a != nullptr;
     const bool has_b = LIN >= 2 && coef_b != nullptr;
+    const bool has_c = LIN >= 3 && coef_c != nullptr;
     const bool has_0 = NARG >= 1 && arg0 != nullptr;
     const bool has_1 = NARG >= 2 && arg1 != nullptr;
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
-        A acc_a[VEC], acc_b[VEC];
+        A acc_a[VEC], acc_b[VEC], acc_c[VEC], xv[VEC];
+        bool zero_x = false;            // some x[j, f0 + v] is 0: coef_d rows are read
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) acc_a[v] = acc_b[v] = A(0);
+        for (int v = 0; v < VEC; ++v) acc_a[v] = acc_b[v] = acc_c[v] = xv[v] = A(0);
+        if (LIN >= 3 && (has_b || has_c)) {    // mul instantiations: x[j] before the walk
+            const pack_t<T, VEC> xj = load_pack<T, VEC>(x + j * F + f0);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                xv[v] = value_traits<T>::to_acc(xj.v[v]);
+                zero_x = zero_x || (has_c && xv[v] == A(0));
+            }
+        }
         i64 e = e0;
         while (e < e1) {
             const int n = e + UNROLL <= e1 ? UNROLL : 1;   // full steps, then one edge at a time
             i64 i[UNROLL];
             P pe[UNROLL];
-            pack_t<A, VEC> ca[UNROLL], cb[UNROLL];
+            pack_t<A, VEC> ca[UNROLL], cb[UNROLL], cc[UNROLL], cd[UNROLL];
             pack_t<P, VEC> a0[UNROLL], a1[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -556,6 +632,8 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
                     const i64 base = i[u] * F + f0;
                     if (has_a) ca[u] = load_pack<A, VEC>(coef_a + base);
                     if (has_b) cb[u] = load_pack<A, VEC>(coef_b + base);
+                    if (has_c) cc[u] = load_pack<A, VEC>(coef_c + base);
+                    if (zero_x) cd[u] = load_pack<A, VEC>(coef_d + base);
                     if (has_0) a0[u] = load_pack<P, VEC>(arg0 + base);
                     if (has_1) a1[u] = load_pack<P, VEC>(arg1 + base);
                 }
@@ -567,6 +645,7 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
                     for (int v = 0; v < VEC; ++v) {
                         if (has_a) acc_a[v] += ca[u].v[v];
                         if (has_b) acc_b[v] += cb[u].v[v];
+                        if (has_c) acc_c[v] += zero_x && xv[v] == A(0) ? cd[u].v[v] : cc[u].v[v];
                         if (has_0 && a0[u].v[v] == pe[u])
                             acc_a[v] += value_traits<T>::to_acc(g0[i[u] * ldg + f0 + v]);
                         if (has_1 && a1[u].v[v] == pe[u])
@@ -578,13 +657,20 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
         }
         A res[VEC];
         if (has_b) {
-            const pack_t<T, VEC> xj = load_pack<T, VEC>(x + j * F + f0);
+            if (LIN < 3) {
+                const pack_t<T, VEC> xj = load_pack<T, VEC>(x + j * F + f0);
 #pragma unroll
-            for (int v = 0; v < VEC; ++v)
-                res[v] = acc_a[v] + acc_b[v] * value_traits<T>::to_acc(xj.v[v]);
+                for (int v = 0; v < VEC; ++v) xv[v] = value_traits<T>::to_acc(xj.v[v]);
+            }
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) res[v] = acc_a[v] + acc_b[v] * xv[v];
         } else {
 #pragma unroll
             for (int v = 0; v < VEC; ++v) res[v] = acc_a[v];
+        }
+        if (has_c) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) res[v] += xv[v] != A(0) ? acc_c[v] / xv[v] : acc_c[v];
         }
         if (addend != nullptr && e0 == (i64)t_indptr[j]) {
             const pack_t<A, VEC> ad = load_pack<A, VEC>(addend + j * F + f0);
@@ -612,7 +698,7 @@ __global__ void segment_bwd(SEGMENT_BWD_PARAMS) {
 }
 
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
-__global__ void __launch_bounds__(256, SEG_CAPPED(T, I, VEC) ? SEG_BWD_MIN_BLOCKS : 1)
+__global__ void __launch_bounds__(256, SEG_CAPPED(T, I, VEC) && LIN < 3 ? SEG_BWD_MIN_BLOCKS : 1)
 segment_bwd_capped(SEGMENT_BWD_PARAMS) {
     segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }

@@ -9,7 +9,7 @@
     GATConv, GATv2Conv, TransformerConv
                             drop-in PyG 2.8 attention layers (attention.py)
     SumAggregation, MeanAggregation, MaxAggregation, MinAggregation,
-    VarAggregation, StdAggregation, MultiAggregation
+    VarAggregation, StdAggregation, MulAggregation, MultiAggregation
                             PyG-compatible Aggregation modules (aggr.py; they
                             import PyG, so they load on first access)
     to_graph                fastgnn.Graph from edge_index / EdgeIndex / sparse adj_t,
@@ -28,7 +28,7 @@ from .attention import GATConv, GATv2Conv, TransformerConv, edge_attention, edge
 from .nn import GCNConv, GINConv, SAGEConv
 
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
-                 "VarAggregation", "StdAggregation", "MultiAggregation")
+                 "VarAggregation", "StdAggregation", "MulAggregation", "MultiAggregation")
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "to_graph",
            "clear_graph_cache", "GCNConv", "SAGEConv", "GINConv", "edge_softmax", "edge_attention",

@@ -1,7 +1,7 @@
 """Aggregation modules usable wherever PyG 2.8 expects an `Aggregation`.
 
     SumAggregation  MeanAggregation  MaxAggregation  MinAggregation
-    VarAggregation  StdAggregation   MultiAggregation(aggrs, mode="cat")
+    VarAggregation  StdAggregation   MulAggregation   MultiAggregation(aggrs, mode="cat")
 
 They subclass `torch_geometric.nn.aggr.Aggregation` when PyG is importable
 (so PyG's isinstance checks pass; importing this module imports PyG, which is
@@ -20,9 +20,11 @@ Two ways in:
 - `aggr.neighbour(graph, x_src)`: the fused path, `fastgnn.torch.segment_reduce`
   on a graph: out[i] = reduce_{j -> i} x_src[j] without any per-edge tensor.
 
-Semantics are PyG's (empty groups give 0; var = E[x^2] - E[x]^2; std clamps
-at 1e-5 and zeroes tiny values), except that max/min send the gradient to one
-winner where PyG splits it among exact ties.
+Semantics are PyG's (empty groups give 0, 1 for mul; var = E[x^2] - E[x]^2;
+std clamps at 1e-5 and zeroes tiny values; mul's gradient is torch's prod
+gradient), except that max/min send the gradient to one winner where PyG
+splits it among exact ties, and that MulAggregation also takes `ptr` (PyG's
+asks for `index`).
 
 Every module takes fastgnn's keyword `deterministic` (default True: bitwise
 repeatable backward). With deterministic=False the GPU backward of max/min
@@ -50,9 +52,10 @@ except ImportError:                       # pragma: no cover - PyG is in the tes
     _Base = torch.nn.Module
 
 __all__ = ["SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
-           "VarAggregation", "StdAggregation", "MultiAggregation", "resolve_aggregation"]
+           "VarAggregation", "StdAggregation", "MulAggregation", "MultiAggregation",
+           "resolve_aggregation"]
 
-_CODES = ("sum", "mean", "max", "min", "var", "std")
+_CODES = ("sum", "mean", "max", "min", "var", "std", "mul")
 _ALIASES = {"add": "sum"}
 
 
@@ -221,8 +224,16 @@ class StdAggregation(_SegmentAggregation):
         self.semi_grad = False
 
 
+class MulAggregation(_SegmentAggregation):
+    r"""out[g] = prod_{e in g} x[e] per feature, 1 for an empty group (PyG's
+    MulAggregation). Gradient as torch's prod: out[g] / x[e] for x[e] != 0,
+    the product of the others for a group's only zero, else out[g] (0)."""
+    _codes = ("mul",)
+
+
 _CLASSES = {"sum": SumAggregation, "mean": MeanAggregation, "max": MaxAggregation,
-            "min": MinAggregation, "var": VarAggregation, "std": StdAggregation}
+            "min": MinAggregation, "var": VarAggregation, "std": StdAggregation,
+            "mul": MulAggregation}
 
 
 # with PyG, also a subclass of its MultiAggregation, so PyG layers given ours
@@ -238,7 +249,7 @@ class MultiAggregation(*_MULTI_BASES):
         out[g] = [ aggr_1(x_g) || aggr_2(x_g) || ... || aggr_R(x_g) ]      [S, R*F]
 
     aggrs:        list of names ("sum"/"add", "mean", "max", "min", "var", "std",
-                  or PyG class names such as "MaxAggregation") or Aggregation
+                  "mul", or PyG class names such as "MaxAggregation") or Aggregation
                   instances of those kinds (ours or PyG's).
     aggrs_kwargs: optional list of per-aggregation kwargs (semi_grad=False,
                   deterministic).
@@ -325,7 +336,7 @@ def _code_of_pyg(obj):
 
 def resolve_aggregation(aggr, **kwargs):
     """One of our Aggregation modules for `aggr`: a name ("sum"/"add", "mean",
-    "max", "min", "var", "std" or PyG's class name), a list of names or
+    "max", "min", "var", "std", "mul" or PyG's class name), a list of names or
     instances (MultiAggregation, mode "cat"), one of our instances (returned
     as is) or a PyG instance of a basic kind (translated). kwargs: only
     semi_grad=False and deterministic (or, for a list, MultiAggregation's own

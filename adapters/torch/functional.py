@@ -186,8 +186,10 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
         var:  out[i] = mean_e x[j]^2 - (mean_e x[j])^2           (PyG VarAggregation)
         std:  out[i] = sqrt(max(var_i, 1e-5)), set to 0 where <= sqrt(1e-5)
                                                                   (PyG StdAggregation)
+        mul:  out[i] = prod_e x[j]                                (PyG MulAggregation)
 
-    per feature; a target without in-edges gets 0 from every reduction. Max/min
+    per feature; a target without in-edges gets 0 from every reduction but mul
+    (1, as PyG). Mul's gradient is torch's prod gradient. Max/min
     send the gradient to one winner per (row, feature): the first of tied
     edges in caller order (PyG splits it evenly among ties; the two differ
     only when distinct sources tie exactly).
@@ -197,7 +199,7 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
                  or fastgnn.Graph (cached as in `spmm`).
     x:           [num_src, F] float tensor (float32/float64 on CPU; also
                  float16/bfloat16 on CUDA), on the graph's device.
-    reduce:      "sum" (or "add"), "mean", "max", "min", "var", "std", or a
+    reduce:      "sum" (or "add"), "mean", "max", "min", "var", "std", "mul", or a
                  list of distinct ones, computed in one pass over the neighbours.
     num_nodes:   None (square graph with x.size(0) nodes), an int (square), or
                  (num_src, num_dst) for a bipartite graph.

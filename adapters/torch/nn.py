@@ -264,7 +264,7 @@ class SAGEConv(torch.nn.Module):
     x'_i <- x'_i / ||x'_i||_2 last.
 
     in_channels:  int, or (source, target) sizes for bipartite graphs (-1: lazy).
-    aggr:         "mean" (default), "sum"/"add", "max", "min", "var", "std", a
+    aggr:         "mean" (default), "sum"/"add", "max", "min", "var", "std", "mul", a
                   list of those (concatenated: W_2 then takes R*in features, as
                   PyG's MultiAggregation in "cat" mode), or an Aggregation of
                   those kinds (`fastgnn.torch.aggr`, or PyG's basic ones).
@@ -277,7 +277,7 @@ class SAGEConv(torch.nn.Module):
                   float atomics instead of walking the transpose: faster, not
                   bitwise repeatable. An Aggregation instance given as aggr with
                   its own deterministic=False opts in too. No effect on the CPU,
-                  on the forward, or on sum/mean/var/std aggregations.
+                  on the forward, or on sum/mean/var/std/mul aggregations.
     forward(x [N, in] | (x_src [Ns, in_s], x_dst [Nt, in_t] or None),
             edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], size=None) -> [Nt, out]
 

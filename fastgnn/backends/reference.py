@@ -83,19 +83,28 @@ def _row_stats(v):
     with np.errstate(invalid="ignore"):
         std = np.sqrt(np.maximum(var, _STD_EPS))
         std = np.where(std <= np.sqrt(_STD_EPS), 0.0, std)
+    zeros = (v == 0).sum(axis=0)
+    nonzero_prod = np.where(v == 0, 1.0, v).prod(axis=0)
+    with np.errstate(invalid="ignore"):
+        mul = np.where(zeros > 0, nonzero_prod * 0.0, nonzero_prod)   # inf/NaN * 0 = NaN
     return {"sum": v.sum(axis=0), "mean": mean, "max": v.max(axis=0), "min": v.min(axis=0),
-            "var": var, "std": std}
+            "var": var, "std": std, "mul": mul, "zeros": zeros, "nonzero_prod": nonzero_prod}
 
 
 def segment_reduce(edge_index, x, reduce, num_dst):
     """out[i] = reduce_{e=(j->i)} x[j] per feature, blocks in `reduce` order;
-    empty rows 0; var = mean(x^2) - mean(x)^2; std = sqrt(max(var, 1e-5)),
-    0 where <= sqrt(1e-5) (PyG); max/min propagate NaN."""
+    empty rows 0 (mul: 1); var = mean(x^2) - mean(x)^2; std = sqrt(max(var,
+    1e-5)), 0 where <= sqrt(1e-5) (PyG); max/min propagate NaN; mul = the
+    product of the nonzero values, times 0 when there is a zero (so NaN when
+    that product is inf or NaN)."""
     src, dst = np.asarray(edge_index)
     x = _f64(x)
     names = _reduce_names(reduce)
     f = x.shape[1]
     out = np.zeros((num_dst, len(names) * f))
+    for r, name in enumerate(names):
+        if name == "mul":
+            out[:, r * f:(r + 1) * f] = 1.0
     for i, ids in enumerate(_rows_in_caller_order(dst, num_dst)):
         if ids.size:
             stats = _row_stats(x[src[ids]])
@@ -129,6 +138,15 @@ def segment_reduce_vjp(edge_index, x, reduce, num_dst, grad_out):
             elif name in ("max", "min"):
                 first = np.argmax(v, axis=0) if name == "max" else np.argmin(v, axis=0)
                 np.add.at(grad_x, (src[ids][first], cols), gi)
+            elif name == "mul":
+                # torch's prod gradient: g * out / x_e for x_e != 0; for the
+                # row's only zero, g * (product of the others); for a zero
+                # among several, g * out (0, or NaN with a NaN/inf product)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    part = np.where(v != 0, gi * stats["mul"] / np.where(v == 0, 1.0, v),
+                                    np.where(stats["zeros"] == 1, gi * stats["nonzero_prod"],
+                                             gi * stats["mul"]))
+                np.add.at(grad_x, src[ids], part)
             else:
                 if name == "std":
                     s = stats["std"]

@@ -1,5 +1,5 @@
-"""Reduction family: neighbour sum, mean, max, min, var and std, alone or
-several at once (PyG's MultiAggregation with mode="cat").
+"""Reduction family: neighbour sum, mean, max, min, var, std and mul (product),
+alone or several at once (PyG's MultiAggregation with mode="cat").
 
 Math (messages flow source j -> target i, edges e = (j -> i), d_i = deg_in(i)):
 
@@ -8,8 +8,12 @@ Math (messages flow source j -> target i, edges e = (j -> i), d_i = deg_in(i)):
     var:  out[i] = mean_e x[j]^2 - (mean_e x[j])^2          (PyG VarAggregation, no clamp)
     std:  out[i] = sqrt(max(var_i, 1e-5)), then 0 where that is <= sqrt(1e-5)
                                                              (PyG StdAggregation)
+    mul:  out[i] = prod_e x[j]   (PyG MulAggregation), computed as P_i = the
+          product of the nonzero values times 0 if any value is 0 (so NaN when
+          P_i is inf or NaN)
 
-per feature; rows without in-edges give 0 for every reduction. Max/min ties
+per feature; rows without in-edges give 0 for every reduction except mul,
+which gives 1 (PyG's scatter "mul" starts from ones). Max/min ties
 go to the first CSR position (the caller's first edge in the row); a NaN
 input makes the max/min NaN (as torch.amax). Several reductions produce
 [num_dst, R*F] with block r = reduction r.
@@ -19,6 +23,7 @@ atomics (so bitwise repeatable):
 
     grad_x[j] = sum_{e=(j->i)} coef_a[i] + coef_b[i] * x[j]
                 + [argmax[i] == p_e] g_max[i] + [argmin[i] == p_e] g_min[i]
+                + (coef_c[i] / x[j] where x[j] != 0, else coef_d[i])
 
 with p_e = e - indptr[i] the position of edge e within row i, g_max, g_min
 the max/min blocks of the cotangent (read where they are, only for the
@@ -29,13 +34,19 @@ reduction (m_i = mean, s_i = std):
     var:  coef_a += -2 g m_i / d_i,  coef_b += 2 g / d_i
     std:  as var with g_var = g * 0.5 / s_i where s_i != 0, else 0 (the
           gradient of PyG's clamp + masked_fill)
+    mul:  coef_c = g out_i (out_i / x[j]: the product of the others where
+          x[j] != 0), coef_d = g P_i where row i has exactly one zero, else
+          g out_i (torch's prod gradient: the only zero gets the product of
+          the others, one of several zeros g out_i: 0, or NaN with a NaN/inf
+          product)
 
 coef_a/coef_b are built in one fused pass over the cotangent (float32, or
 float64 for float64 inputs). The residuals hold only what the VJP needs: the
 argmax/argmin positions within the row (Graph.position_dtype: uint8 when
 every target has fewer than 256 in-edges, uint16 below 65536, else the index
 dtype), the mean (and std) written by the forward kernel for
-var/std, in that accumulation precision, and x for var/std.
+var/std, the mul output and the one-zero product for mul, in that
+accumulation precision, and x for var/std/mul.
 
 Opt-in `deterministic=False` (GPU only): the max/min terms are scattered
 instead, one float atomic per (target, feature):
@@ -61,7 +72,7 @@ from ..backends import backend_for
 from ..graph import Graph, as_graph
 from .spmm import validate_features
 
-REDUCES = ("sum", "mean", "max", "min", "var", "std")
+REDUCES = ("sum", "mean", "max", "min", "var", "std", "mul")
 
 
 @dataclass
@@ -71,11 +82,12 @@ class SegmentResiduals:
     vtype: str
     width: int               # F
     num_src: int
-    x: object                # [num_src, F] features, only with var/std
+    x: object                # [num_src, F] features, only with var/std/mul
     mean: object             # [num_dst, F] float32 (float64 for float64), only with var/std
     std: object              # [num_dst, F] float32 (float64 for float64), only with std
     argmax: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with max
     argmin: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with min
+    mul: object              # (out, one-zero product) [num_dst, F] each, in the mean's dtype, only with mul
     has_grad: bool           # False when the forward ran with needs_x_grad=False
     deterministic: bool = True   # False: the GPU max/min backward may use float atomics
 
@@ -113,11 +125,11 @@ def _fwd(graph, x, reduce, vtype, needs_x_grad, name, deterministic):
     codes, _ = parse_reduce(reduce)
     x, vt = validate_features(graph, x, vtype, name=name)
     needs_x_grad = bool(needs_x_grad)
-    out, argmax, argmin, mean, std = backend_for(x).segment_fwd(graph, x, codes, vt,
-                                                               residuals=needs_x_grad)
-    keep_x = x if mean is not None else None
+    out, argmax, argmin, mean, std, mul = backend_for(x).segment_fwd(
+        graph, x, codes, vt, residuals=needs_x_grad)
+    keep_x = x if mean is not None or mul is not None else None
     res = SegmentResiduals(codes, vt, x.shape[1], graph.num_src, keep_x, mean, std,
-                           argmax, argmin, needs_x_grad, deterministic)
+                           argmax, argmin, mul, needs_x_grad, deterministic)
     return out, res
 
 
@@ -139,7 +151,7 @@ def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out):
         raise ValueError(f"grad_out must have shape [num_dst, {nr * f}] = [{graph.num_dst}, "
                          f"{nr} reductions x {f}], got {tuple(g.shape)}")
     return backend_for(g).segment_bwd(graph, res.x, g, res.codes, res.mean, res.std,
-                                      res.argmax, res.argmin, res.vtype,
+                                      res.argmax, res.argmin, res.vtype, mul=res.mul,
                                       deterministic=res.deterministic)
 
 

@@ -3,11 +3,11 @@
 segment_fwd: one parallel task per chunk of target rows; each row walks its
     CSR segment ONCE, accumulating in float64 the union of the statistics the
     requested reductions need (sum, sum of squares, max + CSR position, min +
-    CSR position), then writes every requested block of the [num_dst, R*F]
-    output. Max/min: the first CSR position wins ties; a NaN, once seen, stays.
-    When training it also writes the argmax/argmin positions (of the winning
-    edge within its row, Graph.position_dtype) and the mean/std residuals of
-    the backward.
+    CSR position, product of the nonzero values + zero count), then writes
+    every requested block of the [num_dst, R*F] output. Max/min: the first
+    CSR position wins ties; a NaN, once seen, stays. When training it also
+    writes the argmax/argmin positions (of the winning edge within its row,
+    Graph.position_dtype) and the mean/std/mul residuals of the backward.
 segment_bwd: one fused pass over the target rows building coef_a/coef_b from
     the cotangent blocks (see fastgnn/ops/segment.py), then one parallel task
     per chunk of source rows of the transpose (no atomics, bitwise
@@ -15,6 +15,7 @@ segment_bwd: one fused pass over the target rows building coef_a/coef_b from
 
         grad_x[j] += coef_a[i] + coef_b[i] * x[j]
                      + [argmax[i] == p_e] g_max[i] + [argmin[i] == p_e] g_min[i]
+                     + (coef_c[i] / x[j] if x[j] != 0 else coef_d[i])
 
     accumulated in float64 (g_max, g_min: the max/min blocks of the cotangent;
     p_e from Graph.transpose_positions). Always deterministic: the CUDA
@@ -22,12 +23,12 @@ segment_bwd: one fused pass over the target rows building coef_a/coef_b from
     flag is accepted and ignored here.
 
 Reduction codes (shared with kernels_cuda/segment.cu): 0 sum, 1 mean, 2 max,
-3 min, 4 var, 5 std.
+3 min, 4 var, 5 std, 6 mul.
 """
 import numba
 import numpy as np
 
-CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
+CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
 _STD_EPS = 1e-5
 _STD_MIN = np.sqrt(_STD_EPS)
 
@@ -43,9 +44,9 @@ def _chunk(c, nchunks, n):
 
 
 @numba.njit(parallel=True, cache=True)
-def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
+def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
                       out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
-                      nchunks):
+                      res_mul, res_mul_zero, has_mul, nchunks):
     n = indptr.shape[0] - 1
     f = x.shape[1]
     for c in numba.prange(nchunks):
@@ -56,6 +57,8 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
         mn = np.empty(f)
         amx = np.empty(f, dtype=np.int64)
         amn = np.empty(f, dtype=np.int64)
+        pr = np.empty(f)                        # product of the nonzero values
+        zc = np.empty(f, dtype=np.int64)        # zero values seen
         for i in range(r0, r1):
             start, end = indptr[i], indptr[i + 1]
             for k in range(f):
@@ -65,6 +68,8 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
                 mn[k] = 0.0
                 amx[k] = -1
                 amn[k] = -1
+                pr[k] = 1.0
+                zc[k] = 0
             for e in range(start, end):
                 j = indices[e]
                 for k in range(f):
@@ -80,6 +85,11 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
                         if amn[k] < 0 or v < mn[k] or (v != v and mn[k] == mn[k]):
                             mn[k] = v
                             amn[k] = e - start
+                    if need_mul:
+                        if v == 0:
+                            zc[k] += 1
+                        else:
+                            pr[k] *= v
             deg = end - start
             inv = 1.0 / deg if deg > 0 else 0.0
             for r in range(ops.shape[0]):
@@ -87,7 +97,9 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
                 base = r * f
                 for k in range(f):
                     if deg == 0:
-                        val = 0.0
+                        val = 1.0 if op == 6 else 0.0
+                    elif op == 6:
+                        val = pr[k] * 0.0 if zc[k] > 0 else pr[k]   # inf/NaN * 0 = NaN
                     elif op == 0:
                         val = s[k]
                     elif op == 1:
@@ -122,12 +134,16 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min,
                         val = _STD_EPS
                     val = np.sqrt(val)
                     res_std[i, k] = 0.0 if val <= _STD_MIN else val
+            for k in range(f if has_mul else 0):
+                res_mul[i, k] = pr[k] * 0.0 if zc[k] > 0 else pr[k]
+                res_mul_zero[i, k] = pr[k] if zc[k] == 1 else res_mul[i, k]
 
 
 @numba.njit(parallel=True, cache=True)
-def _segment_coef_rows(indptr, g, ops, mean, std, coef_a, coef_b, has_b, nchunks):
-    """coef_a/coef_b of the linear reductions, one pass over g (see ops/segment.py)."""
-    n, f = coef_a.shape
+def _segment_coef_rows(indptr, g, ops, mean, std, mul_out, mul_zero, coef_a, has_a, coef_b,
+                       has_b, coef_c, coef_d, has_c, n, f, nchunks):
+    """coef_a/coef_b of the linear reductions and coef_c/coef_d of mul, one
+    pass over g (see ops/segment.py)."""
     for c in numba.prange(nchunks):
         r0, r1 = _chunk(c, nchunks, n)
         for i in range(r0, r1):
@@ -141,7 +157,10 @@ def _segment_coef_rows(indptr, g, ops, mean, std, coef_a, coef_b, has_b, nchunks
                     if op == 2 or op == 3:
                         continue
                     gv = np.float64(g[i, r * f + k])
-                    if op == 0:
+                    if op == 6:
+                        coef_c[i, k] = gv * mul_out[i, k]
+                        coef_d[i, k] = gv * mul_zero[i, k]
+                    elif op == 0:
                         a += gv
                     elif op == 1:
                         a += gv * inv
@@ -152,23 +171,26 @@ def _segment_coef_rows(indptr, g, ops, mean, std, coef_a, coef_b, has_b, nchunks
                         gi = gv * inv
                         a += -2.0 * gi * mean[i, k]
                         b += 2.0 * gi
-                coef_a[i, k] = a
+                if has_a:
+                    coef_a[i, k] = a
                 if has_b:
                     coef_b[i, k] = b
 
 
 @numba.njit(parallel=True, cache=True)
-def _segment_bwd_rows(t_indptr, t_indices, t_pos, x, a, has_a, b, has_b,
+def _segment_bwd_rows(t_indptr, t_indices, t_pos, x, a, has_a, b, has_b, cc, cd, has_c,
                       g, argmax, off_max, has_max, argmin, off_min, has_min, grad_x, nchunks):
     n, f = grad_x.shape
     for c in numba.prange(nchunks):
         r0, r1 = _chunk(c, nchunks, n)
         acc_a = np.empty(f)
         acc_b = np.empty(f)
+        acc_c = np.empty(f)
         for j in range(r0, r1):
             for k in range(f):
                 acc_a[k] = 0.0
                 acc_b[k] = 0.0
+                acc_c[k] = 0.0
             for te in range(t_indptr[j], t_indptr[j + 1]):
                 i = t_indices[te]
                 p = t_pos[te]
@@ -181,11 +203,16 @@ def _segment_bwd_rows(t_indptr, t_indices, t_pos, x, a, has_a, b, has_b,
                         acc_a[k] += g[i, off_max + k]
                     if has_min and argmin[i, k] == p:
                         acc_a[k] += g[i, off_min + k]
+                    if has_c:           # mul: coef_c / x[j], or coef_d where x[j] == 0
+                        acc_c[k] += cc[i, k] if x[j, k] != 0 else cd[i, k]
             for k in range(f):
+                val = acc_a[k]
                 if has_b:
-                    grad_x[j, k] = acc_a[k] + acc_b[k] * np.float64(x[j, k])
-                else:
-                    grad_x[j, k] = acc_a[k]
+                    val += acc_b[k] * np.float64(x[j, k])
+                if has_c:
+                    xv = np.float64(x[j, k])
+                    val += acc_c[k] / xv if xv != 0 else acc_c[k]
+                grad_x[j, k] = val
 
 
 def _coef_dtype(vtype):
@@ -193,14 +220,18 @@ def _coef_dtype(vtype):
 
 
 def segment_fwd(graph, x, codes, vtype, residuals=True):
-    """(out, argmax, argmin, mean, std): out [num_dst, len(codes)*F] in x's
-    dtype (see module docstring); with residuals (training) also argmax /
+    """(out, argmax, argmin, mean, std, mul): out [num_dst, len(codes)*F] in
+    x's dtype (see module docstring); with residuals (training) also argmax /
     argmin [num_dst, F] positions of the winners within their row
-    (Graph.position_dtype; all ones for empty rows) when max / min are requested, and the mean / std [num_dst, F]
-    (float32, float64 for float64) when var / std are; None otherwise."""
+    (Graph.position_dtype; all ones for empty rows) when max / min are
+    requested, the mean / std [num_dst, F] (float32, float64 for float64)
+    when var / std are, and mul = (mul_out, mul_zero) [num_dst, F] in that
+    precision when mul is: the product, and what a zero input's gradient is
+    scaled by (the product of the others for a row's only zero, else the
+    product again); None otherwise."""
     f, n = x.shape[1], graph.num_dst
     ops = np.array([CODES[c] for c in codes], dtype=np.int64)
-    need_max, need_min = "max" in codes, "min" in codes
+    need_max, need_min, need_mul = "max" in codes, "min" in codes, "mul" in codes
     need_sq = "var" in codes or "std" in codes
     out = np.empty((n, len(codes) * f), dtype=x.dtype)
     pos = graph.position_dtype if need_max or need_min else graph.index_dtype
@@ -210,44 +241,52 @@ def segment_fwd(graph, x, codes, vtype, residuals=True):
         return np.empty((n, f) if flag else (0, 0), dtype=dtype)
 
     flags = (residuals and need_max, residuals and need_min, residuals and need_sq,
-             residuals and "std" in codes)
-    argmax, argmin, mean, std = (alloc(fl, dt) for fl, dt in zip(flags, (pos, pos, cdt, cdt)))
-    _segment_fwd_rows(graph.indptr, graph.indices, x, ops, need_sq, need_max, need_min,
+             residuals and "std" in codes, residuals and need_mul, residuals and need_mul)
+    argmax, argmin, mean, std, mul_out, mul_zero = (
+        alloc(fl, dt) for fl, dt in zip(flags, (pos, pos, cdt, cdt, cdt, cdt)))
+    _segment_fwd_rows(graph.indptr, graph.indices, x, ops, need_sq, need_max, need_min, need_mul,
                       out, argmax, argmin, residuals, mean, flags[2], std, flags[3],
-                      _num_chunks(n))
-    return (out,) + tuple(a if fl else None for a, fl in zip((argmax, argmin, mean, std), flags))
+                      mul_out, mul_zero, flags[4], _num_chunks(n))
+    res = tuple(a if fl else None for a, fl in zip((argmax, argmin, mean, std), flags))
+    return (out, *res, (mul_out, mul_zero) if flags[4] else None)
 
 
-def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, deterministic=True):
+def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
+                deterministic=True):
     """grad_x [num_src, F] in the value type `vtype`; see module docstring.
     g: [num_dst, R*F] cotangent (block r for codes[r]); mean, std, argmax,
-    argmin: the residuals of segment_fwd (None when not needed); x [num_src,
-    F] is needed only with var/std. deterministic: accepted for the CUDA
-    backend's interface and ignored: this pass has no atomic variant, so
-    deterministic=False gives the same bits."""
+    argmin, mul: the residuals of segment_fwd (None when not needed); x
+    [num_src, F] is needed only with var/std/mul. deterministic: accepted for
+    the CUDA backend's interface and ignored: this pass has no atomic
+    variant, so deterministic=False gives the same bits."""
     R = len(codes)
     f = g.shape[1] // R
     n = graph.num_dst
     cdt = _coef_dtype(vtype)
     ops = np.array([CODES[c] for c in codes], dtype=np.int64)
-    has_a = any(c not in ("max", "min") for c in codes)
+    has_a = any(c not in ("max", "min", "mul") for c in codes)
     has_b = any(c in ("var", "std") for c in codes)
+    has_c = "mul" in codes
     none_f = np.zeros((0, 0), dtype=cdt)
     has_args = argmax is not None or argmin is not None
     pos = graph.position_dtype if has_args else graph.index_dtype
     none_i = np.zeros((0, 0), dtype=pos)
-    coef_a = np.empty((n, f), dtype=cdt) if has_a else none_f
-    coef_b = np.empty((n, f), dtype=cdt) if has_b else none_f
-    if has_a:
+
+    def alloc(flag):
+        return np.empty((n, f), dtype=cdt) if flag else none_f
+    coef_a, coef_b, coef_c, coef_d = alloc(has_a), alloc(has_b), alloc(has_c), alloc(has_c)
+    if has_a or has_c:
+        mul_out, mul_zero = mul if has_c else (none_f, none_f)
         _segment_coef_rows(graph.indptr, g, ops, none_f if mean is None else mean,
-                           none_f if std is None else std, coef_a, coef_b, has_b,
-                           _num_chunks(n))
+                           none_f if std is None else std, mul_out, mul_zero, coef_a, has_a,
+                           coef_b, has_b, coef_c, coef_d, has_c, n, f, _num_chunks(n))
     t = graph.transpose()
     grad_x = np.empty((graph.num_src, f), dtype=np.dtype(vtype))
     off = {c: r * f for r, c in enumerate(codes)}
     t_pos = graph.transpose_positions if has_args else np.zeros(0, dtype=pos)
     _segment_bwd_rows(t.indptr, t.indices, t_pos,
-                      x if has_b else none_f, coef_a, has_a, coef_b, has_b, g,
+                      x if has_b or has_c else none_f, coef_a, has_a, coef_b, has_b,
+                      coef_c, coef_d, has_c, g,
                       none_i if argmax is None else argmax.astype(pos, copy=False), off.get("max", 0),
                       argmax is not None,
                       none_i if argmin is None else argmin.astype(pos, copy=False), off.get("min", 0),

@@ -48,15 +48,17 @@ def _spmm_names(vt, it):
     return names
 
 
-# Statistic sets (bits: 1 sum, 2 sum of squares, 4 max, 8 min) of the
-# segment_fwd instantiations; a request runs the smallest superset. Those
-# with max or min also run with bit 16 (STAT_NOARG: no positions tracked,
-# P = uint16) when no positions are asked for.
-SEGMENT_STATS = (1, 3, 4, 8, 12, 13, 15)
+# Statistic sets (bits: 1 sum, 2 sum of squares, 4 max, 8 min, 32 product
+# of the nonzero values + zero count) of the segment_fwd instantiations; a
+# request runs the smallest superset (mul alone, or mul with anything: all).
+# Those with max or min also run with bit 16 (STAT_NOARG: no positions
+# tracked, P = uint16) when no positions are asked for.
+SEGMENT_STATS = (1, 3, 4, 8, 12, 13, 15, 32, 47)
 STAT_NOARG = 16
 # (LIN, NARG) bounds of the segment_bwd instantiations (linear terms: 1 coef_a,
-# 2 coef_a + coef_b; NARG argmax/argmin terms); a request runs the first cover.
-SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2))
+# 2 coef_a + coef_b, 3 those + mul's coef_c/coef_d; NARG argmax/argmin
+# terms); a request runs the first cover.
+SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2), (3, 0), (3, 2))
 
 
 def segment_bwd_kernel(lin, narg):

@@ -8,9 +8,9 @@ each reduction's block, plus, when training, the argmax/argmin positions
 below 65536) and the mean/std residuals of the backward; an inference
 forward (no positions asked for) runs the instantiation that tracks none
 (STAT_NOARG).
-Backward: one fused pass building coef_a/coef_b from the cotangent
-(segment_coef), then one pass over the cached transpose summing the linear
-terms and the arg-selected max/min terms (read straight from the cotangent's
+Backward: one fused pass building coef_a/coef_b (and mul's coef_c/coef_d)
+from the cotangent (segment_coef), then one pass over the cached transpose
+summing the linear terms, mul's term and the arg-selected max/min terms (read straight from the cotangent's
 blocks; each transpose edge's position in its forward row is cached on the
 graph, Graph.transpose_positions); no atomics. Opt-in deterministic=False:
 the max/min terms are added by float atomics over the targets
@@ -31,8 +31,8 @@ from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STAT
 from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
                    from_acc, lane_group, task_plan)
 
-CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5}
-STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN = 1, 2, 4, 8
+CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
+STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD = 1, 2, 4, 8, 32
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,6 +48,8 @@ def _stats(codes: tuple):
         need |= STAT_MAX
     if "min" in codes:
         need |= STAT_MIN
+    if "mul" in codes:
+        need |= STAT_PROD
     return min((s for s in SEGMENT_STATS if s & need == need), key=lambda s: (bin(s).count("1"), s))
 
 
@@ -60,7 +62,7 @@ def _packed(codes: tuple):
 
 
 def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
-    """(out [num_dst, R*F], argmax, argmin, mean, std): see the CPU backend."""
+    """(out [num_dst, R*F], argmax, argmin, mean, std, mul): see the CPU backend."""
     F, R = x.shape[1], len(codes)
     idx = graph.index_dtype
     itype = _ITYPE[np.dtype(idx)]
@@ -82,16 +84,19 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     var = residuals and ("var" in codes or "std" in codes)
     mean = cp.empty((n, F), dtype=acc) if var else None
     std = cp.empty((n, F), dtype=acc) if var and "std" in codes else None
+    mul = ((cp.empty((n, F), dtype=acc), cp.empty((n, F), dtype=acc))
+           if residuals and "mul" in codes else None)
     if F == 0 or n == 0:
-        return out, argmax, argmin, mean, std
+        return out, argmax, argmin, mean, std, mul
     packed = _packed(codes)
     plan = task_plan(graph, chunk)
     S = plan.num_slots
     # partial states of split rows: only those of the statistics computed
     p = [cp.empty((S, F), dtype=acc) if S and stats & bit else NULL
-         for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN)]
+         for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD, STAT_PROD)]
     pa = [cp.empty((S, F), dtype=pos) if S and stats & bit else NULL for bit in (STAT_MAX, STAT_MIN)]
-    resid = (_arg(argmax), _arg(argmin), _arg(mean), _arg(std))
+    resid = (_arg(argmax), _arg(argmin), _arg(mean), _arg(std),
+             *(_arg(a) for a in (mul or (None, None))))
     vec, group = _shape(vtype, F, x, out)
     T, I = C_VALUE[vtype], C_INDEX[itype]
     P = segment_position_type(itype, pos.name, has_args)
@@ -109,7 +114,7 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
              (plan.split_row, plan.slot_ptr, graph.indptr, *p, *pa, out, *resid,
               np.int64(num_split), np.int32(F), np.int32(group), np.int32(stats),
               np.int32(R), np.int32(packed)))
-    return out, argmax, argmin, mean, std
+    return out, argmax, argmin, mean, std, mul
 
 
 def _shape(vtype, F, *arrays):
@@ -143,8 +148,8 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
           _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
 
 
-def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFAULT_CHUNK,
-                deterministic=True):
+def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
+                chunk=DEFAULT_CHUNK, deterministic=True):
     """grad_x [num_src, F] (see kernels_cuda/segment.cu: segment_coef and
     segment_bwd; with deterministic=False and max/min requested,
     segment_arg_scatter adds the max/min terms with float atomics and the
@@ -161,8 +166,10 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
     acc = _acc_dtype(vtype)
     T, I = C_VALUE[vtype], C_INDEX[itype]
     n = graph.num_dst
-    has_a = any(c not in ("max", "min") for c in codes)
+    has_a = any(c not in ("max", "min", "mul") for c in codes)
     has_b = any(c in ("var", "std") for c in codes)
+    has_c = "mul" in codes
+    has_lin = has_a or has_c            # terms the transpose walk must add
     # max/min terms: the arg arrays (positions within the forward row, in the
     # graph's position dtype) and the cotangent's blocks (row stride R*F)
     args = [(a, g[:, codes.index(c) * F:]) for c, a in (("max", argmax), ("min", argmin))
@@ -175,14 +182,14 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
         # into grad_x itself for float/double (after the walk's linear terms),
         # else into fp32 sums rounded once (cast, or added by the walk)
         if np.dtype(acc) == dtype:
-            if not has_a:
+            if not has_lin:
                 grad = cp.zeros((ns, F), dtype=dtype)
                 _arg_scatter(graph, args, grad, vtype, itype, R * F)
                 return grad
         else:
             addend = cp.zeros((ns, F), dtype=acc)
             _arg_scatter(graph, args, addend, vtype, itype, R * F)
-            if not has_a:
+            if not has_lin:
                 return from_acc(addend, dtype, "segment", vtype, itype)
         atomic, args = args, []
     else:
@@ -191,18 +198,23 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
     grad = cp.empty((ns, F), dtype=dtype)
     coef_a = cp.empty((n, F), dtype=acc) if has_a else None
     coef_b = cp.empty((n, F), dtype=acc) if has_b else None
-    if has_a and n:
+    coef_c, coef_d = ((cp.empty((n, F), dtype=acc), cp.empty((n, F), dtype=acc)) if has_c
+                      else (None, None))
+    mul_out, mul_zero = mul if has_c else (None, None)
+    if has_lin and n:
         coef = get_function("segment", vtype, itype, f"segment_coef<{T}, {I}>")
         coef(_grid(n * F, 1), (BLOCK,),
-             (graph.indptr, g, _arg(mean, acc), _arg(std, acc), coef_a, _arg(coef_b),
+             (graph.indptr, g, _arg(mean, acc), _arg(std, acc), _arg(mul_out, acc),
+              _arg(mul_zero, acc), _arg(coef_a), _arg(coef_b), _arg(coef_c), _arg(coef_d),
               np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
     t_pos = graph.transpose_positions if args else None
-    lin, narg = _terms(2 if has_b else int(has_a), len(args))
+    lin, narg = _terms(3 if has_c else 2 if has_b else int(has_a), len(args))
     P = segment_position_type(itype, pos.name, narg > 0)
     args += [(None, None)] * (2 - len(args))
     plan = task_plan(t, chunk)
     partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else NULL
-    arrays = [a for a in (x if has_b else None, coef_a, coef_b, args[0][0], args[1][0], addend,
+    keep_x = x if has_b or has_c else None
+    arrays = [a for a in (keep_x, coef_a, coef_b, coef_c, coef_d, args[0][0], args[1][0], addend,
                           grad) if a is not None]
     vec, group = _shape(vtype, F, *arrays)
     kern = get_function("segment", vtype, itype,
@@ -210,7 +222,7 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, chunk=DEFA
     num_tasks = int(plan.task_row.shape[0])
     kern(_grid(num_tasks, group), (BLOCK,),
          (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_pos),
-          _arg(x if has_b else None), _arg(coef_a), _arg(coef_b),
+          _arg(keep_x), _arg(coef_a), _arg(coef_b), _arg(coef_c), _arg(coef_d),
           _arg(args[0][0]), _arg(args[0][1]), _arg(args[1][0]), _arg(args[1][1]),
           _arg(addend), grad, partial, np.int64(num_tasks), np.int32(F), np.int64(R * F),
           np.int32(chunk), np.int32(group)))
