@@ -208,6 +208,66 @@ def test_arg_positions_narrow_and_wide(device, hub, dtype, width):
                                rtol=rtol, atol=rtol)
 
 
+MUL_REDUCES = ["mul", ["mean", "mul", "max", "std"], ["mul", "min"]]
+
+
+def _mul_case(device, width, hub, reduce, rng):
+    """_case with features of magnitude 0.5-1.5 (products stay finite) and
+    zeros placed so rows hold none, exactly one or several per feature."""
+    ei, g, x, go = _case(device, width, hub=hub, reduce=reduce)
+    x = rng.uniform(0.5, 1.5, x.shape) * rng.choice([-1.0, 1.0], x.shape)
+    x[rng.integers(0, x.shape[0], x.size // 40), rng.integers(0, width, x.size // 40)] = 0.0
+    hub_src = np.asarray(ei[0])[np.asarray(ei[1]) == 0]
+    x[hub_src[:3], 0] = 0.0                   # the hub: several zeros in feature 0 ...
+    if width > 1:                             # ... exactly one in feature 1
+        uniq, count = np.unique(hub_src, return_counts=True)
+        x[uniq, 1] = np.where(x[uniq, 1] == 0, 1.0, x[uniq, 1])
+        x[uniq[count == 1][0], 1] = 0.0
+    return ei, g, x, go
+
+
+def _assert_close_nan(out, want, vtype, what):
+    """NaN where the reference has NaN, close elsewhere."""
+    out, want = np.asarray(out, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want), err_msg=f"{what}: NaN pattern")
+    assert_close(np.nan_to_num(out), np.nan_to_num(want), vtype, what)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", MUL_REDUCES, ids=_id)
+@pytest.mark.parametrize("width", [1, 5, 64])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_mul_matches_reference(device, reduce, width, dtype):
+    """mul (PyG's MulAggregation): empty rows give 1; zeros follow torch's
+    prod gradient (the only zero of a row gets the product of the others, one
+    of several gets 0); a NaN makes its row's product and gradients NaN; a
+    hub of 500 in-edges (split into tasks on the GPU) merges partial
+    products and zero counts. Alone and fused with other reductions."""
+    rng = np.random.default_rng(_seed())
+    ei, g, x, go = _mul_case(device, width, 500, reduce, rng)
+    n, f = g.num_dst, width
+    names = [reduce] if isinstance(reduce, str) else reduce
+    k = names.index("mul")
+    x = x.astype(dtype)
+    out, res = segment_reduce_fwd(g, to_device(x, device), reduce)
+    out = to_numpy(out)
+    want = ref.segment_reduce(ei, x, reduce, n)
+    assert_close(out, want, dtype, f"{_id(reduce)} out")
+    np.testing.assert_array_equal(out[-30:, k * f:(k + 1) * f], 1.0)   # empty rows: 1
+    gx = segment_reduce_bwd(g, res, to_device(go.astype(dtype), device))
+    assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
+                 f"{_id(reduce)} grad_x", tol=1e-4 if dtype == "float32" and "std" in names
+                 else None)
+    # a NaN feature value: NaN products and gradients where the reference has them
+    x[int(np.asarray(ei[0])[0]), 0] = np.nan
+    out, res = segment_reduce_fwd(g, to_device(x, device), reduce)
+    _assert_close_nan(to_numpy(out), ref.segment_reduce(ei, x, reduce, n), dtype, "out (NaN)")
+    gx = segment_reduce_bwd(g, res, to_device(go.astype(dtype), device))
+    want = ref.segment_reduce_vjp(ei, x, reduce, n, go)
+    if "std" not in names:       # std's NaN handling has its own test
+        _assert_close_nan(to_numpy(gx), want, dtype, "grad_x (NaN)")
+
+
 @pytest.mark.parametrize("device", devices())
 def test_nan_propagates_through_var_std(device):
     """A NaN input makes var and std NaN (torch.clamp keeps NaN), not 0."""
@@ -469,6 +529,29 @@ def test_gpu_half_types(device, vtype, reduce, width):
     assert_close(back(out), ref.segment_reduce(ei, xr, reduce, 300), vtype, "out")
     gx = segment_reduce_bwd(g, res, to_device(gob, device))
     assert_close(back(gx), ref.segment_reduce_vjp(ei, xr, reduce, 300, gor), vtype, "grad_x")
+
+
+@pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
+@pytest.mark.parametrize("vtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("reduce", [["mul", "max"], "mul"], ids=_id)
+def test_gpu_mul_half_types_and_atomic_backward(device, vtype, reduce):
+    """mul in 16-bit types (fp32 products) against the float64 reference of
+    the rounded inputs, and with deterministic=False (the max term by
+    atomics, mul's term still walked) equal to the default up to rounding."""
+    rng = np.random.default_rng(_seed())
+    ei, g, x, go = _mul_case(device, 37, 3000, reduce, rng)
+    x = rng.uniform(0.9, 1.1, x.shape) * np.where(x == 0, 0.0, 1.0)   # hub product ~ finite
+    xd, xr, kw = _typed(x, vtype, device)
+    god, gor, _ = _typed(go, vtype, device)
+    out, res = segment_reduce_fwd(g, xd, reduce, **kw)
+    assert_close(_values(out, vtype), ref.segment_reduce(ei, xr, reduce, g.num_dst), vtype, "out")
+    want = ref.segment_reduce_vjp(ei, xr, reduce, g.num_dst, gor)
+    gx = _values(segment_reduce_bwd(g, res, god), vtype)
+    assert_close(gx, want, vtype, "grad_x")
+    _, res_n = segment_reduce_fwd(g, xd, reduce, deterministic=False, **kw)
+    gx_n = _values(segment_reduce_bwd(g, res_n, god), vtype)
+    np.testing.assert_allclose(gx_n, gx, rtol=_ELEMENT_RTOL[vtype],
+                               atol=_ELEMENT_RTOL[vtype] * float(np.abs(gx).max()))
 
 
 # ------------------------------- the atomic max/min backward (opt-in, GPU)

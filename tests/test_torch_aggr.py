@@ -29,7 +29,8 @@ needs_gpu = pytest.mark.skipif(not (fastgnn.gpu_available() and torch.cuda.is_av
 
 SINGLE = ["sum", "mean", "max", "min", "var", "std"]
 CLASS = {"sum": "SumAggregation", "mean": "MeanAggregation", "max": "MaxAggregation",
-         "min": "MinAggregation", "var": "VarAggregation", "std": "StdAggregation"}
+         "min": "MinAggregation", "var": "VarAggregation", "std": "StdAggregation",
+         "mul": "MulAggregation"}
 MULTI = ["mean", "max", "min", "std"]
 
 
@@ -115,6 +116,44 @@ def test_aggregation_matches_pyg(aggr, form):
     assert not rows.any()                    # empty groups give 0
 
 
+def _with_zeros(x, index, rng):
+    """x with zeros: several in group 0's feature 0, exactly one in its
+    feature 1, a few scattered (torch's prod gradient treats each apart)."""
+    x = x.clone()
+    rows0 = torch.nonzero(index == 0).flatten()
+    x[rows0[:3], 0] = 0.0
+    x[rows0[3], 1] = 0.0
+    x[torch.from_numpy(rng.integers(0, x.shape[0], 20)), 2] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("form", ["index", "index_3d"])
+@pytest.mark.parametrize("reduce", ["mul", ["mul", "mean", "std"]], ids=_id)
+def test_mul_aggregation_matches_pyg(form, reduce):
+    """MulAggregation (PyG's takes `index` only): outputs and gradients as
+    PyG's, with zeros and empty groups (1)."""
+    dim_size = 53
+    rng = np.random.default_rng(4)
+    x, index = _groups(4, dim_size=dim_size)
+    x = _with_zeros(0.5 + x.abs(), index, rng) * torch.sign(x)   # |x| >= 0.5: finite products
+    kw = dict(index=index, dim_size=dim_size)
+    inputs = (x,)
+    if form == "index_3d":
+        inputs = (torch.stack([x, x.flip(1)], 0),)
+        kw["dim"] = 1
+    ours, theirs = _our_module(reduce), _pyg_module(reduce)
+    got = _grads(lambda x: ours(x, **kw), inputs)
+    assert_results_match(got, _grads(lambda x: theirs(x, **kw), inputs))
+    if reduce == "mul":
+        rows = got["output"][-4:] if form == "index" else got["output"][:, -4:]
+        assert (rows == 1).all()                 # empty groups give 1
+    # our ptr form (PyG has none for mul) gives the same as the index form
+    if form == "index":
+        order = torch.sort(index, stable=True).indices
+        by_ptr = _grads(lambda x: ours(x[order], ptr=_ptr(index[order], dim_size)), inputs)
+        assert_results_match(by_ptr, got)
+
+
 def test_aggregation_without_dim_size_and_single_group():
     x, index = _groups(4)
     for name in SINGLE:
@@ -142,7 +181,7 @@ def test_multi_aggregation_repeats_and_mixed_specs():
 
 
 def test_aggregations_are_pyg_aggregations_with_loadable_state():
-    for aggr in SINGLE + [MULTI]:
+    for aggr in SINGLE + ["mul", MULTI]:
         ours, theirs = _our_module(aggr), _pyg_module(aggr)
         assert isinstance(ours, pyg_aggr.Aggregation)
         assert repr(ours) == repr(theirs)
@@ -156,7 +195,7 @@ def test_neighbour_fast_path_matches_pyg_messages():
     n, ns = 71, 40
     ei = torch.from_numpy(awkward_edge_index(n, 400, seed=6, num_src=ns))
     x = torch.from_numpy(np.random.default_rng(6).standard_normal((ns, 7)))
-    for aggr in SINGLE + [MULTI, ["std", "sum", "max"]]:
+    for aggr in SINGLE + ["mul", MULTI, ["std", "sum", "max"], ["mul", "mean"]]:
         ours, theirs = _our_module(aggr), _pyg_module(aggr)
         got = _grads(lambda x: ours.neighbour(ei, x, (ns, n)), (x,))
         ref_ = _grads(lambda x: theirs(x[ei[0]], ei[1], dim_size=n), (x,))
@@ -266,7 +305,7 @@ def test_functional_bad_inputs():
 
 
 # -------------------------------------------------------------------- SAGEConv
-SAGE_AGGRS = ["max", "min", "std", "var", ["mean", "max"]]
+SAGE_AGGRS = ["max", "min", "std", "var", ["mean", "max"], "mul", ["std", "mul"]]
 SAGE_CASES = [(a, form, opts) for i, a in enumerate(SAGE_AGGRS)
               for form, opts in (
                   ("square", dict(out=11)),
@@ -524,3 +563,41 @@ def test_gpu_sage_aggr_matches_pyg_float64(aggr, dtype):
             if d is not None:
                 d.pop("grad input 0")
     assert_results_match(got, ref_, "tf32" if dtype == torch.float32 else "bfloat16", base)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("aggr", ["mul", ["mul", "mean", "std"]], ids=_id)
+@pytest.mark.parametrize("form", ["index", "neighbour", "sage"])
+def test_gpu_mul_float32_matches_pyg_float64(aggr, form):
+    """mul on the GPU (fp32 products; a hub of 600 in-edges split into tasks
+    whose partial products and zero counts merge) against PyG in float64,
+    with zeros in the features: per-edge messages by index, the fused
+    neighbour path, and SAGEConv."""
+    n = 3001
+    rng = np.random.default_rng(17)
+    ei = torch.from_numpy(awkward_edge_index(n, 12 * n, hub_degree=600, seed=17))
+    x = rng.uniform(0.8, 1.25, (n, 40)) * rng.choice([-1.0, 1.0], (n, 40))
+    x[rng.integers(0, n, 300), rng.integers(0, 40, 300)] = 0.0
+    x = torch.from_numpy(x).float().double()
+    ours, theirs = _our_module(aggr), _pyg_module(aggr)
+    ei_cuda = ei.cuda()
+    if form == "index":
+        msgs, index = x[ei[0]], ei[1]
+        got = _grads(lambda m: ours(m, index=index.cuda(), dim_size=n), (msgs.cuda().float(),))
+        ref_ = _grads(lambda m: theirs(m, index=index, dim_size=n), (msgs,))
+    elif form == "neighbour":
+        got = _grads(lambda x: ours.neighbour(ei_cuda, x), (x.cuda().float(),))
+        ref_ = _grads(lambda x: theirs(x[ei[0]], ei[1], dim_size=n), (x,))
+    else:
+        torch.manual_seed(0)
+        ref_layer = fresh_pyg_class(pyg.SAGEConv)(40, 16, aggr=aggr).double()
+        layer = ft.SAGEConv(40, 16, aggr=aggr)
+        layer.load_state_dict(ref_layer.state_dict(), strict=True)
+        layer = layer.cuda().float()
+        ref_layer.load_state_dict({k: v.float().double() for k, v in layer.state_dict().items()})
+        params, ref_params = list(layer.named_parameters()), list(ref_layer.named_parameters())
+        got = _grads(lambda x: layer(x, ei_cuda), (x.cuda().float(),), params)
+        ref_ = _grads(lambda x: ref_layer(x, ei), (x,), ref_params)
+    assert got["output"].shape == ref_["output"].shape
+    assert_results_match(got, ref_, "tf32")
