@@ -1,5 +1,5 @@
 """Cases of the reduction (segment) family: `segment_max`, `segment_mean`,
-`segment_multi` (ops) and `SAGEConv_max` (layer).
+`segment_multi`, `segment_mul` (ops) and `SAGEConv_max` (layer).
 
     out[i] = reduce_{e = (j -> i)} x[j]        x: [n, F], out: [n, R*F]
 
@@ -50,7 +50,7 @@ from .core import Case, Impl, Prepared, register
 from .graphs import csr_adj_t, csr_by_target
 
 MULTI = ["mean", "max", "min", "std"]
-OPS = {"segment_max": "max", "segment_mean": "mean", "segment_multi": MULTI}
+OPS = {"segment_max": "max", "segment_mean": "mean", "segment_multi": MULTI, "segment_mul": "mul"}
 
 
 def _nreduce(reduce):
@@ -93,7 +93,7 @@ def _sorted_csr(torch, ctx):
 
 def reference_segment(torch, ctx, reduce, x, chunk=1 << 22):
     """float32 chunked gather + index_add_ / scatter_reduce (autograd-capable),
-    PyG's definitions (empty rows 0; std = sqrt(clamp(var, 1e-5)), 0 below)."""
+    PyG's definitions (empty rows 0, mul 1; std = sqrt(clamp(var, 1e-5)), 0 below)."""
     names = [reduce] if isinstance(reduce, str) else list(reduce)
     ei = ctx.graph.edge_index
     n, f = ctx.graph.num_nodes, x.shape[1]
@@ -108,6 +108,7 @@ def reference_segment(torch, ctx, reduce, x, chunk=1 << 22):
         mx = x.new_full((n, f), -math.inf)
     if "min" in need:
         mn = x.new_full((n, f), math.inf)
+    pr = x.new_ones(n, f) if "mul" in need else None
     for b in range(0, ei.shape[1], chunk):
         src, dst = ei[0, b:b + chunk], ei[1, b:b + chunk]
         msg = x.index_select(0, src)
@@ -120,6 +121,8 @@ def reference_segment(torch, ctx, reduce, x, chunk=1 << 22):
             mx = mx.scatter_reduce(0, idx, msg, reduce="amax", include_self=True)
         if mn is not None:
             mn = mn.scatter_reduce(0, idx, msg, reduce="amin", include_self=True)
+        if pr is not None:
+            pr = pr.scatter_reduce(0, idx, msg, reduce="prod", include_self=True)
     has = deg > 0
     d1 = deg.clamp(min=1)
     outs = []
@@ -132,6 +135,8 @@ def reference_segment(torch, ctx, reduce, x, chunk=1 << 22):
             outs.append(torch.where(has, mx, torch.zeros_like(mx)))
         elif r == "min":
             outs.append(torch.where(has, mn, torch.zeros_like(mn)))
+        elif r == "mul":
+            outs.append(pr)
         else:
             var = sq / d1 - (s / d1) ** 2
             if r == "var":
@@ -174,7 +179,8 @@ def _pyg_aggr(reduce):
         return paggr.MultiAggregation(list(reduce))
     return {"max": paggr.MaxAggregation, "min": paggr.MinAggregation,
             "mean": paggr.MeanAggregation, "sum": paggr.SumAggregation,
-            "std": paggr.StdAggregation, "var": paggr.VarAggregation}[reduce]()
+            "std": paggr.StdAggregation, "var": paggr.VarAggregation,
+            "mul": paggr.MulAggregation}[reduce]()
 
 
 def segment_impls(reduce):
@@ -197,7 +203,8 @@ def segment_impls(reduce):
                       "int32 indices, cached transpose)")
         out.append(Impl("fastgnn", f"fastgnn.torch.segment_reduce(graph, x, {label!r}); "
                         + graph_note, build_fastgnn, fastgnn=True))
-        if ctx.cuda and reduce != "mean" and fastgnn_takes("segment_reduce"):
+        names = [reduce] if isinstance(reduce, str) else reduce
+        if ctx.cuda and {"max", "min"} & set(names) and fastgnn_takes("segment_reduce"):
             out.append(Impl("fastgnn[nondeterministic]",
                             f"fastgnn.torch.segment_reduce(graph, x, {label!r}, "
                             f"deterministic=False); {graph_note}; max/min backward with float "
@@ -269,7 +276,9 @@ for _name, _reduce, _default, _desc in (
         ("segment_max", "max", True, "out[i] = max_(j->i) x[j] (0 for empty rows)"),
         ("segment_mean", "mean", False, "out[i] = mean_(j->i) x[j] (reduction-family kernel)"),
         ("segment_multi", MULTI, True, "[mean | max | min | std]_(j->i) x[j] in one call, "
-         "out [n, 4F] (PyG MultiAggregation)")):
+         "out [n, 4F] (PyG MultiAggregation)"),
+        ("segment_mul", "mul", False, "out[i] = prod_(j->i) x[j] (1 for empty rows; PyG "
+         "MulAggregation, which takes no ptr)")):
     register(Case(_name, "op", "segment", _desc, segment_impls(_reduce),
                   segment_reference(_reduce), segment_floor(_reduce), default=_default))
 
