@@ -219,9 +219,9 @@ def _mul_case(device, width, hub, reduce, rng):
     x[rng.integers(0, x.shape[0], x.size // 40), rng.integers(0, width, x.size // 40)] = 0.0
     hub_src = np.asarray(ei[0])[np.asarray(ei[1]) == 0]
     x[hub_src[:3], 0] = 0.0                   # the hub: several zeros in feature 0 ...
-    if width > 1:                             # ... exactly one in feature 1
-        uniq, count = np.unique(hub_src, return_counts=True)
-        x[uniq, 1] = np.where(x[uniq, 1] == 0, 1.0, x[uniq, 1])
+    uniq, count = np.unique(hub_src, return_counts=True)
+    if width > 1 and (count == 1).any():     # ... exactly one in feature 1 (a source
+        x[uniq, 1] = np.where(x[uniq, 1] == 0, 1.0, x[uniq, 1])   # the hub holds once)
         x[uniq[count == 1][0], 1] = 0.0
     return ei, g, x, go
 
