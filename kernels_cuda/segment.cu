@@ -10,7 +10,8 @@
 // task; lane l owns features [f0, f0 + VEC), f0 = l*VEC + k*group*VEC.
 // Each neighbour row slice is read ONCE (one VEC-wide load, four gathers in
 // flight) and feeds the statistics of the compile-time set STATS (sum, sum
-// of squares, max + arg, min + arg). An arg is the position of the winning
+// of squares, max + arg, min + arg, product of the nonzero values + zero
+// count for mul). An arg is the position of the winning
 // edge within its row (e - indptr[row]), stored in the position type P:
 // uint8 when every row has fewer than 256 edges, uint16 below 65536 (all
 // ones: empty row), else the index type I (-1: empty row); registers hold
@@ -31,11 +32,12 @@
 // residual when training; split rows write their partial states (only the
 // statistics of STATS, args as P) once.
 //
-// Reductions are coded 0 sum, 1 mean, 2 max, 3 min, 4 var, 5 std, packed 3
-// bits each in `codes` (reduction r at bits 3r..3r+2). Semantics follow PyG:
-// empty rows give 0; var = mean(x^2) - mean(x)^2; std = sqrt(max(var, 1e-5)),
-// 0 where that is <= sqrt(1e-5); max/min ties go to the first CSR position,
-// NaN propagates.
+// Reductions are coded 0 sum, 1 mean, 2 max, 3 min, 4 var, 5 std, 6 mul,
+// packed 3 bits each in `codes` (reduction r at bits 3r..3r+2). Semantics
+// follow PyG: empty rows give 0 (mul 1); var = mean(x^2) - mean(x)^2; std =
+// sqrt(max(var, 1e-5)), 0 where that is <= sqrt(1e-5); max/min ties go to the
+// first CSR position, NaN propagates; mul = the nonzero product times 0 after
+// a zero (a -0.0 input gives +0.0 where a running product would keep its sign).
 //
 // rmat20 (1M rows, 16.1M edges, max in-degree 39764), F=128, fp32, max with
 // args: P = uint16 halves the arg bytes: 256 MB written by the forward

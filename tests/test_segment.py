@@ -11,7 +11,7 @@ from fastgnn.testing import (assert_close, awkward_edge_index, devices, from_bf1
                              to_bf16_bits, to_device, to_numpy)
 
 WIDTHS = [1, 7, 32, 129]
-SINGLE = ["sum", "mean", "max", "min", "var", "std"]
+SINGLE = ["sum", "mean", "max", "min", "var", "std", "mul"]
 MULTI = [["mean", "max", "min", "std"], ["sum", "var"]]
 ALL_REDUCES = SINGLE + MULTI
 
@@ -90,7 +90,12 @@ def _var_condition(ei, x, n):
 def test_segment_matches_reference(device, reduce, width, dtype):
     ei, g, x, go = _case(device, width, reduce=reduce)
     out = _check(device, ei, g, x, go, reduce, dtype)
-    assert np.all(out[-30:] == 0)                 # empty rows (last tenth) are exactly 0
+    names = [reduce] if isinstance(reduce, str) else reduce
+    empty = np.zeros(len(names) * width)          # empty rows (last tenth): exactly 0, mul 1
+    for k, name in enumerate(names):
+        if name == "mul":
+            empty[k * width:(k + 1) * width] = 1.0
+    assert np.all(out[-30:] == empty)
     # the single-str form gives the same values as the forward pair
     np.testing.assert_array_equal(to_numpy(segment_reduce(g, to_device(x.astype(dtype), device),
                                                           reduce)), out)
@@ -218,6 +223,10 @@ def _mul_case(device, width, hub, reduce, rng):
     x = rng.uniform(0.5, 1.5, x.shape) * rng.choice([-1.0, 1.0], x.shape)
     x[rng.integers(0, x.shape[0], x.size // 40), rng.integers(0, width, x.size // 40)] = 0.0
     hub_src = np.asarray(ei[0])[np.asarray(ei[1]) == 0]
+    # the hub's sources: features 2.. near +-1 and nonzero, so its product is
+    # O(1) there and a wrong merge of split-row partials shows
+    x[hub_src, 2:] = rng.uniform(0.97, 1.03, (len(hub_src), max(width - 2, 0))) * np.sign(
+        x[hub_src, 2:] + 0.5)
     x[hub_src[:3], 0] = 0.0                   # the hub: several zeros in feature 0 ...
     uniq, count = np.unique(hub_src, return_counts=True)
     if width > 1 and (count == 1).any():     # ... exactly one in feature 1 (a source
@@ -254,6 +263,9 @@ def test_mul_matches_reference(device, reduce, width, dtype):
     want = ref.segment_reduce(ei, x, reduce, n)
     assert_close(out, want, dtype, f"{_id(reduce)} out")
     np.testing.assert_array_equal(out[-30:, k * f:(k + 1) * f], 1.0)   # empty rows: 1
+    hub = slice(k * f + 2, (k + 1) * f)        # the hub row's zero-free features, one by one
+    np.testing.assert_allclose(out[0, hub], want[0, hub], rtol=1e-4 if dtype == "float32"
+                               else 1e-10)
     gx = segment_reduce_bwd(g, res, to_device(go.astype(dtype), device))
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
                  f"{_id(reduce)} grad_x", tol=1e-4 if dtype == "float32" and "std" in names
@@ -287,8 +299,13 @@ def test_graph_without_edges(device):
     g = Graph.from_edge_index(to_device(ei, device), num_nodes=6)
     x = np.random.default_rng(_seed()).standard_normal((6, 3))
     out, res = segment_reduce_fwd(g, to_device(x, device), list(SINGLE))
-    assert out.shape == (6, 18) and np.all(to_numpy(out) == 0)
-    gx = segment_reduce_bwd(g, res, to_device(np.ones((6, 18)), device))
+    r = len(SINGLE)
+    mul = SINGLE.index("mul")
+    assert out.shape == (6, 3 * r)
+    out = to_numpy(out)
+    assert np.all(out[:, 3 * mul:3 * mul + 3] == 1)          # mul: 1, as PyG's
+    assert np.all(np.delete(out, np.s_[3 * mul:3 * mul + 3], axis=1) == 0)
+    gx = segment_reduce_bwd(g, res, to_device(np.ones((6, 3 * r)), device))
     assert np.all(to_numpy(gx) == 0)
 
 
@@ -322,7 +339,8 @@ def test_matches_pyg_aggregations(reduce):
     aggr = pytest.importorskip("torch_geometric.nn.aggr")
     classes = {"sum": aggr.SumAggregation, "mean": aggr.MeanAggregation,
                "max": aggr.MaxAggregation, "min": aggr.MinAggregation,
-               "var": aggr.VarAggregation, "std": aggr.StdAggregation}
+               "var": aggr.VarAggregation, "std": aggr.StdAggregation,
+               "mul": aggr.MulAggregation}
     module = classes[reduce]() if isinstance(reduce, str) else aggr.MultiAggregation(list(reduce))
     ei, g, x, go = _case("cpu", 6, reduce=reduce)
     xt = torch.tensor(x, requires_grad=True)
@@ -529,6 +547,31 @@ def test_gpu_half_types(device, vtype, reduce, width):
     assert_close(back(out), ref.segment_reduce(ei, xr, reduce, 300), vtype, "out")
     gx = segment_reduce_bwd(g, res, to_device(gob, device))
     assert_close(back(gx), ref.segment_reduce_vjp(ei, xr, reduce, 300, gor), vtype, "grad_x")
+
+
+@pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
+@pytest.mark.parametrize("width", [5, 64])
+def test_gpu_split_rows_merge_products(device, width):
+    """mul with rows cut into tasks of 16 edges: the partial products and zero
+    counts of a 500-edge hub (and of every row above 16 edges) merge to the
+    default cut's values up to rounding order, and match the reference."""
+    from fastgnn.backends.cuda import segment as cuda_segment
+    reduce = ("mul", "max")
+    rng = np.random.default_rng(_seed())
+    ei, g, x, go = _mul_case(device, width, 500, list(reduce), rng)
+    x = x.astype(np.float32)
+    xd = to_device(x, device)
+    small = cuda_segment.segment_fwd(g, xd, reduce, "float32", chunk=16)
+    default = cuda_segment.segment_fwd(g, xd, reduce, "float32")
+    out, want = to_numpy(small[0]), ref.segment_reduce(ei, x, list(reduce), g.num_dst)
+    np.testing.assert_allclose(out, to_numpy(default[0]), rtol=1e-5, atol=0)
+    np.testing.assert_allclose(out[0, 2:width], want[0, 2:width], rtol=1e-4)   # the hub
+    assert_close(out, want, "float32", "out")
+    god = to_device(go.astype(np.float32), device)
+    gx = cuda_segment.segment_bwd(g, xd, god, reduce, None, None, *small[1:3], "float32",
+                                  mul=small[5], chunk=16)
+    assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, list(reduce), g.num_dst, go),
+                 "float32", "grad_x")
 
 
 @pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])

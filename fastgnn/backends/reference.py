@@ -84,7 +84,8 @@ def _row_stats(v):
         std = np.sqrt(np.maximum(var, _STD_EPS))
         std = np.where(std <= np.sqrt(_STD_EPS), 0.0, std)
     zeros = (v == 0).sum(axis=0)
-    nonzero_prod = np.where(v == 0, 1.0, v).prod(axis=0)
+    with np.errstate(over="ignore", under="ignore"):      # inf / 0 products are results too
+        nonzero_prod = np.where(v == 0, 1.0, v).prod(axis=0)
     with np.errstate(invalid="ignore"):
         mul = np.where(zeros > 0, nonzero_prod * 0.0, nonzero_prod)   # inf/NaN * 0 = NaN
     return {"sum": v.sum(axis=0), "mean": mean, "max": v.max(axis=0), "min": v.min(axis=0),

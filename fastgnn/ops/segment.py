@@ -161,8 +161,8 @@ def segment_reduce(graph, x, reduce="sum", *, vtype=None, deterministic=True):
     graph:  fastgnn.Graph with num_src source and num_dst target nodes.
     x:      [num_src, F] float features (NumPy -> CPU, CuPy -> GPU; bf16 as
             16-bit integers with vtype="bfloat16").
-    reduce: one of "sum", "mean", "max", "min", "var", "std", or a list/tuple
-            of distinct ones (computed in one pass over the neighbours).
+    reduce: one of "sum", "mean", "max", "min", "var", "std", "mul", or a
+            list/tuple of distinct ones (computed in one pass over the neighbours).
     deterministic: a bool (TypeError otherwise). True (default): the backward
             (`segment_reduce_fwd` / `segment_reduce_bwd`) uses no float atomics
             and is bitwise repeatable. False (GPU only; the CPU backend accepts
@@ -172,7 +172,7 @@ def segment_reduce(graph, x, reduce="sum", *, vtype=None, deterministic=True):
             forward, nor on sum/mean/var/std alone.
     Returns [num_dst, F] for a single str, else [num_dst, R*F] with block r
     holding reduce[r] (PyG MultiAggregation mode="cat" order); x's dtype.
-    Empty rows give 0.
+    Empty rows give 0 (mul: 1).
     """
     out, _ = segment_reduce_fwd(graph, x, reduce, vtype=vtype, needs_x_grad=False,
                                 deterministic=deterministic)

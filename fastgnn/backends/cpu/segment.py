@@ -23,7 +23,9 @@ segment_bwd: one fused pass over the target rows building coef_a/coef_b from
     flag is accepted and ignored here.
 
 Reduction codes (shared with kernels_cuda/segment.cu): 0 sum, 1 mean, 2 max,
-3 min, 4 var, 5 std, 6 mul.
+3 min, 4 var, 5 std, 6 mul. Products are accumulated in float64 like the
+sums, so a float32 product that overflows on the GPU (or in torch) can stay
+finite here; the mul residuals are rounded to float32 afterwards.
 """
 import numba
 import numpy as np
