@@ -235,11 +235,11 @@ def _mul_case(device, width, hub, reduce, rng):
     return ei, g, x, go
 
 
-def _assert_close_nan(out, want, vtype, what):
+def _assert_close_nan(out, want, vtype, what, tol=None):
     """NaN where the reference has NaN, close elsewhere."""
     out, want = np.asarray(out, dtype=np.float64), np.asarray(want, dtype=np.float64)
     np.testing.assert_array_equal(np.isnan(out), np.isnan(want), err_msg=f"{what}: NaN pattern")
-    assert_close(np.nan_to_num(out), np.nan_to_num(want), vtype, what)
+    assert_close(np.nan_to_num(out), np.nan_to_num(want), vtype, what, tol=tol)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -261,23 +261,26 @@ def test_mul_matches_reference(device, reduce, width, dtype):
     out, res = segment_reduce_fwd(g, to_device(x, device), reduce)
     out = to_numpy(out)
     want = ref.segment_reduce(ei, x, reduce, n)
-    assert_close(out, want, dtype, f"{_id(reduce)} out")
+    # a product of n fp32 roundings is off by up to n * 2^-24 (3e-5 for the
+    # hub's 500), which an O(1) hub product carries into the norm
+    tol32 = 1e-4 if dtype == "float32" else None
+    assert_close(out, want, dtype, f"{_id(reduce)} out", tol=tol32)
     np.testing.assert_array_equal(out[-30:, k * f:(k + 1) * f], 1.0)   # empty rows: 1
     hub = slice(k * f + 2, (k + 1) * f)        # the hub row's zero-free features, one by one
     np.testing.assert_allclose(out[0, hub], want[0, hub], rtol=1e-4 if dtype == "float32"
                                else 1e-10)
     gx = segment_reduce_bwd(g, res, to_device(go.astype(dtype), device))
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
-                 f"{_id(reduce)} grad_x", tol=1e-4 if dtype == "float32" and "std" in names
-                 else None)
+                 f"{_id(reduce)} grad_x", tol=tol32)
     # a NaN feature value: NaN products and gradients where the reference has them
     x[int(np.asarray(ei[0])[0]), 0] = np.nan
     out, res = segment_reduce_fwd(g, to_device(x, device), reduce)
-    _assert_close_nan(to_numpy(out), ref.segment_reduce(ei, x, reduce, n), dtype, "out (NaN)")
+    _assert_close_nan(to_numpy(out), ref.segment_reduce(ei, x, reduce, n), dtype, "out (NaN)",
+                      tol32)
     gx = segment_reduce_bwd(g, res, to_device(go.astype(dtype), device))
     want = ref.segment_reduce_vjp(ei, x, reduce, n, go)
     if "std" not in names:       # std's NaN handling has its own test
-        _assert_close_nan(to_numpy(gx), want, dtype, "grad_x (NaN)")
+        _assert_close_nan(to_numpy(gx), want, dtype, "grad_x (NaN)", tol32)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -564,14 +567,15 @@ def test_gpu_split_rows_merge_products(device, width):
     small = cuda_segment.segment_fwd(g, xd, reduce, "float32", chunk=16)
     default = cuda_segment.segment_fwd(g, xd, reduce, "float32")
     out, want = to_numpy(small[0]), ref.segment_reduce(ei, x, list(reduce), g.num_dst)
-    np.testing.assert_allclose(out, to_numpy(default[0]), rtol=1e-5, atol=0)
+    # products of up to 500 fp32 roundings in two orders: within ~n * 2^-24 each
+    np.testing.assert_allclose(out, to_numpy(default[0]), rtol=1e-4, atol=0)
     np.testing.assert_allclose(out[0, 2:width], want[0, 2:width], rtol=1e-4)   # the hub
-    assert_close(out, want, "float32", "out")
+    assert_close(out, want, "float32", "out", tol=1e-4)
     god = to_device(go.astype(np.float32), device)
     gx = cuda_segment.segment_bwd(g, xd, god, reduce, None, None, *small[1:3], "float32",
                                   mul=small[5], chunk=16)
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, list(reduce), g.num_dst, go),
-                 "float32", "grad_x")
+                 "float32", "grad_x", tol=1e-4)
 
 
 @pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
@@ -583,7 +587,9 @@ def test_gpu_mul_half_types_and_atomic_backward(device, vtype, reduce):
     atomics, mul's term still walked) equal to the default up to rounding."""
     rng = np.random.default_rng(_seed())
     ei, g, x, go = _mul_case(device, 37, 3000, reduce, rng)
-    x = rng.uniform(0.9, 1.1, x.shape) * np.where(x == 0, 0.0, 1.0)   # hub product ~ finite
+    # the hub's 3000 edges reach each of its sources about 10 times: values
+    # within 0.5% of 1 keep its product inside float16's range (65504)
+    x = rng.uniform(0.995, 1.005, x.shape) * np.where(x == 0, 0.0, 1.0)
     xd, xr, kw = _typed(x, vtype, device)
     god, gor, _ = _typed(go, vtype, device)
     out, res = segment_reduce_fwd(g, xd, reduce, **kw)
