@@ -87,7 +87,7 @@ class SegmentResiduals:
     std: object              # [num_dst, F] float32 (float64 for float64), only with std
     argmax: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with max
     argmin: object           # [num_dst, F] winner's position in its row (Graph.position_dtype), only with min
-    mul: object              # (out, one-zero product) [num_dst, F] each, in the mean's dtype, only with mul
+    mul: object              # (out, zero factor) [num_dst, F] each, mean's dtype, only with mul
     has_grad: bool           # False when the forward ran with needs_x_grad=False
     deterministic: bool = True   # False: the GPU max/min backward may use float atomics
 

@@ -10,9 +10,10 @@ forward (no positions asked for) runs the instantiation that tracks none
 (STAT_NOARG).
 Backward: one fused pass building coef_a/coef_b (and mul's coef_c/coef_d)
 from the cotangent (segment_coef), then one pass over the cached transpose
-summing the linear terms, mul's term and the arg-selected max/min terms (read straight from the cotangent's
-blocks; each transpose edge's position in its forward row is cached on the
-graph, Graph.transpose_positions); no atomics. Opt-in deterministic=False:
+summing the linear terms, mul's term and the arg-selected max/min terms
+(read straight from the cotangent's blocks; each transpose edge's position
+in its forward row is cached on the graph, Graph.transpose_positions); no
+atomics. Opt-in deterministic=False:
 the max/min terms are added by float atomics over the targets
 (segment_arg_scatter: grad_x[source of the winning edge] += g per (row,
 feature)); a pure max/min then needs no transpose at all, a multi-reduction's
