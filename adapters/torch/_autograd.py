@@ -296,21 +296,27 @@ def _data_ptr(a):
 _LEAVES = (str, bytes, int, float, complex, type(None), np.generic, np.dtype)
 
 
-def _arrays_in(obj, depth=0):
-    """Backend arrays held by a residuals object (dataclass, tuple, dict, ...)."""
+def _arrays_in(obj, depth=0, found=None):
+    """Backend arrays held by a residuals object (dataclass, tuple, dict, ...),
+    as a list (one accumulator through the recursion: no generator chain)."""
+    found = [] if found is None else found
     if depth > 3 or isinstance(obj, _LEAVES):   # scalars, names, shapes' entries
-        return
+        return found
     if isinstance(obj, np.ndarray) or type(obj).__module__.startswith("cupy"):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _arrays_in(o, depth + 1)
+        found.append(obj)
+        return found
+    if isinstance(obj, (tuple, list)):
+        items = obj
     elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _arrays_in(o, depth + 1)
+        items = obj.values()
     elif hasattr(obj, "__dict__"):
-        for o in vars(obj).values():
-            yield from _arrays_in(o, depth + 1)
+        items = vars(obj).values()
+    else:
+        return found
+    for o in items:
+        if o is not None:
+            _arrays_in(o, depth + 1, found)
+    return found
 
 
 def _device_of(tensors):
