@@ -75,7 +75,9 @@ def main(argv=None):
     t0 = time.time()
     failures, total = [], 0
     jobs = [j for j in instantiations() if not args.family or j[0] in args.family]
-    # modules are independent: compile them on every core
+    # modules are independent: compile them on every core, the largest first
+    # (so the last ones to finish are small and no core idles long at the end)
+    jobs.sort(key=lambda j: -len(j[3]))
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(compile_family, *zip(*jobs), [args.arch] * len(jobs)))
     for (family, vt, it, _), (rows, n) in zip(jobs, results):
