@@ -45,6 +45,13 @@ def _chunk(c, nchunks, n):
     return c * n // nchunks, (c + 1) * n // nchunks
 
 
+@numba.njit(inline="always")
+def _product(nonzero_product, zeros):
+    """mul's value: the product of the nonzero values, times 0 after a zero
+    (so NaN when that product is inf or NaN), as kernels_cuda's product()."""
+    return nonzero_product * 0.0 if zeros > 0 else nonzero_product
+
+
 @numba.njit(parallel=True, cache=True)
 def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
                       out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
@@ -101,7 +108,7 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need
                     if deg == 0:
                         val = 1.0 if op == 6 else 0.0
                     elif op == 6:
-                        val = pr[k] * 0.0 if zc[k] > 0 else pr[k]   # inf/NaN * 0 = NaN
+                        val = _product(pr[k], zc[k])
                     elif op == 0:
                         val = s[k]
                     elif op == 1:
@@ -137,7 +144,7 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need
                     val = np.sqrt(val)
                     res_std[i, k] = 0.0 if val <= _STD_MIN else val
             for k in range(f if has_mul else 0):
-                res_mul[i, k] = pr[k] * 0.0 if zc[k] > 0 else pr[k]
+                res_mul[i, k] = _product(pr[k], zc[k])
                 res_mul_zero[i, k] = pr[k] if zc[k] == 1 else res_mul[i, k]
 
 
