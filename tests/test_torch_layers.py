@@ -471,6 +471,18 @@ def test_bias_grad_and_add_bias(device, dtype, monkeypatch):
     assert_close(bias_grad(gt).double().cpu().numpy(), gt.double().sum(0).cpu().numpy(), tol=tol)
     ge = torch.ones(1, 96, dtype=dtype, device=device).expand(rows, 96)  # expanded
     assert torch.equal(bias_grad(ge).cpu(), torch.full((96,), float(rows)).to(dtype))
+    if device == "cuda" and dtype == torch.float32:
+        # the GEMV path (TF32 off), twice on one grown ones vector, then with
+        # TF32 allowed: the sum paths, which never round g to TF32
+        for n in (rows, 3 * rows + 5):
+            g = torch.randn(n, 96, dtype=torch.float64, device=device)
+            assert_close(bias_grad(g.float()).double().cpu().numpy(), g.sum(0).cpu().numpy(),
+                         tol=tol)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+        g = torch.randn(rows, 96, dtype=dtype, device=device) * 1e3 + 1.0
+        assert torch.equal(bias_grad(g), bias_grad(g.clone()))
+        assert_close(bias_grad(g).double().cpu().numpy(), g.double().sum(0).cpu().numpy(),
+                     tol=tol)
 
     x = torch.randn(rows, 96, dtype=dtype, device=device, requires_grad=True)
     b = torch.randn(96, dtype=dtype, device=device, requires_grad=True)

@@ -11,7 +11,7 @@ from fastgnn.ops.segment import (segment_csr_bwd, segment_csr_fwd, segment_reduc
                                  segment_reduce_fwd)
 from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
-from ._autograd import Op, apply, device_scope, to_array, to_tensor
+from ._autograd import Op, _torch_stream_ptr, apply, device_scope, to_array, to_tensor
 from .graph_cache import resolve
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "add_bias", "bias_grad", "SPMM",
@@ -19,8 +19,21 @@ __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "add_bias", "bia
 
 
 # ------------------------------------------------------------------- bias
-# Smallest gradient [N, F] (elements) whose bias gradient goes through
-# fastgnn.column_sum on CUDA. The streaming pass saves GPU time in
+# The bias gradient of a contiguous fp32 CUDA cotangent g [N, F] is the
+# matrix-vector product g^T 1 (cuBLAS SGEMV, reading g once; the ones vector
+# is cached per device and stream): on an H200, F = 128, it takes 0.033 ms at
+# N = 2^17 and 0.136 ms at 2^20 against torch's g.sum(0) 0.130 / 0.298 ms and
+# fastgnn.column_sum's 0.124 / 0.146 ms, at 17 us of host time (column_sum:
+# 100 us; benchmarks/results/probe_bias_grad_h200_session12.log). Layers reach
+# it through their fused autograd nodes (FUSED_MIN_NUMEL below); smaller
+# inputs run torch's Linear, whose backward sums with g.sum(0). Only while
+# TF32 is off for matmuls (torch's default): a TF32 GEMV would round g to 10
+# mantissa bits. 16-bit types stay on the sum paths below (cuBLAS may reduce
+# their split-K partials in 16 bits: torch's allow_*_reduced_precision_reduction).
+_ones: dict = {}   # (device index, stream, dtype) -> a ones vector, grown as needed
+# Smallest 16-bit (or TF32-mode fp32, or fp64) gradient [N, F] (elements)
+# whose bias gradient goes through fastgnn.column_sum on CUDA. The streaming
+# pass saves GPU time in
 # proportion to the size (N = 2^20, F = 128 fp32 on an H200: 0.16 ms against
 # torch's sum(0) 0.30 ms, benchmarks/probe_gcn.py) but costs ~60 us more host
 # time (device scope, DLPack, two launches), which is what a small graph's
@@ -39,14 +52,30 @@ FUSED_MIN_NUMEL = 1 << 25
 _COLUMN_SUM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+def _ones_vector(device: torch.device, dtype: torch.dtype, n: int) -> torch.Tensor:
+    """[n] ones on `device` (a view of a vector cached per stream, so that a
+    grown one is freed only behind the kernels of its own stream; callers
+    skip it during a CUDA graph capture, whose memory would be the graph's)."""
+    key = (device.index, _torch_stream_ptr(device.index), dtype)
+    ones = _ones.get(key)
+    if ones is None or ones.shape[0] < n:
+        ones = _ones[key] = torch.ones(n, device=device, dtype=dtype)
+    return ones[:n]
+
+
 def bias_grad(g: torch.Tensor) -> torch.Tensor:
     """[F] gradient of a bias added to every row of an output with cotangent
-    g [N, F]: sum_i g[i]. Large contiguous CUDA tensors: `fastgnn.column_sum`
-    (fixed order, fp32 accumulation for 16-bit types); otherwise, and when
-    building a graph for double backward, torch's g.sum(0)."""
-    if (not g.is_cuda or g.dim() != 2 or g.numel() < COLUMN_SUM_MIN_NUMEL
-            or g.dtype not in _COLUMN_SUM_DTYPES or not g.is_contiguous()
+    g [N, F]: sum_i g[i]. Contiguous fp32 CUDA tensors with TF32 off: the
+    GEMV g^T 1 (cuBLAS, fixed order); other large contiguous CUDA tensors:
+    `fastgnn.column_sum` (fixed order, fp32 accumulation for 16-bit types);
+    otherwise, and when building a graph for double backward, torch's g.sum(0)."""
+    if (not g.is_cuda or g.dim() != 2 or not g.is_contiguous()
             or (torch.is_grad_enabled() and g.requires_grad)):
+        return g.sum(0)
+    if (g.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+            and not torch.cuda.is_current_stream_capturing()):
+        return torch.mv(g.t(), _ones_vector(g.device, g.dtype, g.shape[0]))
+    if g.numel() < COLUMN_SUM_MIN_NUMEL or g.dtype not in _COLUMN_SUM_DTYPES:
         return g.sum(0)
     with device_scope(g.device):
         bf16 = g.dtype == torch.bfloat16
