@@ -233,6 +233,46 @@ def test_gat_matches_pyg(case):
     compare(ref, ours, x, ei, ea, kw=kw)
 
 
+@pytest.mark.parametrize("device,dtype", [
+    ("cpu", torch.float64), ("cpu", torch.float32),
+    pytest.param("cuda", torch.float32, marks=[gpu, needs_gpu]),
+    pytest.param("cuda", torch.bfloat16, marks=[gpu, needs_gpu])])
+@pytest.mark.parametrize("tf32", [False, True])
+def test_head_logits_equal_the_elementwise_form(device, dtype, tf32):
+    """GATConv's per-head logits (x * att).sum(-1) as one block-diagonal GEMM
+    (attention._head_logits): values and the gradients of x and of every att
+    equal the elementwise form's, in float64, for odd H and C and one, two
+    atts; with TF32 allowed the fp32 CUDA path is the elementwise form itself."""
+    from fastgnn.torch.attention import _head_logits
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        _check_head_logits(_head_logits, device, dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _check_head_logits(_head_logits, device, dtype):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 3, 5, generator=gen, dtype=torch.float64)
+    atts = [torch.randn(1, 3, 5, generator=gen, dtype=torch.float64) for _ in range(2)]
+    cot = torch.randn(37, 3, generator=gen, dtype=torch.float64)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5 if dtype == torch.float32 else 1e-12
+    for k in (1, 2):
+        xs = x.to(device, dtype).requires_grad_()
+        ats = [a.to(device, dtype).requires_grad_() for a in atts[:k]]
+        got = _head_logits(xs, *ats)
+        assert len(got) == k and all(g.shape == (37, 3) and g.dtype == dtype for g in got)
+        grads = torch.autograd.grad(sum((g * cot.to(device, dtype)).sum() for g in got),
+                                    [xs, *ats])
+        xd = x.clone().requires_grad_()
+        ad = [a.clone().requires_grad_() for a in atts[:k]]
+        want = [(xd * a).sum(-1) for a in ad]
+        wgrads = torch.autograd.grad(sum((w * cot).sum() for w in want), [xd, *ad])
+        for g, w in zip((*got, *grads), (*want, *wgrads)):
+            assert rel_err(g.double().cpu().detach().numpy(), w.detach().numpy()) < tol
+
+
 # ---------------------------------------------------------------- GATv2Conv
 GATV2_CASES = [
     dict(form="square"),

@@ -478,11 +478,15 @@ def test_bias_grad_and_add_bias(device, dtype, monkeypatch):
             g = torch.randn(n, 96, dtype=torch.float64, device=device)
             assert_close(bias_grad(g.float()).double().cpu().numpy(), g.sum(0).cpu().numpy(),
                          tol=tol)
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-        g = torch.randn(rows, 96, dtype=dtype, device=device) * 1e3 + 1.0
-        assert torch.equal(bias_grad(g), bias_grad(g.clone()))
-        assert_close(bias_grad(g).double().cpu().numpy(), g.double().sum(0).cpu().numpy(),
-                     tol=tol)
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            g = torch.randn(rows, 96, dtype=dtype, device=device) * 1e3 + 1.0
+            assert torch.equal(bias_grad(g), bias_grad(g.clone()))
+            assert_close(bias_grad(g).double().cpu().numpy(), g.double().sum(0).cpu().numpy(),
+                         tol=tol)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
 
     x = torch.randn(rows, 96, dtype=dtype, device=device, requires_grad=True)
     b = torch.randn(96, dtype=dtype, device=device, requires_grad=True)
