@@ -15,3 +15,19 @@ def _fused_layer_paths(monkeypatch):
         return
     monkeypatch.setattr(functional, "FUSED_MIN_NUMEL", 0)
     monkeypatch.setattr(gemm, "MIN_NUMEL", 0)
+
+
+@pytest.fixture
+def set_tf32():
+    """set_tf32(on): let fp32 CUDA matmuls use TF32 or not, through the API
+    this torch has (matmul.fp32_precision, else allow_tf32); restored after
+    the test."""
+    import torch
+    matmul = torch.backends.cuda.matmul
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    before = getattr(matmul, name)
+
+    def set_tf32(on: bool):
+        setattr(matmul, name, ("tf32" if on else "ieee") if name == "fp32_precision" else on)
+    yield set_tf32
+    setattr(matmul, name, before)

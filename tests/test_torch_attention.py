@@ -238,21 +238,13 @@ def test_gat_matches_pyg(case):
     pytest.param("cuda", torch.float32, marks=[gpu, needs_gpu]),
     pytest.param("cuda", torch.bfloat16, marks=[gpu, needs_gpu])])
 @pytest.mark.parametrize("tf32", [False, True])
-def test_head_logits_equal_the_elementwise_form(device, dtype, tf32):
+def test_head_logits_equal_the_elementwise_form(device, dtype, tf32, set_tf32):
     """GATConv's per-head logits (x * att).sum(-1) as one block-diagonal GEMM
     (attention._head_logits): values and the gradients of x and of every att
     equal the elementwise form's, in float64, for odd H and C and one, two
     atts; with TF32 allowed the fp32 CUDA path is the elementwise form itself."""
     from fastgnn.torch.attention import _head_logits
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        _check_head_logits(_head_logits, device, dtype)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
-def _check_head_logits(_head_logits, device, dtype):
+    set_tf32(tf32)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(37, 3, 5, generator=gen, dtype=torch.float64)
     atts = [torch.randn(1, 3, 5, generator=gen, dtype=torch.float64) for _ in range(2)]

@@ -447,7 +447,7 @@ def test_shared_input_linears_double_backward():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[gpu, needs_gpu])])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_bias_grad_and_add_bias(device, dtype, monkeypatch):
+def test_bias_grad_and_add_bias(device, dtype, monkeypatch, set_tf32):
     """bias_grad == the float64 column sum, for tensors above and below the
     size where CUDA switches to fastgnn.column_sum (lowered here to keep the
     tensors small), a non-contiguous and an expanded cotangent; add_bias's
@@ -478,15 +478,11 @@ def test_bias_grad_and_add_bias(device, dtype, monkeypatch):
             g = torch.randn(n, 96, dtype=torch.float64, device=device)
             assert_close(bias_grad(g.float()).double().cpu().numpy(), g.sum(0).cpu().numpy(),
                          tol=tol)
-        before = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            g = torch.randn(rows, 96, dtype=dtype, device=device) * 1e3 + 1.0
-            assert torch.equal(bias_grad(g), bias_grad(g.clone()))
-            assert_close(bias_grad(g).double().cpu().numpy(), g.double().sum(0).cpu().numpy(),
-                         tol=tol)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = before
+        set_tf32(True)
+        g = torch.randn(rows, 96, dtype=dtype, device=device) * 1e3 + 1.0
+        assert torch.equal(bias_grad(g), bias_grad(g.clone()))
+        assert_close(bias_grad(g).double().cpu().numpy(), g.double().sum(0).cpu().numpy(),
+                     tol=tol)
 
     x = torch.randn(rows, 96, dtype=dtype, device=device, requires_grad=True)
     b = torch.randn(96, dtype=dtype, device=device, requires_grad=True)
@@ -505,6 +501,24 @@ def test_bias_grad_and_add_bias(device, dtype, monkeypatch):
                 ours = second
         for a, c in zip(ours, second):
             assert_close(a.cpu().numpy(), c.cpu().numpy(), tol=1e-12)
+
+
+@pytest.mark.parametrize("api", ["legacy", "fp32_precision"])
+def test_tf32_allowed_reads_either_api(api, set_tf32):
+    """gemm.tf32_allowed follows TF32 set through either torch API without
+    raising (torch's legacy allow_tf32 getter raises once fp32_precision
+    was set), so bias_grad and GATConv's logits can ask it on any torch."""
+    from fastgnn.torch.gemm import tf32_allowed
+    matmul = torch.backends.cuda.matmul
+    if api == "fp32_precision" and not hasattr(matmul, "fp32_precision"):
+        pytest.skip("this torch has no fp32_precision setting")
+    set_tf32(False)
+    for on in (True, False):
+        if api == "legacy":
+            torch.set_float32_matmul_precision("high" if on else "highest")
+        else:
+            matmul.fp32_precision = "tf32" if on else "ieee"
+        assert tf32_allowed() is on
 
 
 def test_small_inputs_take_the_plain_torch_ops(monkeypatch):

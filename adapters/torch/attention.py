@@ -50,6 +50,7 @@ from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bw
 
 from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import add_bias, segment_reduce
+from .gemm import tf32_allowed
 from .graph_cache import _GRAPHS, _is_edge_index_type, _tkey, resolve
 from .nn import (_check_kwargs, _graph_sizes, _linear, _pair, _pop_deterministic,
                  shared_input_linears)
@@ -414,8 +415,7 @@ def _head_logits(x3: Tensor, *atts: Tensor) -> tuple:
     GEMM would round x3) and for attention vectors of another dtype."""
     H, C = x3.shape[1], x3.shape[2]
     if (any(att.dtype != x3.dtype for att in atts)
-            or (x3.is_cuda and x3.dtype == torch.float32
-                and torch.backends.cuda.matmul.allow_tf32)):
+            or (x3.is_cuda and x3.dtype == torch.float32 and tf32_allowed())):
         return tuple((x3 * att).sum(dim=-1) for att in atts)
     eye = torch.eye(H, dtype=x3.dtype, device=x3.device).view(H, 1, H)
     blocks = torch.cat([(att.reshape(H, C, 1) * eye).reshape(H * C, H) for att in atts], dim=1)

@@ -12,6 +12,7 @@ from fastgnn.ops.segment import (segment_csr_bwd, segment_csr_fwd, segment_reduc
 from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
 from ._autograd import Op, _torch_stream_ptr, apply, device_scope, to_array, to_tensor
+from .gemm import tf32_allowed
 from .graph_cache import resolve
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "add_bias", "bias_grad", "SPMM",
@@ -59,6 +60,8 @@ def _ones_vector(device: torch.device, dtype: torch.dtype, n: int) -> torch.Tens
     key = (device.index, _torch_stream_ptr(device.index), dtype)
     ones = _ones.get(key)
     if ones is None or ones.shape[0] < n:
+        if len(_ones) > 64:                     # streams come and go; keep this small
+            _ones.clear()
         ones = _ones[key] = torch.ones(n, device=device, dtype=dtype)
     return ones[:n]
 
@@ -72,7 +75,7 @@ def bias_grad(g: torch.Tensor) -> torch.Tensor:
     if (not g.is_cuda or g.dim() != 2 or not g.is_contiguous()
             or (torch.is_grad_enabled() and g.requires_grad)):
         return g.sum(0)
-    if (g.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    if (g.dtype == torch.float32 and not tf32_allowed()
             and not torch.cuda.is_current_stream_capturing()):
         return torch.mv(g.t(), _ones_vector(g.device, g.dtype, g.shape[0]))
     if g.numel() < COLUMN_SUM_MIN_NUMEL or g.dtype not in _COLUMN_SUM_DTYPES:

@@ -34,6 +34,17 @@ _TIMING_CALLS = 3
 _lt_wins: dict = {}
 
 
+def tf32_allowed() -> bool:
+    """torch lets fp32 CUDA matmuls run in TF32: matmul.fp32_precision ==
+    "tf32" where torch has that setting (its legacy allow_tf32 flag raises
+    once the new API was used), else allow_tf32."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is not None:
+        return precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
 def _eligible(a: torch.Tensor, w: torch.Tensor) -> bool:
     return (a.is_cuda and a.dim() == 2 and a.numel() >= MIN_NUMEL and a.dtype == w.dtype
             and a.is_contiguous() and not torch.cuda.is_current_stream_capturing())
