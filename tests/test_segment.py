@@ -677,3 +677,51 @@ def test_gpu_nondeterministic_backward_matches_default(device, reduce, vtype, wi
         loose = vtype == "float32" and "std" in names
         assert_close(gx_n, r, vtype, f"{_id(reduce)} grad_x: atomic vs reference",
                      tol=1e-4 if loose else None)
+
+
+# ------------------------------------------------ the backward's addend
+ADDEND_REDUCES = ["max", ["mean", "max", "min", "std"], "sum", "mul"]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("vtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("reduce", ADDEND_REDUCES, ids=_id)
+def test_backward_addend(device, vtype, deterministic, reduce):
+    """segment_reduce_bwd(..., addend=a) is a + grad_x (before grad_x's
+    rounding), for every path of the backward (transpose walk, atomic
+    max/min with and without linear terms, 16-bit fp32 sums), on a graph
+    with empty source rows and a hub split into tasks; a is not modified."""
+    if device == "cpu" and vtype in ("float16", "bfloat16"):
+        pytest.skip("16-bit types are GPU-only")
+    ei, g, x, go = _case(device, 37, num_src=400, hub=3000, reduce=reduce)
+    rng = np.random.default_rng(_seed())
+    xd, xr, kw = _typed(x, vtype, device)
+    god, gor, _ = _typed(go, vtype, device)
+    ad, ar, _ = _typed(rng.standard_normal(x.shape), vtype, device)
+    before = to_numpy(ad).copy()
+    _, res = segment_reduce_fwd(g, xd, reduce, deterministic=deterministic, **kw)
+    plain = _values(segment_reduce_bwd(g, res, god), vtype)
+    got = segment_reduce_bwd(g, res, god, addend=ad)
+    assert got.dtype == xd.dtype and got.shape == xd.shape
+    np.testing.assert_array_equal(to_numpy(ad), before)
+    got = _values(got, vtype)
+    loose = vtype == "float32" and reduce != "sum"
+    assert_close(got, plain + ar, vtype, f"{_id(reduce)} grad_x + addend",
+                 tol=1e-4 if loose else None)
+    if vtype in ("float32", "float64"):
+        want = ref.segment_reduce_vjp(ei, xr, reduce, g.num_dst, gor) + ar
+        assert_close(got, want, vtype, f"{_id(reduce)} grad_x + addend vs reference",
+                     tol=1e-4 if loose else None)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_backward_addend_is_validated(device):
+    ei, g, x, go = _case(device, 4, reduce="max")
+    _, res = segment_reduce_fwd(g, to_device(x, device), "max")
+    god = to_device(go, device)
+    for bad, err, what in ((np.zeros((x.shape[0], 5)), ValueError, "shape"),
+                           (np.zeros((x.shape[0] + 1, 4)), ValueError, "rows"),
+                           (np.zeros(x.shape, np.float32), TypeError, "dtype")):
+        with pytest.raises(err, match="addend"):
+            segment_reduce_bwd(g, res, god, addend=to_device(bad, device))

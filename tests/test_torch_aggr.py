@@ -601,3 +601,112 @@ def test_gpu_mul_float32_matches_pyg_float64(aggr, form):
         ref_ = _grads(lambda x: ref_layer(x, ei), (x,), ref_params)
     assert got["output"].shape == ref_["output"].shape
     assert_results_match(got, ref_, "tf32")
+
+
+# ------------------------------------------------------ segment_reduce_linear
+def _linear_case(bipartite, seed, device="cpu", dtype=torch.float64):
+    """(edge_index, x, x_root or None, W, b, W_r) with a hub and empty rows."""
+    n, ns, f, fr, m = 70, 45, 7, 5, 6
+    rng = np.random.default_rng(seed)
+    ei = awkward_edge_index(n, 6 * n, hub_degree=40, seed=seed, num_src=ns if bipartite else None)
+    t = lambda *s: torch.from_numpy(rng.standard_normal(s)).to(device, dtype)  # noqa: E731
+    x = t(ns if bipartite else n, f)
+    x_root = t(n, fr) if bipartite else None
+    return torch.from_numpy(ei).to(device), x, x_root, t, (n, f, fr if bipartite else f, m)
+
+
+@pytest.mark.parametrize("reduce", ["max", ["mean", "max", "min", "std"], "mul"], ids=_id)
+@pytest.mark.parametrize("bipartite", [False, True])
+@pytest.mark.parametrize("terms", ["all", "no_bias", "no_root"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[gpu, needs_gpu])])
+def test_segment_reduce_linear_matches_composition(reduce, bipartite, terms, device):
+    """One node for W reduce(x) + b + W_r x_root (x_root = x when square)
+    against segment_reduce, F.linear and the root product composed by
+    autograd: output and every gradient (x, W, b, W_r, x_root), with a hub,
+    empty rows, duplicates and self-loops."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    ei, x, x_root, t, (n, f, fr, m) = _linear_case(bipartite, 5, device, dtype)
+    r = 1 if isinstance(reduce, str) else len(reduce)
+    if reduce == "mul":
+        x = x.sign() * (0.8 + 0.4 * x.abs().clamp(max=1))     # products stay in range
+    w, b, wr = t(m, r * f), t(m), t(m, fr)
+    if terms == "no_bias":
+        b = None
+    if terms == "no_root":
+        wr, x_root = None, None
+    nn = (x.shape[0], n)
+
+    def ours(x, w, *rest):
+        b_, wr_, xr_ = _unpack(rest)
+        return ft.segment_reduce_linear(ei, x, reduce, w, b_, wr_, xr_, num_nodes=nn)
+
+    def composed(x, w, *rest):
+        b_, wr_, xr_ = _unpack(rest)
+        out = torch.nn.functional.linear(ft.segment_reduce(ei, x, reduce, num_nodes=nn), w, b_)
+        if wr_ is not None:
+            out = out + (x if xr_ is None else xr_) @ wr_.t()
+        return out
+
+    def _unpack(rest):
+        it = iter(rest)
+        return (next(it) if b is not None else None, next(it) if wr is not None else None,
+                next(it) if x_root is not None else None)
+
+    inputs = [x, w] + [v for v in (b, wr, x_root) if v is not None]
+    got, want = _grads(ours, inputs), _grads(composed, inputs)
+    assert all(v is not None for v in got.values())
+    assert_results_match(got, want, "float64" if dtype == torch.float64 else "float32")
+
+
+def test_segment_reduce_linear_is_one_node_in_sage():
+    """SAGEConv(aggr="max") and lists run as one segment_reduce_linear node
+    (its output's grad_fn), repeated codes and hooked linears do not."""
+    ei, x, *_ = _linear_case(False, 3)
+    for aggr in ("max", ["mean", "max"], ["max", "min", "std"]):
+        out = ft.SAGEConv(7, 4, aggr=aggr).double()(x.requires_grad_(), ei)
+        assert type(out.grad_fn).__name__ == "_SegmentReduceLinearBackward", aggr
+    out = ft.SAGEConv(7, 4, aggr=["max", "max"]).double()(x, ei)
+    assert type(out.grad_fn).__name__ != "_SegmentReduceLinearBackward"
+    layer = ft.SAGEConv(7, 4, aggr="max").double()
+    layer.lin_l.register_forward_hook(lambda *a: None)
+    assert type(layer(x, ei).grad_fn).__name__ != "_SegmentReduceLinearBackward"
+
+
+def test_segment_reduce_linear_inference_and_partial_grads():
+    """Under no_grad (no node) and with only the weights requiring grad (x
+    takes none: the forward tracks no positions) it equals the composition."""
+    ei, x, _, t, (n, f, _, m) = _linear_case(False, 9)
+    w, b, wr = t(m, f), t(m), t(m, f)
+    want = torch.nn.functional.linear(ft.segment_reduce(ei, x, "max"), w, b) + x @ wr.t()
+    with torch.no_grad():
+        got = ft.segment_reduce_linear(ei, x, "max", w.requires_grad_(), b, wr)
+    assert got.grad_fn is None
+    torch.testing.assert_close(got, want)
+    out = ft.segment_reduce_linear(ei, x, "max", w, b, wr)
+    gw, = torch.autograd.grad(out.sum(), [w])
+    gw_want, = torch.autograd.grad(
+        (torch.nn.functional.linear(ft.segment_reduce(ei, x, "max"), w, b) + x @ wr.t()).sum(),
+        [w])
+    torch.testing.assert_close(gw, gw_want)
+
+
+def test_segment_reduce_linear_bad_inputs_raise():
+    ei, x, _, t, (n, f, _, m) = _linear_case(False, 2)
+    w = t(m, f)
+    cases = [
+        (lambda: ft.segment_reduce_linear(ei, x, "max", t(m, f + 1)), ValueError, "weight"),
+        (lambda: ft.segment_reduce_linear(ei, x, ["max", "min"], w), ValueError, "weight"),
+        (lambda: ft.segment_reduce_linear(ei, x, "max", w, t(m + 1)), ValueError, "bias"),
+        (lambda: ft.segment_reduce_linear(ei, x, "max", w, None, t(m, f + 2)), ValueError,
+         "root_weight"),
+        (lambda: ft.segment_reduce_linear(ei, x, "max", w, None, None, x), ValueError, "x_root"),
+        (lambda: ft.segment_reduce_linear(ei, x, "max", w, None, t(m, f), t(n + 1, f)),
+         ValueError, "x_root"),
+        (lambda: ft.segment_reduce_linear(ei, x, "max", w.float()), TypeError, "weight"),
+        (lambda: ft.segment_reduce_linear(ei, x, "max", w.numpy()), TypeError, "weight"),
+        (lambda: ft.segment_reduce_linear(ei, x[0], "max", w), ValueError, "x"),
+        (lambda: ft.segment_reduce_linear(ei, x, "lstm", w), ValueError, "reduce"),
+    ]
+    for fn, err, word in cases:
+        with pytest.raises(err, match=word):
+            fn()

@@ -1,6 +1,6 @@
 """PyTorch adapter (installed as fastgnn.torch).
 
-    spmm, gcn_norm, segment_reduce, segment_csr
+    spmm, gcn_norm, segment_reduce, segment_reduce_linear, segment_csr
                             differentiable ops on torch tensors (functional.py)
     GCNConv, SAGEConv, GINConv
                             drop-in PyG 2.8 layers (nn.py)
@@ -22,7 +22,7 @@ CUDA tensors run on PyTorch's current stream with memory from PyTorch's
 caching allocator; nothing touches the GPU at import time.
 """
 from ._autograd import FastgnnFunction, Op, apply, device_scope
-from .functional import gcn_norm, segment_csr, segment_reduce, spmm
+from .functional import gcn_norm, segment_csr, segment_reduce, segment_reduce_linear, spmm
 from .graph_cache import clear_graph_cache, to_graph
 from .attention import GATConv, GATv2Conv, TransformerConv, edge_attention, edge_softmax
 from .nn import GCNConv, GINConv, SAGEConv
@@ -30,7 +30,7 @@ from .nn import GCNConv, GINConv, SAGEConv
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
                  "VarAggregation", "StdAggregation", "MulAggregation", "MultiAggregation")
 
-__all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "to_graph",
+__all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr", "to_graph",
            "clear_graph_cache", "GCNConv", "SAGEConv", "GINConv", "edge_softmax", "edge_attention",
            "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "apply", "Op",
            "FastgnnFunction", "device_scope"]

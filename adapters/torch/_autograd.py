@@ -383,22 +383,34 @@ class FastgnnFunction(torch.autograd.Function):
             return (None, None, None) + (None,) * n_in
         ctx.saved_tensors  # noqa: B018  (raises if a saved input was modified in place)
         needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
-        with device_scope(ctx.device):
-            shared = _shared_device(ctx.device)
-            garrs = [None if g is None else _to_array(g, shared) for g in grad_outs]
-            kw = {key: needs[name] for key, name in op.bwd_flags.items()}
-            grads = op.bwd(ctx.graph, ctx.res, *garrs, **kw)
-            if len(grads) != n_in:
-                raise RuntimeError(f"{op.name}_bwd returned {len(grads)} gradients "
-                                   f"for {n_in} inputs")
-            out = []
-            for name, g, dt in zip(op.inputs, grads, ctx.in_dtypes):
-                if g is None or not needs[name]:
-                    out.append(None)
-                    continue
-                t = _to_tensor(g, ctx.bf16 and name in op.features, shared)
-                out.append(t if t.dtype == dt else t.to(dt))
+        out = _backward(op, ctx.graph, ctx.res, ctx.device, ctx.bf16, ctx.in_dtypes, needs,
+                        grad_outs)
         return (None, None, None, *out)
+
+
+def _backward(op: Op, graph, res, device, bf16: bool, in_dtypes, needs: dict, grad_outs,
+              tensor_kw: Mapping | None = None):
+    """op.bwd(graph, res, *cotangent arrays, **bwd flags, **tensor_kw as
+    arrays) -> one gradient tensor (in its input's dtype) or None per input;
+    the other half of `_forward`."""
+    with device_scope(device):
+        shared = _shared_device(device)
+        garrs = [None if g is None else _to_array(g, shared) for g in grad_outs]
+        kw = {key: needs[name] for key, name in op.bwd_flags.items()}
+        for key, t in (tensor_kw or {}).items():
+            kw[key] = None if t is None else _to_array(t, shared)
+        grads = op.bwd(graph, res, *garrs, **kw)
+        if len(grads) != len(op.inputs):
+            raise RuntimeError(f"{op.name}_bwd returned {len(grads)} gradients "
+                               f"for {len(op.inputs)} inputs")
+        out = []
+        for name, g, dt in zip(op.inputs, grads, in_dtypes):
+            if g is None or not needs[name]:
+                out.append(None)
+                continue
+            t = _to_tensor(g, bf16 and name in op.features, shared)
+            out.append(t if t.dtype == dt else t.to(dt))
+    return out
 
 
 def apply(op: Op, graph, *tensors, **static):

@@ -149,6 +149,15 @@ class _SegmentAggregation(_Base):
         return self._run(lambda r: segment_reduce(graph, x_src, r, num_nodes,
                                                   deterministic=det))
 
+    def single_pass_reduce(self):
+        """The `reduce` argument of one segment_reduce call whose output is
+        this module's blocks in order, or None when the codes repeat (then
+        `_run` reorders the blocks of the distinct ones)."""
+        codes = self._codes
+        if len(set(codes)) != len(codes):
+            return None
+        return codes[0] if self._single else list(codes)
+
     def _run(self, fn):
         """fn(reduce) once over the distinct reductions, blocks reordered into
         self._codes (which may repeat a reduction, as PyG allows)."""

@@ -5,17 +5,21 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 import fastgnn
 from fastgnn.ops.segment import (segment_csr_bwd, segment_csr_fwd, segment_reduce_bwd,
                                  segment_reduce_fwd)
 from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
-from ._autograd import Op, _torch_stream_ptr, apply, device_scope, to_array, to_tensor
-from .gemm import tf32_allowed
+from ._autograd import (Op, _backward, _forward, _torch_stream_ptr, apply, device_scope, to_array,
+                        to_tensor)
+from .gemm import g_w, tf32_allowed, x_wt
 from .graph_cache import resolve
 
-__all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_csr", "add_bias", "bias_grad", "SPMM",
+__all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr",
+           "add_bias", "bias_grad", "SPMM",
            "SEGMENT_REDUCE", "SEGMENT_CSR"]
 
 
@@ -179,8 +183,8 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
 
 
 # ------------------------------------------------------------ reductions
-def _segment_reduce_bwd(graph, res, grad_out):
-    return (segment_reduce_bwd(graph, res, grad_out),)
+def _segment_reduce_bwd(graph, res, grad_out, addend=None):
+    return (segment_reduce_bwd(graph, res, grad_out, addend=addend),)
 
 
 def _segment_csr_fwd(_graph, ptr, src, **kw):
@@ -249,6 +253,115 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
                          "other than 1; pass an edge_index, a fastgnn.Graph or an adj_t of ones")
     return apply(SEGMENT_REDUCE, graph, x, reduce=_reduce_arg(reduce),
                  deterministic=deterministic)
+
+
+class _SegmentReduceLinear(torch.autograd.Function):
+    """out = segment_reduce(x) W^T (+ b) (+ r W_r^T) as one autograd node,
+    r = x_root, or x itself when x_root is None (see `segment_reduce_linear`).
+
+    forward(ctx, graph, static, x, W, b, W_r, x_root); b, W_r, x_root may be None."""
+
+    @staticmethod
+    def forward(ctx, graph, static, x, w, b, w_root, x_root):
+        needs_x = ctx.needs_input_grad[2]
+        (agg,), _, res, bf16, device = _forward(SEGMENT_REDUCE, graph, static, (x,),
+                                                {"x": needs_x})
+        out = F.linear(agg, w, b) if b is not None else x_wt(agg, w)
+        if w_root is not None:
+            out.addmm_(x if x_root is None else x_root, w_root.t())
+        ctx.set_materialize_grads(False)
+        # x stays saved as the residuals may alias it (version check, as FastgnnFunction)
+        ctx.save_for_backward(x, agg, w, w_root, x_root)
+        ctx.graph, ctx.res, ctx.bf16, ctx.device = graph, (res if needs_x else None), bf16, device
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        if g is None:
+            return (None,) * 7
+        x, agg, w, w_root, x_root = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        root = x if x_root is None else x_root
+        gw = g.t().mm(agg) if needs[3] else None
+        gb = bias_grad(g) if needs[4] else None
+        gw_root = g.t().mm(root) if w_root is not None and needs[5] else None
+        # the root term's input gradient g W_r: x_root's, or added to x's
+        # inside the segment backward (its addend: no separate add pass)
+        wants_root = w_root is not None and (needs[6] if x_root is not None else needs[2])
+        g_root = g_w(g, w_root) if wants_root else None
+        gx = g_root if x_root is None else None
+        if needs[2]:
+            gx, = _backward(SEGMENT_REDUCE, ctx.graph, ctx.res, ctx.device, ctx.bf16,
+                            [x.dtype], {"x": True}, (g_w(g, w),), {"addend": gx})
+        gx_root = g_root if x_root is not None else None
+        return None, None, gx, gw, gb, gw_root, gx_root
+
+
+def segment_reduce_linear(edge_index_or_graph, x, reduce, weight, bias=None, root_weight=None,
+                          x_root=None, num_nodes=None, *, deterministic=True):
+    r"""A neighbour reduction followed by a linear map, plus an optional root
+    term, differentiable in every tensor (GraphSAGE's layer with max, min,
+    var, std, mul or several aggregations):
+
+        out[i] = W a_i + b + W_r r_i,   a_i = reduce_{e=(j->i)} x[j]  (`segment_reduce`)
+
+    with r = x_root, or x itself when x_root is None (a square graph). One
+    autograd node: its backward feeds x's two gradients, W^T g through the
+    reduction's transpose walk and W_r^T g, into one store (the walk's
+    addend) instead of adding them in a separate pass, and runs the weight
+    and bias gradients (g^T a, g^T r, sum_i g_i) itself.
+
+    x:           [num_src, F] float tensor (as in `segment_reduce`).
+    reduce:      as in `segment_reduce` (a str or a list of distinct ones).
+    weight:      [M, R*F] (R reductions), bias [M] or None, in x's dtype.
+    root_weight: [M, F_r] or None; x_root [num_dst, F_r] or None (then x is
+                 the root input, and the graph must be square).
+    num_nodes, deterministic: as in `segment_reduce`.
+    Returns [num_dst, M] in x's dtype.
+    """
+    graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
+    if adj_w is not None:
+        raise ValueError("segment_reduce_linear takes no edge weights, but the sparse adj_t has "
+                         "values other than 1; pass an edge_index, a fastgnn.Graph or an adj_t "
+                         "of ones")
+    for name, t in (("weight", weight), ("bias", bias), ("root_weight", root_weight),
+                    ("x_root", x_root)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape [num_src, F], got {tuple(x.shape)}")
+    reduce = _reduce_arg(reduce)
+    width = (1 if isinstance(reduce, str) else len(reduce)) * x.shape[1]
+    if weight is None or weight.dim() != 2 or weight.shape[1] != width:
+        raise ValueError(f"weight must have shape [M, R*F] = [M, {width}] (R reductions of x's "
+                         f"F features), got {None if weight is None else tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if x_root is not None and root_weight is None:
+        raise ValueError("x_root was given without root_weight")
+    if root_weight is not None:
+        r_rows = graph.num_dst if x_root is not None else graph.num_src
+        r = x if x_root is None else x_root
+        if x_root is None and graph.num_src != graph.num_dst:
+            raise ValueError(f"without x_root the graph must be square (it has "
+                             f"{graph.num_src} sources, {graph.num_dst} targets)")
+        if r.dim() != 2 or r.shape[0] != r_rows:
+            raise ValueError(f"x_root must have shape [num_dst, F_r] = [{r_rows}, *], "
+                             f"got {tuple(r.shape)}")
+        if root_weight.dim() != 2 or tuple(root_weight.shape) != (weight.shape[0], r.shape[1]):
+            raise ValueError(f"root_weight must have shape [{weight.shape[0]}, {r.shape[1]}], "
+                             f"got {tuple(root_weight.shape)}")
+    static = {"reduce": reduce, "deterministic": deterministic}
+    tensors = (x, weight, bias, root_weight, x_root)
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
+        out = F.linear(apply(SEGMENT_REDUCE, graph, x, **static), weight, bias)
+        if root_weight is not None:
+            out.addmm_(x if x_root is None else x_root, root_weight.t())
+        return out
+    return _SegmentReduceLinear.apply(graph, static, *tensors)
 
 
 def segment_csr(ptr, src, reduce="sum", *, deterministic=True):

@@ -23,7 +23,7 @@ from fastgnn._array import check_deterministic
 
 from . import functional as _functional
 from .gemm import g_w, x_wt
-from .functional import _norm_dtype, bias_grad, gcn_norm, spmm
+from .functional import _norm_dtype, bias_grad, gcn_norm, segment_reduce_linear, spmm
 from .graph_cache import resolve, to_graph
 
 __all__ = ["GCNConv", "SAGEConv", "GINConv", "Linear"]
@@ -360,8 +360,13 @@ class SAGEConv(torch.nn.Module):
                     f"{type(self).__name__}(aggr={self.aggr!r}) with a weighted sparse adj_t "
                     "(PyG computes max/min of value * x there) is not supported by "
                     "fastgnn.torch; pass an adj_t of ones or an edge_index")
-            out, = shared_input_linears(self.aggr_module.neighbour(
-                graph, x_src, deterministic=self.deterministic), (lin_l,))
+            fused = self._segment_linear(graph, x_src, x_dst)
+            if fused is not None:
+                out = fused
+                x_dst = None                           # its root term is in `fused`
+            else:
+                out, = shared_input_linears(self.aggr_module.neighbour(
+                    graph, x_src, deterministic=self.deterministic), (lin_l,))
         else:
             if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
                 lin_l(x_src[:0])                       # materialise from the input width
@@ -379,6 +384,28 @@ class SAGEConv(torch.nn.Module):
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
+
+    def _segment_linear(self, graph, x_src, x_dst):
+        """lin_l(aggr(x_src)) + lin_r(x_dst) as one `segment_reduce_linear`
+        node when both linears are plain (`_plain_linear`), the aggregation's
+        blocks come from one segment_reduce call, and autocast is off (its
+        casts happen per module call); else None. One Python autograd node
+        instead of the reduction's plus torch's linear and add nodes, and
+        x's two gradients meet in the reduction's backward store."""
+        reduce = self.aggr_module.single_pass_reduce()
+        root = self.lin_r if self.root_weight and x_dst is not None else None
+        dtype = x_src.dtype
+        if (reduce is None or x_src.dim() != 2 or _autocast_on(x_src.device.type)
+                or not _plain_linear(self.lin_l, dtype)
+                or (root is not None and not (_plain_linear(root, dtype) and root.bias is None
+                                              and x_dst.dim() == 2))):
+            return None
+        lin_l = self.lin_l
+        det = self.deterministic and self.aggr_module._deterministic_backward()
+        return segment_reduce_linear(
+            graph, x_src, reduce, lin_l.weight, lin_l.bias,
+            None if root is None else root.weight,
+            None if root is None or x_dst is x_src else x_dst, deterministic=det)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, aggr={self.aggr})"

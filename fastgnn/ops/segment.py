@@ -133,10 +133,16 @@ def _fwd(graph, x, reduce, vtype, needs_x_grad, name, deterministic):
     return out, res
 
 
-def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out):
-    """Backward of `segment_reduce`: grad_x [num_src, F] in x's value type.
+def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out, *, addend=None):
+    """Backward of `segment_reduce`: grad_x [num_src, F] in x's value type,
+    plus `addend` when given.
 
     grad_out: [num_dst, R*F] (or [num_dst, F] for a single reduction).
+    addend:   optional [num_src, F] in x's value type (not modified): returns
+              addend + grad_x, the sum done before grad_x is rounded to the
+              value type (on the GPU inside the transpose walk's store, so a
+              layer whose x also has another gradient, e.g. a root term's
+              g W, pays one read of it instead of a separate add pass).
     Bitwise repeatable unless the forward ran with deterministic=False (then,
     on the GPU, the max/min terms are added with float atomics)."""
     graph = as_graph(graph)
@@ -150,9 +156,16 @@ def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out):
     if g.shape[1] != nr * f:
         raise ValueError(f"grad_out must have shape [num_dst, {nr * f}] = [{graph.num_dst}, "
                          f"{nr} reductions x {f}], got {tuple(g.shape)}")
+    if addend is not None:
+        addend, _ = validate_features(graph, addend, res.vtype, name="addend")
+        if addend.shape[1] != f:
+            raise ValueError(f"addend must have shape [num_src, F] = [{graph.num_src}, {f}], "
+                             f"got {tuple(addend.shape)}")
+        if addend.dtype != g.dtype:
+            raise TypeError(f"addend must have grad_out's dtype {g.dtype}, got {addend.dtype}")
     return backend_for(g).segment_bwd(graph, res.x, g, res.codes, res.mean, res.std,
                                       res.argmax, res.argmin, res.vtype, mul=res.mul,
-                                      deterministic=res.deterministic)
+                                      deterministic=res.deterministic, addend=addend)
 
 
 def segment_reduce(graph, x, reduce="sum", *, vtype=None, deterministic=True):

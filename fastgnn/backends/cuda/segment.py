@@ -149,12 +149,22 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
           _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
 
 
+def _acc_copy(a, vtype, acc):
+    """A new contiguous acc-typed (fp32/fp64) copy of the value-type array a
+    (bf16 travels as 16-bit integers: its bits are the high half of an fp32)."""
+    if vtype == "bfloat16":
+        return (a.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
+    return a.astype(acc, copy=True)
+
+
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
-                chunk=DEFAULT_CHUNK, deterministic=True):
+                chunk=DEFAULT_CHUNK, deterministic=True, addend=None):
     """grad_x [num_src, F] (see kernels_cuda/segment.cu: segment_coef and
     segment_bwd; with deterministic=False and max/min requested,
     segment_arg_scatter adds the max/min terms with float atomics and the
-    transpose walk keeps only the linear terms, or does not run at all)."""
+    transpose walk keeps only the linear terms, or does not run at all).
+    addend: optional [num_src, F] in the value type, added before the single
+    rounding (float/double: read by the walk as is; 16-bit: as an fp32 copy)."""
     codes = tuple(codes)
     R = len(codes)
     F = g.shape[1] // R
@@ -166,6 +176,10 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
     itype = _ITYPE[np.dtype(idx)]
     acc = _acc_dtype(vtype)
     T, I = C_VALUE[vtype], C_INDEX[itype]
+    same_acc = np.dtype(acc) == dtype
+    # the caller's addend as the kernels' acc_t rows (never written: a 16-bit
+    # one is a fresh fp32 copy, which the atomic path may accumulate into)
+    user = None if addend is None else addend if same_acc else _acc_copy(addend, vtype, acc)
     n = graph.num_dst
     has_a = any(c not in ("max", "min", "mul") for c in codes)
     has_b = any(c in ("var", "std") for c in codes)
@@ -177,18 +191,18 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
             if a is not None]
     pos = graph.position_dtype if args else np.dtype(idx)
     args = [(a.astype(pos, copy=False), gb) for a, gb in args]
-    addend = None
+    addend = user
     if args and not deterministic:
         # float atomics over the targets instead of reading arg rows per transpose edge:
         # into grad_x itself for float/double (after the walk's linear terms),
         # else into fp32 sums rounded once (cast, or added by the walk)
-        if np.dtype(acc) == dtype:
+        if same_acc:
             if not has_lin:
-                grad = cp.zeros((ns, F), dtype=dtype)
+                grad = cp.zeros((ns, F), dtype=dtype) if user is None else user.copy()
                 _arg_scatter(graph, args, grad, vtype, itype, R * F)
                 return grad
         else:
-            addend = cp.zeros((ns, F), dtype=acc)
+            addend = cp.zeros((ns, F), dtype=acc) if user is None else user
             _arg_scatter(graph, args, addend, vtype, itype, R * F)
             if not has_lin:
                 return from_acc(addend, dtype, "segment", vtype, itype)
