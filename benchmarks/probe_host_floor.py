@@ -4,6 +4,8 @@ PyTorch layer with the same two linears costs. Per graph, host ms per call
 (perf_counter over back-to-back calls, no sync) and CUDA-event ms per call of:
 
   layer      fastgnn.torch.SAGEConv(F, F, aggr="max"), forward + autograd.grad
+  unfused    the same layer with its one-node path (segment_reduce_linear)
+             switched off: the reduction's node, then torch's linear and add
   linears    the same layer's lin_l(x) + lin_r(x) with the aggregation left
              out (torch's Linear and addmm_: the floor of any aggregation)
   aggr op    fastgnn.torch.segment_reduce(..., "max") alone, forward + grad
@@ -35,6 +37,13 @@ def main(specs):
         def layer_step():
             torch.autograd.grad(layer(x, ei), params, cot)
 
+        def unfused_step():
+            layer._segment_linear = lambda *args: None      # the instance only
+            try:
+                layer_step()
+            finally:
+                del layer._segment_linear
+
         def linears_step():
             out = layer.lin_l(x)
             out = out.addmm_(x, layer.lin_r.weight.t())
@@ -45,7 +54,8 @@ def main(specs):
             torch.autograd.grad(out, [x], cot)
 
         print(f"graph {g.name}: {n} nodes, {ei.shape[1]} edges, F={F}")
-        for name, step in (("layer", layer_step), ("linears", linears_step),
+        for name, step in (("layer", layer_step), ("unfused", unfused_step),
+                           ("linears", linears_step),
                            ("aggr op", aggr_step)):
             for _ in range(10):
                 step()

@@ -247,6 +247,6 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
         combine(_grid(num_split, group), (BLOCK,),
                 (plan.split_row, plan.slot_ptr, partial, NULL, NULL, grad, np.int64(num_split),
                  np.int32(F), np.int32(group)))
-    if atomic and addend is None:
+    if atomic and same_acc:            # float/double: the max/min atomics go in last
         _arg_scatter(graph, atomic, grad, vtype, itype, R * F)
     return grad
