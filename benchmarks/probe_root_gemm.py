@@ -3,14 +3,15 @@
 
   root term   out += x W_r^T   (out [N, F] already holds the first linear):
               out.addmm_ (cuBLAS, beta = 1), the transposed problem
-              out.t().addmm_(W_r, x.t()), cupy.cublas.gemm with beta = 1,
-              and the plain product alone (x W_r^T, no accumulation) for scale
-  weight grads  g^T a and g^T x as two mm calls, and as one bmm over a
-              stacked [2, N, F] operand (what one buffer holding both would give)
+              out.t().addmm_(W_r, x.t()), the rows in 2 or 4 chunks, out.addmm_
+              with torch's preferred BLAS library set to cuBLASLt, and the
+              plain product alone (x W_r^T, no accumulation) for scale
+  weight grads  g^T a and g^T x as two mm calls, and as one mm over [a | x]
+              (what one buffer holding both would give; a bmm over a stacked
+              [2, N, F] operand took 33 ms in session 13's first run)
 
     cd benchmarks && python probe_root_gemm.py
 """
-import cupy
 import torch
 
 from profile_layer_host import event_ms
@@ -20,23 +21,33 @@ dev = "cuda"
 x, a, g, out = (torch.randn(N, F, device=dev) for _ in range(4))
 w = torch.randn(F, F, device=dev)
 wt = w.t()
-x_cp, w_cp, out_cp = (cupy.from_dlpack(t) for t in (x, w, out))
-stacked = torch.stack([a, x])                      # [2, N, F]
-g2 = g.expand(2, N, F)
 
 
-def cupy_gemm():
-    cupy.cublas.gemm("N", "T", x_cp, w_cp, out=out_cp, alpha=1.0, beta=1.0)   # x W^T + out
+def chunked(k):
+    def run():
+        for o, xc in zip(out.chunk(k), x.chunk(k)):
+            o.addmm_(xc, wt)
+    return run
+
+
+def with_lt():
+    prev = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        out.addmm_(x, wt)
+    finally:
+        torch.backends.cuda.preferred_blas_library(prev)
 
 
 forms = {
     "root: out.addmm_(x, W^T)": lambda: out.addmm_(x, wt),
     "root: out.t().addmm_(W, x^T)": lambda: out.t().addmm_(w, x.t()),
-    "root: cupy.cublas.gemm beta=1": cupy_gemm,
+    "root: 2 row chunks": chunked(2),
+    "root: 4 row chunks": chunked(4),
+    "root: addmm_ with cuBLASLt preferred": with_lt,
     "plain: F.linear(x, W)": lambda: torch.nn.functional.linear(x, w),
     "plain: F.linear(x, W, 0) (Lt)": lambda: torch.nn.functional.linear(x, w, x.new_zeros(F)),
     "wgrad: g^T a, g^T x (two mm)": lambda: (g.t().mm(a), g.t().mm(x)),
-    "wgrad: bmm over [2, N, F]": lambda: torch.bmm(g2.transpose(1, 2), stacked),
     "wgrad: g^T [a|x] (one mm, cat'd)": None,
 }
 cat = torch.cat([a, x], 1)

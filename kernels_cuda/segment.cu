@@ -557,7 +557,11 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 // F], or null): sums added to row j before the single rounding to T, by the
 // row's first task only (e0 == t_indptr[j]): the deterministic=False backward
 // of a 16-bit multi-reduction passes the max/min terms scattered by
-// segment_arg_scatter there (NARG = 0), 1 acc_t row read per source row.
+// segment_arg_scatter there (NARG = 0), a caller's addend (segment_reduce_bwd)
+// arrives there, 1 acc_t row read per source row. For float/double addend may
+// be grad_x itself (no __restrict__ on either): each element is read once, by
+// the thread that later stores it (or, for a split row, before spmm_combine
+// runs), and nothing else writes it.
 //
 // Traffic per edge: sizeof(I) (+ sizeof(P) with arg terms) + F*(LIN*sizeof(acc_t)
 // + NARG*sizeof(P)) gathered as VEC-wide loads, UNROLL edges in flight;
@@ -576,8 +580,8 @@ __global__ void segment_coef(const I* __restrict__ indptr,
     const typename value_traits<T>::acc_t* __restrict__ coef_d,                              \
     const P* __restrict__ arg0, const T* __restrict__ g0,   /* [num_rows_fwd, F] / ldg */    \
     const P* __restrict__ arg1, const T* __restrict__ g1,                                    \
-    const typename value_traits<T>::acc_t* __restrict__ addend,   /* [num_cols_fwd, F] or null */ \
-    T* __restrict__ grad_x,                                       /* [num_cols_fwd, F] */    \
+    const typename value_traits<T>::acc_t* addend,   /* [num_cols_fwd, F], null, or grad_x */ \
+    T* grad_x,                                       /* [num_cols_fwd, F] */                 \
     typename value_traits<T>::acc_t* __restrict__ partial,        /* [slots, F] */           \
     i64 num_tasks, int F, i64 ldg, int chunk, int group
 #define SEGMENT_BWD_ARGS                                                                     \

@@ -713,6 +713,23 @@ def test_backward_addend(device, vtype, deterministic, reduce):
         want = ref.segment_reduce_vjp(ei, xr, reduce, g.num_dst, gor) + ar
         assert_close(got, want, vtype, f"{_id(reduce)} grad_x + addend vs reference",
                      tol=1e-4 if loose else None)
+    # out=: a separate destination, and addend itself (the sum in place)
+    xp = g.xp
+    dest = xp.full(xd.shape, 7, dtype=xd.dtype)
+    same = segment_reduce_bwd(g, res, god, addend=ad, out=dest)
+    assert same is dest
+    inplace = xp.array(ad, copy=True)
+    r = segment_reduce_bwd(g, res, god, addend=inplace, out=inplace)
+    assert r is inplace
+    for a, what in ((dest, "out"), (inplace, "out=addend")):
+        a = _values(a, vtype)
+        if deterministic or device == "cpu":
+            np.testing.assert_array_equal(a, got, err_msg=what)
+        else:
+            assert_close(a, got, vtype, f"{_id(reduce)} {what}")
+    plain_out = xp.full(xd.shape, 7, dtype=xd.dtype)
+    assert segment_reduce_bwd(g, res, god, out=plain_out) is plain_out
+    assert_close(_values(plain_out, vtype), plain, vtype, f"{_id(reduce)} out, no addend")
 
 
 @pytest.mark.parametrize("device", devices())
@@ -725,3 +742,16 @@ def test_backward_addend_is_validated(device):
                            (np.zeros(x.shape, np.float32), TypeError, "dtype")):
         with pytest.raises(err, match="addend"):
             segment_reduce_bwd(g, res, god, addend=to_device(bad, device))
+    xp = g.xp
+    ad = to_device(np.zeros(x.shape), device)
+    both = xp.zeros((x.shape[0] + 1, 4))
+    for out, word in ((xp.zeros((x.shape[0], 5)), "out must be"),
+                      (xp.zeros(x.shape, np.float32), "out must be"),
+                      (xp.zeros((4, x.shape[0])).T, "out must be"),
+                      (god[:x.shape[0]] if go.shape[0] >= x.shape[0] else None, "overlaps")):
+        if out is None:
+            continue
+        with pytest.raises(ValueError, match=word):
+            segment_reduce_bwd(g, res, god, out=out)
+    with pytest.raises(ValueError, match="overlaps addend"):
+        segment_reduce_bwd(g, res, god, addend=both[1:], out=both[:-1])

@@ -183,8 +183,8 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
 
 
 # ------------------------------------------------------------ reductions
-def _segment_reduce_bwd(graph, res, grad_out, addend=None):
-    return (segment_reduce_bwd(graph, res, grad_out, addend=addend),)
+def _segment_reduce_bwd(graph, res, grad_out, addend=None, out=None):
+    return (segment_reduce_bwd(graph, res, grad_out, addend=addend, out=out),)
 
 
 def _segment_csr_fwd(_graph, ptr, src, **kw):
@@ -292,8 +292,9 @@ class _SegmentReduceLinear(torch.autograd.Function):
         g_root = g_w(g, w_root) if wants_root else None
         gx = g_root if x_root is None else None
         if needs[2]:
+            # in place: g_root's buffer becomes x's gradient (one [N, F] less at the peak)
             gx, = _backward(SEGMENT_REDUCE, ctx.graph, ctx.res, ctx.device, ctx.bf16,
-                            [x.dtype], {"x": True}, (g_w(g, w),), {"addend": gx})
+                            [x.dtype], {"x": True}, (g_w(g, w),), {"addend": gx, "out": gx})
         gx_root = g_root if x_root is not None else None
         return None, None, gx, gw, gb, gw_root, gx_root
 

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._array import as_backend_array, check_deterministic, xp_of
+from .._array import as_backend_array, check_deterministic, same_device, xp_of
 from ..backends import backend_for
 from ..graph import Graph, as_graph
 from .spmm import validate_features
@@ -133,7 +133,7 @@ def _fwd(graph, x, reduce, vtype, needs_x_grad, name, deterministic):
     return out, res
 
 
-def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out, *, addend=None):
+def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out, *, addend=None, out=None):
     """Backward of `segment_reduce`: grad_x [num_src, F] in x's value type,
     plus `addend` when given.
 
@@ -143,6 +143,9 @@ def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out, *, addend=None):
               value type (on the GPU inside the transpose walk's store, so a
               layer whose x also has another gradient, e.g. a root term's
               g W, pays one read of it instead of a separate add pass).
+    out:      optional contiguous [num_src, F] array in x's value type to
+              write the result into (returned); it may be `addend` itself,
+              which then holds the sum (no third [num_src, F] buffer).
     Bitwise repeatable unless the forward ran with deterministic=False (then,
     on the GPU, the max/min terms are added with float atomics)."""
     graph = as_graph(graph)
@@ -163,9 +166,37 @@ def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out, *, addend=None):
                              f"got {tuple(addend.shape)}")
         if addend.dtype != g.dtype:
             raise TypeError(f"addend must have grad_out's dtype {g.dtype}, got {addend.dtype}")
+    if out is not None:
+        out_arr = as_backend_array(out, "out")
+        if xp_of(out_arr) is not xp_of(g) or not same_device(out_arr, graph.indices):
+            raise ValueError(f"out must live on the graph's device ({graph.device})")
+        if tuple(out_arr.shape) != (graph.num_src, f) or out_arr.dtype != g.dtype:
+            raise ValueError(f"out must be a [{graph.num_src}, {f}] array of dtype {g.dtype}, "
+                             f"got {tuple(out_arr.shape)} {out_arr.dtype}")
+        if not out_arr.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+        out = out_arr
+        for name, a in (("grad_out", g), ("the residuals' x", res.x), ("addend", addend)):
+            if a is not None and _overlap(out, a) and not (a is addend and _same_span(out, a)):
+                raise ValueError(f"out overlaps {name} (out may only be addend itself)")
     return backend_for(g).segment_bwd(graph, res.x, g, res.codes, res.mean, res.std,
                                       res.argmax, res.argmin, res.vtype, mul=res.mul,
-                                      deterministic=res.deterministic, addend=addend)
+                                      deterministic=res.deterministic, addend=addend, out=out)
+
+
+def _span(a):
+    """[first byte, end) of a contiguous NumPy/CuPy array's memory."""
+    ptr = a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+    return ptr, ptr + a.nbytes
+
+
+def _overlap(a, b) -> bool:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _same_span(a, b) -> bool:
+    return _span(a) == _span(b)
 
 
 def segment_reduce(graph, x, reduce="sum", *, vtype=None, deterministic=True):

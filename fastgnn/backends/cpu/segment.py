@@ -261,14 +261,15 @@ def segment_fwd(graph, x, codes, vtype, residuals=True):
 
 
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
-                deterministic=True, addend=None):
+                deterministic=True, addend=None, out=None):
     """grad_x [num_src, F] in the value type `vtype`; see module docstring.
     g: [num_dst, R*F] cotangent (block r for codes[r]); mean, std, argmax,
     argmin, mul: the residuals of segment_fwd (None when not needed); x
     [num_src, F] is needed only with var/std/mul. deterministic: accepted for
     the CUDA backend's interface and ignored: this pass has no atomic
     variant, so deterministic=False gives the same bits. addend: optional
-    [num_src, F] added to the result."""
+    [num_src, F] added to the result; out: optional [num_src, F] destination
+    (returned; it may be addend itself)."""
     R = len(codes)
     f = g.shape[1] // R
     n = graph.num_dst
@@ -303,5 +304,8 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
                       argmin is not None,
                       grad_x, _num_chunks(graph.num_src))
     if addend is not None:                      # [num_src, F] in the value type
-        np.add(grad_x, addend, out=grad_x)
+        return np.add(grad_x, addend, out=grad_x if out is None else out)
+    if out is not None:
+        out[...] = grad_x
+        return out
     return grad_x

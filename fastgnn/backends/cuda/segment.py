@@ -158,20 +158,22 @@ def _acc_copy(a, vtype, acc):
 
 
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
-                chunk=DEFAULT_CHUNK, deterministic=True, addend=None):
+                chunk=DEFAULT_CHUNK, deterministic=True, addend=None, out=None):
     """grad_x [num_src, F] (see kernels_cuda/segment.cu: segment_coef and
     segment_bwd; with deterministic=False and max/min requested,
     segment_arg_scatter adds the max/min terms with float atomics and the
     transpose walk keeps only the linear terms, or does not run at all).
     addend: optional [num_src, F] in the value type, added before the single
-    rounding (float/double: read by the walk as is; 16-bit: as an fp32 copy)."""
+    rounding (float/double: read by the walk as is; 16-bit: as an fp32 copy).
+    out: optional contiguous [num_src, F] destination (returned); it may be
+    addend itself (read by the walk before it stores there)."""
     codes = tuple(codes)
     R = len(codes)
     F = g.shape[1] // R
     dtype = g.dtype
     ns = graph.num_src
     if F == 0 or ns == 0:
-        return cp.empty((ns, F), dtype=dtype)
+        return cp.empty((ns, F), dtype=dtype) if out is None else out
     idx = graph.index_dtype
     itype = _ITYPE[np.dtype(idx)]
     acc = _acc_dtype(vtype)
@@ -198,19 +200,27 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
         # else into fp32 sums rounded once (cast, or added by the walk)
         if same_acc:
             if not has_lin:
-                grad = cp.zeros((ns, F), dtype=dtype) if user is None else user.copy()
+                grad = cp.empty((ns, F), dtype=dtype) if out is None else out
+                if user is None:
+                    grad.fill(0)
+                elif user.data.ptr != grad.data.ptr:
+                    cp.copyto(grad, user)
                 _arg_scatter(graph, args, grad, vtype, itype, R * F)
                 return grad
         else:
             addend = cp.zeros((ns, F), dtype=acc) if user is None else user
             _arg_scatter(graph, args, addend, vtype, itype, R * F)
             if not has_lin:
-                return from_acc(addend, dtype, "segment", vtype, itype)
+                grad = from_acc(addend, dtype, "segment", vtype, itype)
+                if out is not None:
+                    cp.copyto(out, grad)
+                    grad = out
+                return grad
         atomic, args = args, []
     else:
         atomic = []
     t = graph.transpose()
-    grad = cp.empty((ns, F), dtype=dtype)
+    grad = cp.empty((ns, F), dtype=dtype) if out is None else out
     coef_a = cp.empty((n, F), dtype=acc) if has_a else None
     coef_b = cp.empty((n, F), dtype=acc) if has_b else None
     coef_c, coef_d = ((cp.empty((n, F), dtype=acc), cp.empty((n, F), dtype=acc)) if has_c
