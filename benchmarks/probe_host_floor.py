@@ -11,7 +11,11 @@ PyTorch layer with the same two linears costs. Per graph, host ms per call
   aggr op    fastgnn.torch.segment_reduce(..., "max") alone, forward + grad
 
     python benchmarks/probe_host_floor.py [graph spec ...]
+
+ROUNDS=k in the environment: only layer and unfused, alternated k times
+(an A/B in one run, for graphs whose timings move between runs).
 """
+import os
 import sys
 
 import torch
@@ -54,9 +58,11 @@ def main(specs):
             torch.autograd.grad(out, [x], cot)
 
         print(f"graph {g.name}: {n} nodes, {ei.shape[1]} edges, F={F}")
-        for name, step in (("layer", layer_step), ("unfused", unfused_step),
-                           ("linears", linears_step),
-                           ("aggr op", aggr_step)):
+        rounds = int(os.environ.get("ROUNDS", "0"))
+        steps = ((("layer", layer_step), ("unfused", unfused_step)) * rounds if rounds else
+                 (("layer", layer_step), ("unfused", unfused_step), ("linears", linears_step),
+                  ("aggr op", aggr_step)))
+        for name, step in steps:
             for _ in range(10):
                 step()
             host, _ = host_ms(step, 200)
