@@ -269,7 +269,9 @@ class SAGEConv(torch.nn.Module):
                   PyG's MultiAggregation in "cat" mode), or an Aggregation of
                   those kinds (`fastgnn.torch.aggr`, or PyG's basic ones).
                   Mean and sum strings run through SpMM (fused scales); the
-                  others through `segment_reduce` (gather fused).
+                  others through `segment_reduce` (gather fused), together with
+                  lin_l and lin_r as one autograd node (`segment_reduce_linear`)
+                  when both are plain, hook-free Linears outside autocast.
     aggr_kwargs:  as in PyG (only semi_grad=False here, and fastgnn's deterministic).
     normalize, root_weight, project, bias: as in PyG.
     deterministic (fastgnn only, keyword): False lets the GPU backward of a
