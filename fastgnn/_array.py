@@ -76,6 +76,14 @@ def as_backend_array(a, name: str):
     raise TypeError(f"{name} must be a NumPy, CuPy or DLPack array, got {type(a).__name__}")
 
 
+def data_ptr(a):
+    """Address of a NumPy/CuPy array's first byte, or None for anything else."""
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    data = getattr(a, "data", None)
+    return getattr(data, "ptr", None)
+
+
 def same_device(a, b) -> bool:
     if is_cupy(a) != is_cupy(b):
         return False

@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.dlpack import from_dlpack as _from_capsule
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
-from fastgnn._array import is_cupy
+from fastgnn._array import data_ptr, is_cupy
 
 __all__ = ["Op", "FastgnnFunction", "apply", "device_scope", "to_array", "to_tensor"]
 
@@ -285,14 +285,6 @@ def to_tensor(a, bf16: bool = False) -> torch.Tensor:
     return _to_tensor(a, bf16, shared)
 
 
-def _data_ptr(a):
-    """Address of a NumPy/CuPy array's first byte, or None for anything else."""
-    if isinstance(a, np.ndarray):
-        return a.__array_interface__["data"][0]
-    data = getattr(a, "data", None)
-    return getattr(data, "ptr", None)
-
-
 _LEAVES = (str, bytes, int, float, complex, type(None), np.generic, np.dtype)
 
 
@@ -364,7 +356,7 @@ class FastgnnFunction(torch.autograd.Function):
             # inputs makes autograd's version check catch in-place edits
             # between forward and backward instead of giving wrong gradients.
             # The same holds for outputs the residuals share (attention keeps `out`).
-            ptrs = {_data_ptr(a) for a in _arrays_in(res)} - {None}
+            ptrs = {data_ptr(a) for a in _arrays_in(res)} - {None}
             ctx.save_for_backward(*[t for t in (*tensors, *outs)
                                     if t is not None and t.numel() and t.data_ptr() in ptrs])
         else:
@@ -392,13 +384,17 @@ def _backward(op: Op, graph, res, device, bf16: bool, in_dtypes, needs: dict, gr
               tensor_kw: Mapping | None = None):
     """op.bwd(graph, res, *cotangent arrays, **bwd flags, **tensor_kw as
     arrays) -> one gradient tensor (in its input's dtype) or None per input;
-    the other half of `_forward`."""
+    the other half of `_forward`. A tensor given under several keywords is
+    converted once (one array object: the op may rely on their identity)."""
     with device_scope(device):
         shared = _shared_device(device)
         garrs = [None if g is None else _to_array(g, shared) for g in grad_outs]
         kw = {key: needs[name] for key, name in op.bwd_flags.items()}
+        converted = {}
         for key, t in (tensor_kw or {}).items():
-            kw[key] = None if t is None else _to_array(t, shared)
+            if t is not None and id(t) not in converted:
+                converted[id(t)] = _to_array(t, shared)
+            kw[key] = None if t is None else converted[id(t)]
         grads = op.bwd(graph, res, *garrs, **kw)
         if len(grads) != len(op.inputs):
             raise RuntimeError(f"{op.name}_bwd returned {len(grads)} gradients "

@@ -161,11 +161,12 @@ class _SegmentAggregation(_Base):
     def _run(self, fn):
         """fn(reduce) once over the distinct reductions, blocks reordered into
         self._codes (which may repeat a reduction, as PyG allows)."""
+        reduce = self.single_pass_reduce()
+        if reduce is not None:
+            return fn(reduce)
         codes = self._codes
         uniq = tuple(dict.fromkeys(codes))
-        out = fn(uniq[0] if self._single else list(uniq))
-        if uniq == codes:
-            return out
+        out = fn(list(uniq))
         f = out.shape[1] // len(uniq)
         return torch.cat([out[:, uniq.index(c) * f:(uniq.index(c) + 1) * f] for c in codes], 1)
 

@@ -255,6 +255,15 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
                  deterministic=deterministic)
 
 
+def _project(agg, w, b, root, w_root):
+    """agg W^T (+ b) (+ root W_r^T): the root product accumulated into the
+    first GEMM's fresh output (addmm_, beta = 1)."""
+    out = F.linear(agg, w, b) if b is not None else x_wt(agg, w)
+    if w_root is not None:
+        out.addmm_(root, w_root.t())
+    return out
+
+
 class _SegmentReduceLinear(torch.autograd.Function):
     """out = segment_reduce(x) W^T (+ b) (+ r W_r^T) as one autograd node,
     r = x_root, or x itself when x_root is None (see `segment_reduce_linear`).
@@ -263,16 +272,15 @@ class _SegmentReduceLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, graph, static, x, w, b, w_root, x_root):
-        needs_x = ctx.needs_input_grad[2]
+        needs = ctx.needs_input_grad
         (agg,), _, res, bf16, device = _forward(SEGMENT_REDUCE, graph, static, (x,),
-                                                {"x": needs_x})
-        out = F.linear(agg, w, b) if b is not None else x_wt(agg, w)
-        if w_root is not None:
-            out.addmm_(x if x_root is None else x_root, w_root.t())
+                                                {"x": needs[2]})
+        out = _project(agg, w, b, x if x_root is None else x_root, w_root)
         ctx.set_materialize_grads(False)
-        # x stays saved as the residuals may alias it (version check, as FastgnnFunction)
-        ctx.save_for_backward(x, agg, w, w_root, x_root)
-        ctx.graph, ctx.res, ctx.bf16, ctx.device = graph, (res if needs_x else None), bf16, device
+        # x stays saved as the residuals may alias it (version check, as
+        # FastgnnFunction); agg only for W's gradient
+        ctx.save_for_backward(x, agg if needs[3] else None, w, w_root, x_root)
+        ctx.graph, ctx.res, ctx.bf16, ctx.device = graph, (res if needs[2] else None), bf16, device
         return out
 
     @staticmethod
@@ -358,10 +366,8 @@ def segment_reduce_linear(edge_index_or_graph, x, reduce, weight, bias=None, roo
     static = {"reduce": reduce, "deterministic": deterministic}
     tensors = (x, weight, bias, root_weight, x_root)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
-        out = F.linear(apply(SEGMENT_REDUCE, graph, x, **static), weight, bias)
-        if root_weight is not None:
-            out.addmm_(x if x_root is None else x_root, root_weight.t())
-        return out
+        return _project(apply(SEGMENT_REDUCE, graph, x, **static), weight, bias,
+                        x if x_root is None else x_root, root_weight)
     return _SegmentReduceLinear.apply(graph, static, *tensors)
 
 

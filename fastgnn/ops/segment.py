@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._array import as_backend_array, check_deterministic, same_device, xp_of
+from .._array import as_backend_array, check_deterministic, data_ptr, same_device, xp_of
 from ..backends import backend_for
 from ..graph import Graph, as_graph
 from .spmm import validate_features
@@ -184,19 +184,14 @@ def segment_reduce_bwd(graph, res: SegmentResiduals, grad_out, *, addend=None, o
                                       deterministic=res.deterministic, addend=addend, out=out)
 
 
-def _span(a):
-    """[first byte, end) of a contiguous NumPy/CuPy array's memory."""
-    ptr = a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
-    return ptr, ptr + a.nbytes
-
-
 def _overlap(a, b) -> bool:
     """a and b (arrays of one backend) may share memory: their byte ranges meet."""
     return bool(xp_of(a).may_share_memory(a, b))
 
 
 def _same_span(a, b) -> bool:
-    return _span(a) == _span(b)
+    """a and b (contiguous) cover the same bytes."""
+    return data_ptr(a) == data_ptr(b) and a.nbytes == b.nbytes
 
 
 def segment_reduce(graph, x, reduce="sum", *, vtype=None, deterministic=True):

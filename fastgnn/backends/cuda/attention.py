@@ -27,7 +27,7 @@ from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, s
 from .loader import (C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES, attention_groups,
                      attention_nchs, attention_vecs, get_function)
 from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, column_sums, from_acc,
-                   lane_group, spmm_custom, task_plan)
+                   lane_group, spmm_custom, task_plan, to_acc)
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 # Rows per thread of the column sum over the grad_att partial rows (fewer,
@@ -274,7 +274,7 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
         d = cp.zeros((graph.num_dst, H), dtype=acc)
     if grad_alpha is not None and graph.num_edges:
         _, _, alpha, _ = edge_attention_fwd(graph, score, {**arrays, "bias": None}, params, True)
-        prod = (_as_acc(alpha, vtype, np.float64) * _as_acc(grad_alpha, vtype, np.float64))
+        prod = (to_acc(alpha, vtype, np.float64) * to_acc(grad_alpha, vtype, np.float64))
         # per-row sums of prod [E, H] (caller order; not E x H x C) in CSR order:
         # the SpMM kernel over a graph whose "sources" are the caller ids (a
         # prefix-sum difference would let one NaN/inf poison every later row)
@@ -282,12 +282,6 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
             graph.indptr, caller_ids(graph), None, graph.num_edges, graph.num_dst))
         d += spmm_custom(rows, prod, None, "float64").astype(acc)
     return cp.ascontiguousarray(d, dtype=acc)
-
-
-def _as_acc(a, vtype, dtype):
-    if vtype == "bfloat16":
-        return ((a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)).astype(dtype)
-    return a.astype(dtype, copy=False)
 
 
 def _combine(plan, partial, out, width, vtype, itype):

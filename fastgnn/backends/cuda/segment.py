@@ -30,7 +30,7 @@ import numpy as np
 from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STATS, SEGMENT_TERMS,
                      STAT_NOARG, get_function, segment_bwd_kernel, segment_position_type)
 from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
-                   from_acc, lane_group, task_plan)
+                   from_acc, lane_group, task_plan, to_acc)
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD = 1, 2, 4, 8, 32
@@ -149,14 +149,6 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
           _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
 
 
-def _acc_copy(a, vtype, acc):
-    """A new contiguous acc-typed (fp32/fp64) copy of the value-type array a
-    (bf16 travels as 16-bit integers: its bits are the high half of an fp32)."""
-    if vtype == "bfloat16":
-        return (a.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
-    return a.astype(acc, copy=True)
-
-
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
                 chunk=DEFAULT_CHUNK, deterministic=True, addend=None, out=None):
     """grad_x [num_src, F] (see kernels_cuda/segment.cu: segment_coef and
@@ -181,7 +173,7 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
     same_acc = np.dtype(acc) == dtype
     # the caller's addend as the kernels' acc_t rows (never written: a 16-bit
     # one is a fresh fp32 copy, which the atomic path may accumulate into)
-    user = None if addend is None else addend if same_acc else _acc_copy(addend, vtype, acc)
+    user = None if addend is None else to_acc(addend, vtype, acc)
     n = graph.num_dst
     has_a = any(c not in ("max", "min", "mul") for c in codes)
     has_b = any(c in ("var", "std") for c in codes)
@@ -211,11 +203,7 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
             addend = cp.zeros((ns, F), dtype=acc) if user is None else user
             _arg_scatter(graph, args, addend, vtype, itype, R * F)
             if not has_lin:
-                grad = from_acc(addend, dtype, "segment", vtype, itype)
-                if out is not None:
-                    cp.copyto(out, grad)
-                    grad = out
-                return grad
+                return from_acc(addend, dtype, "segment", vtype, itype, out=out)
         atomic, args = args, []
     else:
         atomic = []

@@ -37,16 +37,29 @@ def _acc_dtype(vtype):
     return np.float64 if vtype == "float64" else np.float32
 
 
-def from_acc(a, dtype, family, vtype, itype):
+def from_acc(a, dtype, family, vtype, itype, out=None):
     """The fp32/fp64 sums `a` (contiguous) in `dtype`, the storage of vtype: `a`
-    itself when that is its dtype, else cast by `family`'s cast_from_acc
-    instantiation (kernels_cuda/common.cuh; the atomic backwards of 16-bit types)."""
+    itself when that is its dtype (copied into `out` when one is given), else
+    cast by `family`'s cast_from_acc instantiation (kernels_cuda/common.cuh;
+    the atomic backwards of 16-bit types) into `out` or a new array."""
     if a.dtype == dtype:
-        return a
-    out = cp.empty(a.shape, dtype=dtype)
+        if out is None:
+            return a
+        cp.copyto(out, a)
+        return out
+    out = cp.empty(a.shape, dtype=dtype) if out is None else out
     fn = get_function(family, vtype, itype, f"cast_from_acc<{C_VALUE[vtype]}>")
     fn((max(1, -(-a.size // BLOCK)),), (BLOCK,), (a, out, np.int64(a.size)))
     return out
+
+
+def to_acc(a, vtype, dtype):
+    """The value-type array `a` as `dtype` (fp32/fp64 sums; bf16 travels as
+    16-bit integers whose bits are the high half of an fp32): `a` itself when
+    it already has that dtype, else a new array."""
+    if vtype == "bfloat16":
+        return (a.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32).astype(dtype, copy=False)
+    return a.astype(dtype, copy=False)
 
 
 # Rows per thread in the first level of `column_sum` over a [rows, cols]
