@@ -270,8 +270,12 @@ def test_mul_matches_reference(device, reduce, width, dtype):
     np.testing.assert_allclose(out[0, hub], want[0, hub], rtol=1e-4 if dtype == "float32"
                                else 1e-10)
     gx = segment_reduce_bwd(g, res, to_device(go.astype(dtype), device))
+    # with std in the list its fp32 gradient carries var's cancellation (see _check)
+    tol_gx = tol32
+    if dtype == "float32" and "std" in names:
+        tol_gx = 1e-4 + 0.25 * np.finfo(np.float32).eps * _var_condition(ei, x, n)
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, n, go), dtype,
-                 f"{_id(reduce)} grad_x", tol=tol32)
+                 f"{_id(reduce)} grad_x", tol=tol_gx)
     # a NaN feature value: NaN products and gradients where the reference has them
     x[int(np.asarray(ei[0])[0]), 0] = np.nan
     out, res = segment_reduce_fwd(g, to_device(x, device), reduce)
