@@ -22,6 +22,10 @@ traffic is what costs, that removes it). "cpu": the thread's CPU time
 
     python benchmarks/probe_backward_handoff.py [graph spec] [layer] [calls]
     python benchmarks/probe_backward_handoff.py file:.data/soc-brightkite.txt SAGEConv_max 200
+    python benchmarks/probe_backward_handoff.py uniform17 SAGEConv_max 200 generic
+
+A fourth argument "generic" turns fastgnn.torch's CUDA fast path of the
+fused node off (segment_cuda.usable -> False): the generic bridge's figures.
 """
 import os
 import statistics
@@ -32,6 +36,7 @@ import time
 import torch
 
 import fastgnn.torch as ft
+from fastgnn.torch import functional
 from fastgnn.torch._autograd import FastgnnFunction
 from fastgnn.bench import graphs
 from profile_layer_host import F, LAYERS   # benchmarks/ (this folder)
@@ -40,8 +45,30 @@ STAMPS = []          # per backward: (enter, leave, thread CPU seconds, thread n
 PIN = []             # [core]: the backward's thread pins itself there (Linux)
 
 
+PIECES = {}         # name -> seconds spent in it during the current call
+
+
 def _wrap_backward():
-    inner = FastgnnFunction.backward
+    for cls in (FastgnnFunction, functional._SegmentReduceLinear):
+        _wrap_one(cls)
+    # pieces of the fused node's backward body (the rest of it: the inline
+    # weight-gradient GEMMs and Python)
+    for name in ("_backward", "g_w", "bias_grad"):
+        setattr(functional, name, _timed(name, getattr(functional, name)))
+
+
+def _timed(name, fn):
+    def wrapped(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            PIECES[name] = PIECES.get(name, 0.0) + time.perf_counter() - t0
+    return wrapped
+
+
+def _wrap_one(cls):
+    inner = cls.backward
 
     def backward(ctx, *grad_outs):
         if PIN and hasattr(os, "sched_setaffinity"):
@@ -51,13 +78,14 @@ def _wrap_backward():
         STAMPS.append((t0, time.perf_counter(), time.thread_time() - c0,
                        threading.current_thread().name))
         return r
-    FastgnnFunction.backward = staticmethod(backward)
+    cls.backward = staticmethod(backward)
 
 
 def timeline(forward, params, cot, calls):
-    rows = []
+    rows, pieces = [], []
     for k in range(calls + 10):
         STAMPS.clear()
+        PIECES.clear()
         t0, c0 = time.perf_counter(), time.thread_time()
         out = forward()
         t1, c1 = time.perf_counter(), time.thread_time()
@@ -68,10 +96,13 @@ def timeline(forward, params, cot, calls):
             b1 = max(s[1] for s in STAMPS)
             rows.append((t1 - t0, c1 - c0, b0 - t1, b1 - b0, sum(s[2] for s in STAMPS), t3 - b1,
                          t3 - t0, STAMPS[0][3]))
+            pieces.append(dict(PIECES))
     torch.cuda.synchronize()
     med = [statistics.median(r[i] for r in rows) * 1e3 for i in range(7)]
+    body = "  ".join(f"{k} {statistics.median(p.get(k, 0.0) for p in pieces) * 1e3:.3f}"
+                     for k in sorted({k for p in pieces for k in p}))
     return ("fwd {:.3f} (cpu {:.3f})  pre {:.3f}  body {:.3f} (cpu {:.3f})  post {:.3f}  "
-            "total {:.3f} ms".format(*med) + f"  (backward on {rows[0][7]!r})")
+            "total {:.3f} ms".format(*med) + f"  (backward on {rows[0][7]!r}; in body: {body})")
 
 
 def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200, device="cuda"):
@@ -108,5 +139,8 @@ def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200, 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
+    if a[3:] == ["generic"]:
+        from fastgnn.torch import segment_cuda
+        segment_cuda.usable = lambda *args: False
     main(a[0] if a else "file:.data/soc-brightkite.txt", a[1] if len(a) > 1 else "SAGEConv_max",
          int(a[2]) if len(a) > 2 else 200)

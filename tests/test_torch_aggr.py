@@ -658,6 +658,83 @@ def test_segment_reduce_linear_matches_composition(reduce, bipartite, terms, dev
     assert_results_match(got, want, "float64" if dtype == torch.float64 else "float32")
 
 
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("reduce", ["max", ["mean", "max", "min", "std"], "mul", ["sum", "var"]],
+                         ids=_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=str)
+@pytest.mark.parametrize("width", [128, 7])
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_segment_reduce_linear_cuda_fast_path_matches_generic(reduce, dtype, width, bipartite,
+                                                              monkeypatch):
+    """On CUDA the node's reduction runs `segment_cuda`'s fast path (launch
+    plans on torch buffers, no DLPack bridge): the same kernels as the
+    generic bridge, so the output and every gradient must be bitwise the
+    generic path's. A hub of 700 in-edges (split over several tasks: the
+    combine kernels run), empty rows, duplicates, a non-contiguous x, the
+    inference forward, 16-bit types (x's gradient gets the root term as an
+    fp32 addend)."""
+    from fastgnn.torch import functional, segment_cuda
+    n, ns, m = 300, 200, 24
+    ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=3,
+                                             num_src=ns if bipartite else None)).cuda()
+    rng = np.random.default_rng(4)
+    r = 1 if isinstance(reduce, str) else len(reduce)
+    t = lambda *s: torch.from_numpy(rng.standard_normal(s)).cuda().to(dtype)  # noqa: E731
+    nsrc = ns if bipartite else n
+    x = t(width, nsrc).t()                          # non-contiguous
+    if reduce == "mul":
+        x = x.sign() * (0.8 + 0.4 * x.abs().clamp(max=1))
+    w, b, wr = t(m, r * width), t(m), t(m, width)
+    x_root = t(n, width) if bipartite else None
+    inputs = [x, w, b, wr] + ([x_root] if bipartite else [])
+
+    def run(*leaves):
+        xr = leaves[4] if bipartite else None
+        return ft.segment_reduce_linear(ei, leaves[0], reduce, *leaves[1:4], xr,
+                                        num_nodes=(nsrc, n))
+
+    generic_calls = []
+    real_forward = functional._forward
+    monkeypatch.setattr(functional, "_forward",
+                        lambda *a, **k: generic_calls.append(1) or real_forward(*a, **k))
+    fast = _grads(run, inputs)
+    with torch.no_grad():
+        fast_inference = run(*inputs)
+    assert not generic_calls                      # the fast path served every call
+    monkeypatch.setattr(segment_cuda, "usable", lambda *a: False)
+    generic = _grads(run, inputs)
+    with torch.no_grad():
+        generic_inference = run(*inputs)
+    assert generic_calls
+    for key, want in generic.items():          # bitwise, NaN where NaN (16-bit mul overflows)
+        got = fast[key]
+        assert want is not None and torch.equal(got.isnan(), want.isnan()), key
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), key
+    assert torch.equal(fast_inference, generic_inference)
+
+
+@gpu
+@needs_gpu
+def test_segment_reduce_linear_cuda_atomic_backward_stays_generic(monkeypatch):
+    """deterministic=False with a max term is not the fast path's (its
+    atomics live in the generic backend): the generic bridge serves it, and
+    its gradients match the deterministic ones up to summation order."""
+    from fastgnn.torch import functional
+    ei, x, _, t, (n, f, _, m) = _linear_case(False, 2, "cuda", torch.float32)
+    w, b, wr = t(m, f), t(m), t(m, f)
+    calls = []
+    real_forward = functional._forward
+    monkeypatch.setattr(functional, "_forward",
+                        lambda *a, **k: calls.append(1) or real_forward(*a, **k))
+    atomic = _grads(lambda x_, *v: ft.segment_reduce_linear(ei, x_, "max", *v,
+                                                            deterministic=False), [x, w, b, wr])
+    assert calls
+    det = _grads(lambda x_, *v: ft.segment_reduce_linear(ei, x_, "max", *v), [x, w, b, wr])
+    assert_results_match(atomic, det, "float32")
+
+
 def test_segment_reduce_linear_is_one_node_in_sage():
     """SAGEConv(aggr="max") and lists run as one segment_reduce_linear node
     (its output's grad_fn), repeated codes and hooked linears do not."""

@@ -9,12 +9,14 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 import fastgnn
-from fastgnn.ops.segment import (segment_csr_bwd, segment_csr_fwd, segment_reduce_bwd,
-                                 segment_reduce_fwd)
+from fastgnn._array import check_deterministic
+from fastgnn.ops.segment import (parse_reduce, segment_csr_bwd, segment_csr_fwd,
+                                 segment_reduce_bwd, segment_reduce_fwd)
 from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
 from ._autograd import (Op, _backward, _forward, _torch_stream_ptr, apply, device_scope, to_array,
                         to_tensor)
+from . import segment_cuda
 from .gemm import g_w, tf32_allowed, x_wt
 from .graph_cache import resolve
 
@@ -273,14 +275,20 @@ class _SegmentReduceLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph, static, x, w, b, w_root, x_root):
         needs = ctx.needs_input_grad
-        (agg,), _, res, bf16, device = _forward(SEGMENT_REDUCE, graph, static, (x,),
-                                                {"x": needs[2]})
+        codes = _fast_codes(graph, x, static)
+        if codes is not None:           # CUDA: launch plans on torch buffers
+            agg, res = segment_cuda.forward(graph, x, codes, residuals=needs[2])
+            bf16 = device = None
+        else:
+            (agg,), _, res, bf16, device = _forward(SEGMENT_REDUCE, graph, static, (x,),
+                                                    {"x": needs[2]})
         out = _project(agg, w, b, x if x_root is None else x_root, w_root)
         ctx.set_materialize_grads(False)
         # x stays saved as the residuals may alias it (version check, as
         # FastgnnFunction); agg only for W's gradient
         ctx.save_for_backward(x, agg if needs[3] else None, w, w_root, x_root)
         ctx.graph, ctx.res, ctx.bf16, ctx.device = graph, (res if needs[2] else None), bf16, device
+        ctx.fast = codes is not None
         return out
 
     @staticmethod
@@ -299,7 +307,9 @@ class _SegmentReduceLinear(torch.autograd.Function):
         wants_root = w_root is not None and (needs[6] if x_root is not None else needs[2])
         g_root = g_w(g, w_root) if wants_root else None
         gx = g_root if x_root is None else None
-        if needs[2]:
+        if needs[2] and ctx.fast:
+            gx = segment_cuda.backward(ctx.graph, ctx.res, g_w(g, w), addend=gx, out=gx)
+        elif needs[2]:
             # in place: g_root's buffer becomes x's gradient (one [N, F] less at the peak)
             gx, = _backward(SEGMENT_REDUCE, ctx.graph, ctx.res, ctx.device, ctx.bf16,
                             [x.dtype], {"x": True}, (g_w(g, w),), {"addend": gx, "out": gx})
@@ -366,9 +376,22 @@ def segment_reduce_linear(edge_index_or_graph, x, reduce, weight, bias=None, roo
     static = {"reduce": reduce, "deterministic": deterministic}
     tensors = (x, weight, bias, root_weight, x_root)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
-        return _project(apply(SEGMENT_REDUCE, graph, x, **static), weight, bias,
-                        x if x_root is None else x_root, root_weight)
+        codes = _fast_codes(graph, x, static)
+        agg = (segment_cuda.forward(graph, x, codes, residuals=False)[0] if codes is not None
+               else apply(SEGMENT_REDUCE, graph, x, **static))
+        return _project(agg, weight, bias, x if x_root is None else x_root, root_weight)
     return _SegmentReduceLinear.apply(graph, static, *tensors)
+
+
+def _fast_codes(graph, x, static):
+    """The reductions as a tuple when `segment_cuda`'s fast path serves this
+    call (validated as the core would: parse_reduce, check_deterministic),
+    else None (the generic bridge validates on its own)."""
+    if not x.is_cuda:
+        return None
+    codes, _ = parse_reduce(static["reduce"])
+    det = check_deterministic(static["deterministic"])
+    return codes if segment_cuda.usable(graph, x, codes, det) else None
 
 
 def segment_csr(ptr, src, reduce="sum", *, deterministic=True):

@@ -19,18 +19,26 @@ the max/min terms are added by float atomics over the targets
 feature)); a pure max/min then needs no transpose at all, a multi-reduction's
 walk keeps only the linear terms (no arg rows read). Interface as the CPU
 backend (fastgnn/backends/cpu/segment.py).
+
+Each direction's launches for one (graph, request) are a plan (FwdPlan,
+BwdPlan: kernel names, grids, task arrays, scalars, buffer layouts) cached on
+the graph; segment_fwd / segment_bwd allocate CuPy buffers and run one, and
+fastgnn.torch's fast path (adapters/torch/segment_cuda.py) runs the same
+plans on torch-allocated buffers.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import cupy as cp
 import numpy as np
 
 from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STATS, SEGMENT_TERMS,
-                     STAT_NOARG, get_function, segment_bwd_kernel, segment_position_type)
-from .spmm import (_ITYPE, BLOCK, NULL, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, _launch_shape,
-                   from_acc, lane_group, task_plan, to_acc)
+                     STAT_NOARG, VALUE_BYTES, get_function, segment_bwd_kernel,
+                     segment_position_type, vec_widths)
+from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, from_acc, lane_group,
+                   task_plan, to_acc)
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD = 1, 2, 4, 8, 32
@@ -62,68 +70,169 @@ def _packed(codes: tuple):
     return packed
 
 
+# ------------------------------------------------------------ launch plans
+# Everything a launch needs that depends only on the graph and the request
+# (kernel names, grids, the task arrays, scalar arguments, the byte layout of
+# the per-call buffers) is built once per (graph, request) and cached on the
+# graph; a call then allocates its buffers and launches. The launchers below
+# hand the plans CuPy arrays; fastgnn.torch's fast path hands them raw
+# addresses of torch-allocated buffers (`_address` takes either).
+_ALIGN = 256          # byte alignment of each buffer carved out of a workspace
+
+
+def _address(a) -> int:
+    """Device address of a kernel pointer argument: a CuPy array, an int
+    address, or None (0: absent)."""
+    if a is None:
+        return 0
+    if isinstance(a, int):
+        return a
+    return a.data.ptr
+
+
+def _layout(sizes):
+    """(byte offsets or None, total bytes) of buffers of `sizes` bytes (0:
+    absent) laid out in one workspace, each _ALIGN-aligned."""
+    offsets, total = [], 0
+    for size in sizes:
+        if not size:
+            offsets.append(None)
+            continue
+        offsets.append(total)
+        total += -(-size // _ALIGN) * _ALIGN
+    return tuple(offsets), total
+
+
+def _carve(workspace, offsets):
+    """Addresses of the buffers at `offsets` in `workspace` (0 where absent)."""
+    ws = _address(workspace)
+    return [0 if o is None else ws + o for o in offsets]
+
+
+def vec_for(vtype, F, *spans):
+    """VEC of the segment kernels: the widest vector (<= loader.SEGMENT_MAX_VEC
+    values, <= 16 bytes) dividing F at which every (address, itemsize) in
+    `spans` is aligned for VEC of its own elements."""
+    vec = 1
+    for v in vec_widths(vtype):
+        if v <= SEGMENT_MAX_VEC and F % v == 0 and all(a % (v * s) == 0 for a, s in spans):
+            vec = v
+    return vec
+
+
+def _spans(*arrays):
+    return [(a.data.ptr, a.itemsize) for a in arrays if a is not None]
+
+
+class FwdPlan:
+    """The forward's launches for one (graph, codes, F, value type,
+    residuals, VEC, chunk): segment_fwd over the task list, then
+    segment_combine over split rows when there are any.
+
+    Buffers of a call: out [num_dst, R*F] (x's dtype); `residual_dtypes`:
+    argmax, argmin, mean, std, mul's product, mul's one-zero product, each
+    [num_dst, F] of that dtype or absent (None); a workspace of
+    `workspace_bytes` for the split rows' partial states."""
+
+    def __init__(self, graph, codes, F, vtype, residuals, vec, chunk):
+        itype = _ITYPE[np.dtype(graph.index_dtype)]
+        acc = np.dtype(_acc_dtype(vtype))
+        R, n = len(codes), graph.num_dst
+        stats = _stats(codes)
+        has_args = bool(stats & (STAT_MAX | STAT_MIN))     # the kernel's, maybe more than asked
+        # inference (no residuals) wants no positions: the kernel tracks none and
+        # split rows' partial positions are only a uint16 "has a value" mark
+        # (STAT_NOARG = 0: benchmarks/sweep_segment.py's args-always variant)
+        if has_args and not residuals and STAT_NOARG:
+            stats, pos = stats | STAT_NOARG, np.dtype(np.uint16)
+        else:
+            pos = graph.position_dtype if has_args else np.dtype(graph.index_dtype)
+        var = residuals and ("var" in codes or "std" in codes)
+        mul = residuals and "mul" in codes
+        self.residual_dtypes = (pos if residuals and "max" in codes else None,
+                                pos if residuals and "min" in codes else None,
+                                acc if var else None, acc if var and "std" in codes else None,
+                                acc if mul else None, acc if mul else None)
+        # the six in one buffer (fastgnn.torch's fast path allocates them so)
+        self.residual_offsets, self.residual_bytes = _layout(
+            [0 if d is None else n * F * d.itemsize for d in self.residual_dtypes])
+        tasks = task_plan(graph, chunk)
+        S = tasks.num_slots
+        # partial states of split rows: only those of the statistics computed
+        # (sum, sum of squares, max, min, product, zero count; positions of max, min)
+        self.offsets, self.workspace_bytes = _layout(
+            [S * F * acc.itemsize if stats & bit else 0
+             for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD, STAT_PROD)]
+            + [S * F * pos.itemsize if stats & bit else 0 for bit in (STAT_MAX, STAT_MIN)])
+        group = lane_group(-(-F // vec))
+        T, I = C_VALUE[vtype], C_INDEX[itype]
+        P = segment_position_type(itype, pos.name, has_args)
+        self.module = ("segment", vtype, itype)
+        self.empty = F == 0 or n == 0
+        num_tasks = int(tasks.task_row.shape[0])
+        packed = _packed(codes)
+        self.fwd = (f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>", _grid(num_tasks, group),
+                    (tasks.task_row, tasks.task_begin, tasks.task_slot, graph.indptr,
+                     graph.indices),
+                    (np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
+                     np.int32(R), np.int32(packed)))
+        num_split = int(tasks.split_row.shape[0])
+        # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)
+        self.combine = None if not num_split else (
+            f"segment_combine<{T}, {I}, {vec}, {P}>", _grid(num_split, group),
+            (tasks.split_row, tasks.slot_ptr, graph.indptr),
+            (np.int64(num_split), np.int32(F), np.int32(group), np.int32(stats), np.int32(R),
+             np.int32(packed)))
+
+    def launch(self, x, out, residuals, workspace, stream=None):
+        """Run the forward: x [num_src, F], out [num_dst, R*F], the six
+        residual buffers (None where the plan has none) and the workspace, as
+        CuPy arrays or int addresses, on `stream` (None: CuPy's current one)."""
+        if self.empty:
+            return
+        parts = _carve(workspace, self.offsets)
+        resid = [_address(r) for r in residuals]
+        name, grid, head, tail = self.fwd
+        get_function(*self.module, name)(grid, (BLOCK,), (*head, _address(x), _address(out),
+                                                          *resid, *parts, *tail), stream=stream)
+        if self.combine is not None:
+            name, grid, head, tail = self.combine
+            get_function(*self.module, name)(grid, (BLOCK,),
+                                             (*head, *parts, _address(out), *resid, *tail),
+                                             stream=stream)
+
+
+def _cached_plan(graph, key, build, context):
+    """graph.cached(key, build), building inside `context()` (a callable
+    returning a context manager, e.g. fastgnn.torch's device scope: the
+    graph's caches a plan builds then come from that allocator and stream)."""
+    plan = graph.cache.get(key)
+    if plan is None:
+        with context():
+            plan = graph.cached(key, build)
+    return plan
+
+
+def fwd_plan(graph, codes, F, vtype, residuals, vec, chunk=DEFAULT_CHUNK,
+             context=contextlib.nullcontext) -> FwdPlan:
+    """The cached FwdPlan of this request (codes: a tuple); `context` as in
+    `_cached_plan`."""
+    key = ("cuda_segment_fwd", codes, F, vtype, bool(residuals), vec, chunk)
+    return _cached_plan(graph, key,
+                        lambda: FwdPlan(graph, codes, F, vtype, residuals, vec, chunk), context)
+
+
 def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     """(out [num_dst, R*F], argmax, argmin, mean, std, mul): see the CPU backend."""
-    F, R = x.shape[1], len(codes)
-    idx = graph.index_dtype
-    itype = _ITYPE[np.dtype(idx)]
-    acc = _acc_dtype(vtype)
     codes = tuple(codes)
-    stats = _stats(codes)
-    n = graph.num_dst
-    out = cp.empty((n, R * F), dtype=x.dtype)
-    has_args = bool(stats & (STAT_MAX | STAT_MIN))      # the kernel's, maybe more than asked
-    # inference (no residuals) wants no positions: the kernel tracks none and
-    # split rows' partial positions are only a uint16 "has a value" mark
-    # (STAT_NOARG = 0: benchmarks/sweep_segment.py's args-always variant)
-    if has_args and not residuals and STAT_NOARG:
-        stats, pos = stats | STAT_NOARG, np.dtype(np.uint16)
-    else:
-        pos = graph.position_dtype if has_args else np.dtype(idx)
-    argmax = cp.empty((n, F), dtype=pos) if residuals and "max" in codes else None
-    argmin = cp.empty((n, F), dtype=pos) if residuals and "min" in codes else None
-    var = residuals and ("var" in codes or "std" in codes)
-    mean = cp.empty((n, F), dtype=acc) if var else None
-    std = cp.empty((n, F), dtype=acc) if var and "std" in codes else None
-    mul = ((cp.empty((n, F), dtype=acc), cp.empty((n, F), dtype=acc))
-           if residuals and "mul" in codes else None)
-    if F == 0 or n == 0:
-        return out, argmax, argmin, mean, std, mul
-    packed = _packed(codes)
-    plan = task_plan(graph, chunk)
-    S = plan.num_slots
-    # partial states of split rows: only those of the statistics computed
-    p = [cp.empty((S, F), dtype=acc) if S and stats & bit else NULL
-         for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD, STAT_PROD)]
-    pa = [cp.empty((S, F), dtype=pos) if S and stats & bit else NULL for bit in (STAT_MAX, STAT_MIN)]
-    resid = (_arg(argmax), _arg(argmin), _arg(mean), _arg(std),
-             *(_arg(a) for a in (mul or (None, None))))
-    vec, group = _shape(vtype, F, x, out)
-    T, I = C_VALUE[vtype], C_INDEX[itype]
-    P = segment_position_type(itype, pos.name, has_args)
-    fwd = get_function("segment", vtype, itype, f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>")
-    num_tasks = int(plan.task_row.shape[0])
-    fwd(_grid(num_tasks, group), (BLOCK,),
-        (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices, x, out,
-         *resid, *p, *pa, np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
-         np.int32(R), np.int32(packed)))
-    num_split = int(plan.split_row.shape[0])
-    if num_split:
-        # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)
-        comb = get_function("segment", vtype, itype, f"segment_combine<{T}, {I}, {vec}, {P}>")
-        comb(_grid(num_split, group), (BLOCK,),
-             (plan.split_row, plan.slot_ptr, graph.indptr, *p, *pa, out, *resid,
-              np.int64(num_split), np.int32(F), np.int32(group), np.int32(stats),
-              np.int32(R), np.int32(packed)))
-    return out, argmax, argmin, mean, std, mul
-
-
-def _shape(vtype, F, *arrays):
-    """(VEC, group) of the segment kernels: spmm's _launch_shape with VEC
-    capped at loader.SEGMENT_MAX_VEC (see there)."""
-    vec, _ = _launch_shape(vtype, F, *arrays)
-    vec = min(vec, SEGMENT_MAX_VEC)
-    return vec, lane_group(-(-F // vec))
+    F, n = x.shape[1], graph.num_dst
+    out = cp.empty((n, len(codes) * F), dtype=x.dtype)
+    plan = fwd_plan(graph, codes, F, vtype, residuals, vec_for(vtype, F, *_spans(x, out)), chunk)
+    resid = [None if d is None else cp.empty((n, F), dtype=d) for d in plan.residual_dtypes]
+    ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+    plan.launch(x, out, resid, ws)
+    argmax, argmin, mean, std, mul_out, mul_zero = resid
+    return out, argmax, argmin, mean, std, None if mul_out is None else (mul_out, mul_zero)
 
 
 def _terms(lin, narg):
@@ -142,11 +251,103 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
     pairs = args + [(None, None)] * (2 - len(args))
     T, I = C_VALUE[vtype], C_INDEX[itype]
     P = C_POSITION[args[0][0].dtype.name]
-    vec, _ = _shape(vtype, F, acc, *(a for pair in args for a in pair))
+    vec = vec_for(vtype, F, *_spans(acc, *(a for pair in args for a in pair)))
     kern = get_function("segment", vtype, itype, f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
     kern(_grid(n * (F // vec), 1), (BLOCK,),
          (graph.indptr, graph.indices, _arg(pairs[0][0]), _arg(pairs[0][1]),
           _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
+
+
+class BwdPlan:
+    """The deterministic backward's launches for one (graph, codes, F, value
+    type, walk_args, VEC, chunk): segment_coef (when there are linear terms),
+    the transpose walk segment_bwd, spmm_combine over split source rows.
+    walk_args: the arg terms ("max", "min", in that order) the walk adds
+    (none when the atomic path adds them).
+
+    Buffers of a call: x (read with var/std/mul: `needs_x`), the cotangent g
+    [num_dst, R*F], the forward's residuals, an optional acc_t addend
+    [num_src, F], grad [num_src, F] and a workspace of `workspace_bytes` for
+    the coefficient rows and the split rows' partial sums."""
+
+    def __init__(self, graph, codes, F, vtype, walk_args, vec, chunk):
+        itype = _ITYPE[np.dtype(graph.index_dtype)]
+        acc = np.dtype(_acc_dtype(vtype))
+        R, n = len(codes), graph.num_dst
+        has_a = any(c not in ("max", "min", "mul") for c in codes)
+        has_b = any(c in ("var", "std") for c in codes)
+        has_c = "mul" in codes
+        self.needs_x = has_b or has_c
+        t = graph.transpose()
+        tasks = task_plan(t, chunk)
+        row = n * F * acc.itemsize
+        # coef_a, coef_b, coef_c, coef_d, the walk's partial sums
+        self.offsets, self.workspace_bytes = _layout(
+            [row if has_a else 0, row if has_b else 0, row if has_c else 0, row if has_c else 0,
+             tasks.num_slots * F * acc.itemsize])
+        pos = graph.position_dtype if walk_args else np.dtype(graph.index_dtype)
+        lin, narg = _terms(3 if has_c else 2 if has_b else int(has_a), len(walk_args))
+        P = segment_position_type(itype, pos.name, narg > 0)
+        T, I = C_VALUE[vtype], C_INDEX[itype]
+        group = lane_group(-(-F // vec))
+        self.types = vtype, itype
+        self.empty = F == 0 or graph.num_src == 0
+        # the cotangent block of each arg term, as a byte offset into g
+        self.arg_blocks = [codes.index(c) * F * VALUE_BYTES[vtype] for c in walk_args]
+        self.coef = None if not (has_a or has_c) or not n else (
+            f"segment_coef<{T}, {I}>", _grid(n * F, 1), (graph.indptr,),
+            (np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
+        num_tasks = int(tasks.task_row.shape[0])
+        self.walk = (f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>",
+                     _grid(num_tasks, group),
+                     (tasks.task_row, tasks.task_begin, tasks.task_slot, t.indptr, t.indices,
+                      _arg(graph.transpose_positions if walk_args else None)),
+                     (np.int64(num_tasks), np.int32(F), np.int64(R * F), np.int32(chunk),
+                      np.int32(group)))
+        num_split = int(tasks.split_row.shape[0])
+        self.combine = None if not num_split else (
+            f"spmm_combine<{T}, {I}, {vec}>", _grid(num_split, group),
+            (tasks.split_row, tasks.slot_ptr),
+            (np.int64(num_split), np.int32(F), np.int32(group)))
+
+    def launch(self, x, g, mean, std, mul, args, addend, grad, workspace, stream=None):
+        """Run the backward: args are the walk_args' position arrays; mul is
+        (product, one-zero product) or None; the rest as in __init__'s
+        docstring, as CuPy arrays or int addresses (None: absent), on `stream`
+        (None: CuPy's current one)."""
+        if self.empty:
+            return
+        vtype, itype = self.types
+        coef_a, coef_b, coef_c, coef_d, partial = _carve(workspace, self.offsets)
+        g_at = _address(g)
+        mul_out, mul_zero = (None, None) if mul is None else mul
+        if self.coef is not None:
+            name, grid, head, tail = self.coef
+            get_function("segment", vtype, itype, name)(
+                grid, (BLOCK,), (*head, g_at, _address(mean), _address(std), _address(mul_out),
+                                 _address(mul_zero), coef_a, coef_b, coef_c, coef_d, *tail),
+                stream=stream)
+        terms = [(_address(a), g_at + off) for a, off in zip(args, self.arg_blocks)]
+        terms += [(0, 0)] * (2 - len(terms))
+        grad_at = _address(grad)
+        name, grid, head, tail = self.walk
+        get_function("segment", vtype, itype, name)(
+            grid, (BLOCK,), (*head, _address(x) if self.needs_x else 0, coef_a, coef_b, coef_c,
+                             coef_d, *terms[0], *terms[1], _address(addend), grad_at, partial,
+                             *tail), stream=stream)
+        if self.combine is not None:
+            name, grid, head, tail = self.combine
+            get_function("spmm", vtype, itype, name)(
+                grid, (BLOCK,), (*head, partial, 0, 0, grad_at, *tail), stream=stream)
+
+
+def bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk=DEFAULT_CHUNK,
+             context=contextlib.nullcontext) -> BwdPlan:
+    """The cached BwdPlan of this request (codes, walk_args: tuples);
+    `context` as in `_cached_plan`."""
+    key = ("cuda_segment_bwd", codes, F, vtype, walk_args, vec, chunk)
+    return _cached_plan(graph, key,
+                        lambda: BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk), context)
 
 
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
@@ -166,30 +367,23 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
     ns = graph.num_src
     if F == 0 or ns == 0:
         return cp.empty((ns, F), dtype=dtype) if out is None else out
-    idx = graph.index_dtype
-    itype = _ITYPE[np.dtype(idx)]
+    itype = _ITYPE[np.dtype(graph.index_dtype)]
     acc = _acc_dtype(vtype)
-    T, I = C_VALUE[vtype], C_INDEX[itype]
     same_acc = np.dtype(acc) == dtype
     # the caller's addend as the kernels' acc_t rows (never written: a 16-bit
     # one is a fresh fp32 copy, which the atomic path may accumulate into)
     user = None if addend is None else to_acc(addend, vtype, acc)
-    n = graph.num_dst
-    has_a = any(c not in ("max", "min", "mul") for c in codes)
-    has_b = any(c in ("var", "std") for c in codes)
-    has_c = "mul" in codes
-    has_lin = has_a or has_c            # terms the transpose walk must add
+    has_lin = any(c not in ("max", "min") for c in codes)    # terms the walk must add
     # max/min terms: the arg arrays (positions within the forward row, in the
     # graph's position dtype) and the cotangent's blocks (row stride R*F)
-    args = [(a, g[:, codes.index(c) * F:]) for c, a in (("max", argmax), ("min", argmin))
-            if a is not None]
-    pos = graph.position_dtype if args else np.dtype(idx)
-    args = [(a.astype(pos, copy=False), gb) for a, gb in args]
+    named = [(c, a.astype(graph.position_dtype, copy=False))
+             for c, a in (("max", argmax), ("min", argmin)) if a is not None]
     addend = user
-    if args and not deterministic:
+    if named and not deterministic:
         # float atomics over the targets instead of reading arg rows per transpose edge:
         # into grad_x itself for float/double (after the walk's linear terms),
         # else into fp32 sums rounded once (cast, or added by the walk)
+        args = [(a, g[:, codes.index(c) * F:]) for c, a in named]
         if same_acc:
             if not has_lin:
                 grad = cp.empty((ns, F), dtype=dtype) if out is None else out
@@ -204,47 +398,16 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
             _arg_scatter(graph, args, addend, vtype, itype, R * F)
             if not has_lin:
                 return from_acc(addend, dtype, "segment", vtype, itype, out=out)
-        atomic, args = args, []
+        atomic, named = args, []
     else:
         atomic = []
-    t = graph.transpose()
     grad = cp.empty((ns, F), dtype=dtype) if out is None else out
-    coef_a = cp.empty((n, F), dtype=acc) if has_a else None
-    coef_b = cp.empty((n, F), dtype=acc) if has_b else None
-    coef_c, coef_d = ((cp.empty((n, F), dtype=acc), cp.empty((n, F), dtype=acc)) if has_c
-                      else (None, None))
-    mul_out, mul_zero = mul if has_c else (None, None)
-    if has_lin and n:
-        coef = get_function("segment", vtype, itype, f"segment_coef<{T}, {I}>")
-        coef(_grid(n * F, 1), (BLOCK,),
-             (graph.indptr, g, _arg(mean, acc), _arg(std, acc), _arg(mul_out, acc),
-              _arg(mul_zero, acc), _arg(coef_a), _arg(coef_b), _arg(coef_c), _arg(coef_d),
-              np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
-    t_pos = graph.transpose_positions if args else None
-    lin, narg = _terms(3 if has_c else 2 if has_b else int(has_a), len(args))
-    P = segment_position_type(itype, pos.name, narg > 0)
-    args += [(None, None)] * (2 - len(args))
-    plan = task_plan(t, chunk)
-    partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else NULL
-    keep_x = x if has_b or has_c else None
-    arrays = [a for a in (keep_x, coef_a, coef_b, coef_c, coef_d, args[0][0], args[1][0], addend,
-                          grad) if a is not None]
-    vec, group = _shape(vtype, F, *arrays)
-    kern = get_function("segment", vtype, itype,
-                        f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>")
-    num_tasks = int(plan.task_row.shape[0])
-    kern(_grid(num_tasks, group), (BLOCK,),
-         (plan.task_row, plan.task_begin, plan.task_slot, t.indptr, t.indices, _arg(t_pos),
-          _arg(keep_x), _arg(coef_a), _arg(coef_b), _arg(coef_c), _arg(coef_d),
-          _arg(args[0][0]), _arg(args[0][1]), _arg(args[1][0]), _arg(args[1][1]),
-          _arg(addend), grad, partial, np.int64(num_tasks), np.int32(F), np.int64(R * F),
-          np.int32(chunk), np.int32(group)))
-    num_split = int(plan.split_row.shape[0])
-    if num_split:
-        combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
-        combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, NULL, NULL, grad, np.int64(num_split),
-                 np.int32(F), np.int32(group)))
+    walk_args = tuple(c for c, _ in named)
+    needs_x = any(c in ("var", "std", "mul") for c in codes)
+    vec = vec_for(vtype, F, *_spans(x if needs_x else None, addend, grad, *(a for _, a in named)))
+    plan = bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk)
+    ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+    plan.launch(x, g, mean, std, mul, [a for _, a in named], addend, grad, ws)
     if atomic and same_acc:            # float/double: the max/min atomics go in last
         _arg_scatter(graph, atomic, grad, vtype, itype, R * F)
     return grad
