@@ -545,81 +545,93 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 // The max/min terms of the walk read winner masks instead of positions:
 // segment_arg_masks turns each [num_rows, F] position array into one F-bit
 // mask per forward CSR edge e (bit f: e wins feature f of its row, i.e.
-// arg[i,f] == e - indptr[i]), W = ceil(F/32) 32-bit words per edge, laid
-// out in forward CSR order. Mapping: one thread per edge (its row from the
-// cached csr_rows); it compares its position with 32 positions of its row at
-// a time (4 per instruction for uint8 positions, 2 for uint16: __vcmpeq4 /
-// __vcmpeq2 on 16-byte loads, which every thread of the row reads alike, so
-// they come from L1) and stores its W words. Traffic: E*(sizeof(I) + 4W)
-// + the position rows (L1/L2 hits after the first edge of a row).
+// arg[i,f] == e - indptr[i]), W = ceil(F/32) 32-bit words per edge, in
+// forward CSR order. Mapping: one thread per (forward task, word w): it
+// holds its row's 32 positions of word w in registers (read once) and, for
+// each edge of the task (<= chunk), compares them with the edge's position
+// (4 at a time for uint8 positions, 2 for uint16: __vcmpeq4 / __vcmpeq2) and
+// stores the word; the W threads of a task store an edge's words side by
+// side. Traffic: the position arrays once (a split row's once per task),
+// 4W bytes written per edge.
 // The walk then reads 4W bytes per edge (16 bytes per 128 features, inside
 // one 32-byte sector) instead of the F*sizeof(P)-byte position row of the
 // edge's target (uniform20, F = 128, uint8: 128 B; rmat20, uint16: 256 B),
 // at a random place either way.
-template <typename P>
-__device__ __forceinline__ unsigned match_word(const P* __restrict__ pos, int count, long long p) {
-    unsigned word = 0;
-    for (int b = 0; b < count; ++b) word |= (unsigned)((long long)pos[b] == p) << b;
-    return word;
-}
 
-// The 16 / sizeof(P) positions of a uint8 or uint16 row at pos (one 16-byte
-// load) -> as many bits (bit b: pos[b] == p; p_rep = p in every byte /
-// half-word): equal lanes of __vcmpeq4 / __vcmpeq2 are all ones, and the
-// multiply gathers one bit of each into the top byte / half-word.
-template <typename P>
-__device__ __forceinline__ unsigned match16(const P* __restrict__ pos, unsigned p_rep) {
-    constexpr int PER = 4 / sizeof(P);             // positions per 32-bit word
-    const uint4 q = *reinterpret_cast<const uint4*>(pos);
-    const unsigned v[4] = {q.x, q.y, q.z, q.w};
-    unsigned bits = 0;
+// The 32 positions of one row's word in registers (positions past the row's
+// F: all ones, never an edge's position) and their match with a position:
+// bit b set where position b equals it.
+template <typename P, bool NARROW = (sizeof(P) <= 2)>
+struct word_positions {                       // index-type positions: one per register
+    P v[32];
+    __device__ __forceinline__ void load(const P* __restrict__ row, int count) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const unsigned packed = PER == 4
-            ? ((__vcmpeq4(v[k], p_rep) & 0x08040201u) * 0x01010101u) >> 24
-            : ((__vcmpeq2(v[k], p_rep) & 0x00020001u) * 0x00010001u) >> 16;
-        bits |= packed << (PER * k);
+        for (int b = 0; b < 32; ++b) v[b] = b < count ? row[b] : P(-1);
     }
-    return bits;
-}
-
-template <typename I, typename P>
-__device__ __forceinline__ void store_masks(const P* __restrict__ row, int F, int W, bool wide,
-                                            long long p, unsigned* __restrict__ out) {
-    for (int w = 0; w < W; ++w) {
-        const P* q = row + 32 * w;
-        const int count = F - 32 * w < 32 ? F - 32 * w : 32;
-        unsigned word = 0;
-        if constexpr (sizeof(P) <= 2) {
-            if (wide && count == 32) {
-                constexpr int N16 = 16 / sizeof(P);       // positions per 16-byte load
-                const unsigned p_rep = (unsigned)p * (sizeof(P) == 1 ? 0x01010101u : 0x00010001u);
+    __device__ __forceinline__ unsigned match(long long p) const {
+        unsigned bits = 0;
 #pragma unroll
-                for (int k = 0; k < 32 / N16; ++k) word |= match16(q + k * N16, p_rep) << (k * N16);
-            } else {
-                word = match_word(q, count, p);
+        for (int b = 0; b < 32; ++b) bits |= (unsigned)((long long)v[b] == p) << b;
+        return bits;
+    }
+};
+
+template <typename P>
+struct word_positions<P, true> {              // uint8 / uint16: packed 4 / 2 per register
+    static constexpr int PER = 4 / sizeof(P), N = 32 / PER;
+    unsigned v[N];
+    __device__ __forceinline__ void load(const P* __restrict__ row, int count) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            unsigned r = 0;
+#pragma unroll
+            for (int b = 0; b < PER; ++b) {
+                const unsigned q = k * PER + b < count ? (unsigned)row[k * PER + b] : (unsigned)P(-1);
+                r |= q << (8 * sizeof(P) * b);
             }
-        } else {
-            word = match_word(q, count, p);
+            v[k] = r;
         }
-        out[w] = word;
     }
-}
+    // equal lanes of __vcmpeq4 / __vcmpeq2 are all ones; the multiply gathers
+    // one bit of each into the top byte / half-word
+    __device__ __forceinline__ unsigned match(long long p) const {
+        const unsigned p_rep = (unsigned)p * (PER == 4 ? 0x01010101u : 0x00010001u);
+        unsigned bits = 0;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const unsigned packed = PER == 4
+                ? ((__vcmpeq4(v[k], p_rep) & 0x08040201u) * 0x01010101u) >> 24
+                : ((__vcmpeq2(v[k], p_rep) & 0x00020001u) * 0x00010001u) >> 16;
+            bits |= packed << (PER * k);
+        }
+        return bits;
+    }
+};
 
 // arg0 / arg1: [num_rows, F] positions (P; arg1 may be null); mask0 / mask1:
-// [E, W] words in forward CSR order. `wide`: rows are 16-byte aligned
-// (F*sizeof(P) % 16 == 0 and aligned bases): 16-byte loads.
+// [E, W] words in forward CSR order; tasks: the forward's task list.
 template <typename I, typename P>
-__global__ void segment_arg_masks(const I* __restrict__ csr_rows, const I* __restrict__ indptr,
+__global__ void segment_arg_masks(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+                                  const I* __restrict__ indptr,
                                   const P* __restrict__ arg0, const P* __restrict__ arg1,
                                   unsigned* __restrict__ mask0, unsigned* __restrict__ mask1,
-                                  i64 num_edges, int F, int W, int wide) {
-    const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= num_edges) return;
-    const i64 i = (i64)csr_rows[e];
-    const long long p = e - (i64)indptr[i];
-    store_masks<I, P>(arg0 + i * F, F, W, wide, p, mask0 + e * W);
-    if (arg1 != nullptr) store_masks<I, P>(arg1 + i * F, F, W, wide, p, mask1 + e * W);
+                                  i64 num_tasks, int F, int W, int chunk) {
+    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= num_tasks * W) return;
+    const i64 t = k / W;
+    const int w = (int)(k - t * W);
+    i64 row, e0, e1;
+    task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
+    const i64 rb = (i64)indptr[row];
+    const int count = F - 32 * w < 32 ? F - 32 * w : 32;
+    for (int term = 0; term < 2; ++term) {
+        const P* __restrict__ arg = term == 0 ? arg0 : arg1;
+        unsigned* __restrict__ mask = term == 0 ? mask0 : mask1;
+        if (arg == nullptr) continue;
+        word_positions<P> pos;
+        pos.load(arg + row * F + 32 * w, count);
+        for (i64 e = e0; e < e1; ++e) mask[e * W + w] = pos.match(e - rb);
+    }
 }
 
 // grad_x[j,f] = sum_{e=(j->i)} coef_a[i,f] + coef_b[i,f]*x[j,f]

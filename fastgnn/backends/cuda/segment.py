@@ -269,9 +269,8 @@ class BwdPlan:
     walk adds (none when the atomic path adds them).
 
     Buffers of a call: x (read with var/std/mul: `needs_x`), the cotangent g
-    [num_dst, R*F], the forward's residuals (positions 16-byte aligned for
-    the masks' wide loads; else they take the narrow ones), an optional
-    acc_t addend [num_src, F], grad [num_src, F] and a workspace of
+    [num_dst, R*F], the forward's residuals, an optional acc_t addend
+    [num_src, F], grad [num_src, F] and a workspace of
     `workspace_bytes` for the coefficient rows, the masks and the split
     rows' partial sums."""
 
@@ -303,12 +302,12 @@ class BwdPlan:
         self.coef = None if not (has_a or has_c) or not n else (
             f"segment_coef<{T}, {I}>", _grid(n * F, 1), (graph.indptr,),
             (np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
-        pos = graph.position_dtype if walk_args else None
+        fwd_tasks = task_plan(graph, chunk) if walk_args else None
+        num_fwd = 0 if fwd_tasks is None else int(fwd_tasks.task_row.shape[0])
         self.masks = None if not walk_args or not graph.num_edges else (
-            f"segment_arg_masks<{I}, {C_POSITION[pos.name]}>", _grid(graph.num_edges, 1),
-            (graph.csr_rows, graph.indptr),
-            (np.int64(graph.num_edges), np.int32(F), np.int32(W)),
-            F * pos.itemsize % 16 == 0)
+            f"segment_arg_masks<{I}, {C_POSITION[graph.position_dtype.name]}>",
+            _grid(num_fwd * W, 1), (fwd_tasks.task_row, fwd_tasks.task_begin, graph.indptr),
+            (np.int64(num_fwd), np.int32(F), np.int32(W), np.int32(chunk)))
         num_tasks = int(tasks.task_row.shape[0])
         self.walk = (f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}>",
                      _grid(num_tasks, group),
@@ -340,12 +339,10 @@ class BwdPlan:
                                  _address(mul_zero), coef_a, coef_b, coef_c, coef_d, *tail),
                 stream=stream)
         if self.masks is not None:
-            name, grid, head, tail, wide = self.masks
+            name, grid, head, tail = self.masks
             at = [_address(a) for a in args] + [0]
             get_function("segment", vtype, itype, name)(
-                grid, (BLOCK,), (*head, at[0], at[1], mask0, mask1, *tail,
-                                 np.int32(wide and at[0] % 16 == 0 and at[1] % 16 == 0)),
-                stream=stream)
+                grid, (BLOCK,), (*head, at[0], at[1], mask0, mask1, *tail), stream=stream)
         terms = [(m, g_at + off) for m, off in zip((mask0, mask1), self.arg_blocks)]
         terms += [(0, 0)] * (2 - len(terms))
         grad_at = _address(grad)
