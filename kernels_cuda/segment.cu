@@ -41,9 +41,8 @@
 //
 // rmat20 (1M rows, 16.1M edges, max in-degree 39764), F=128, fp32, max with
 // args: P = uint16 halves the arg bytes: 256 MB written by the forward
-// instead of 512 MB; uniform20 (max in-degree 40): P = uint8, 128 MB. The
-// backward reads them once per row (segment_arg_masks) and then 16 B of
-// winner mask per edge.
+// instead of 512 MB, and 256 B read per edge by the backward instead of 512 B;
+// uniform20 (max in-degree 40): P = uint8, 128 MB and 128 B.
 
 #include "common.cuh"
 
@@ -542,107 +541,14 @@ __global__ void segment_coef(const I* __restrict__ indptr,
     if (coef_b != nullptr) coef_b[k] = b;
 }
 
-// The max/min terms of the walk read winner masks instead of positions:
-// segment_arg_masks turns each [num_rows, F] position array into one F-bit
-// mask per forward CSR edge e (bit f: e wins feature f of its row, i.e.
-// arg[i,f] == e - indptr[i]), W = ceil(F/32) 32-bit words per edge, in
-// forward CSR order. Mapping: one thread per (forward task, word w): it
-// holds its row's 32 positions of word w in registers (read once) and, for
-// each edge of the task (<= chunk), compares them with the edge's position
-// (4 at a time for uint8 positions, 2 for uint16: __vcmpeq4 / __vcmpeq2) and
-// stores the word; the W threads of a task store an edge's words side by
-// side. Traffic: the position arrays once (a split row's once per task),
-// 4W bytes written per edge.
-// The walk then reads 4W bytes per edge (16 bytes per 128 features, inside
-// one 32-byte sector) instead of the F*sizeof(P)-byte position row of the
-// edge's target (uniform20, F = 128, uint8: 128 B; rmat20, uint16: 256 B),
-// at a random place either way.
-
-// The 32 positions of one row's word in registers (positions past the row's
-// F: all ones, never an edge's position) and their match with a position:
-// bit b set where position b equals it.
-template <typename P, bool NARROW = (sizeof(P) <= 2)>
-struct word_positions {                       // index-type positions: one per register
-    P v[32];
-    __device__ __forceinline__ void load(const P* __restrict__ row, int count) {
-#pragma unroll
-        for (int b = 0; b < 32; ++b) v[b] = b < count ? row[b] : P(-1);
-    }
-    __device__ __forceinline__ unsigned match(long long p) const {
-        unsigned bits = 0;
-#pragma unroll
-        for (int b = 0; b < 32; ++b) bits |= (unsigned)((long long)v[b] == p) << b;
-        return bits;
-    }
-};
-
-template <typename P>
-struct word_positions<P, true> {              // uint8 / uint16: packed 4 / 2 per register
-    static constexpr int PER = 4 / sizeof(P), N = 32 / PER;
-    unsigned v[N];
-    __device__ __forceinline__ void load(const P* __restrict__ row, int count) {
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            unsigned r = 0;
-#pragma unroll
-            for (int b = 0; b < PER; ++b) {
-                const unsigned q = k * PER + b < count ? (unsigned)row[k * PER + b] : (unsigned)P(-1);
-                r |= q << (8 * sizeof(P) * b);
-            }
-            v[k] = r;
-        }
-    }
-    // equal lanes of __vcmpeq4 / __vcmpeq2 are all ones; the multiply gathers
-    // one bit of each into the top byte / half-word
-    __device__ __forceinline__ unsigned match(long long p) const {
-        const unsigned p_rep = (unsigned)p * (PER == 4 ? 0x01010101u : 0x00010001u);
-        unsigned bits = 0;
-#pragma unroll
-        for (int k = 0; k < N; ++k) {
-            const unsigned packed = PER == 4
-                ? ((__vcmpeq4(v[k], p_rep) & 0x08040201u) * 0x01010101u) >> 24
-                : ((__vcmpeq2(v[k], p_rep) & 0x00020001u) * 0x00010001u) >> 16;
-            bits |= packed << (PER * k);
-        }
-        return bits;
-    }
-};
-
-// arg0 / arg1: [num_rows, F] positions (P; arg1 may be null); mask0 / mask1:
-// [E, W] words in forward CSR order; tasks: the forward's task list.
-template <typename I, typename P>
-__global__ void segment_arg_masks(const I* __restrict__ task_row, const I* __restrict__ task_begin,
-                                  const I* __restrict__ indptr,
-                                  const P* __restrict__ arg0, const P* __restrict__ arg1,
-                                  unsigned* __restrict__ mask0, unsigned* __restrict__ mask1,
-                                  i64 num_tasks, int F, int W, int chunk) {
-    const i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= num_tasks * W) return;
-    const i64 t = k / W;
-    const int w = (int)(k - t * W);
-    i64 row, e0, e1;
-    task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
-    const i64 rb = (i64)indptr[row];
-    const int count = F - 32 * w < 32 ? F - 32 * w : 32;
-    for (int term = 0; term < 2; ++term) {
-        const P* __restrict__ arg = term == 0 ? arg0 : arg1;
-        unsigned* __restrict__ mask = term == 0 ? mask0 : mask1;
-        if (arg == nullptr) continue;
-        word_positions<P> pos;
-        pos.load(arg + row * F + 32 * w, count);
-        for (i64 e = e0; e < e1; ++e) mask[e * W + w] = pos.match(e - rb);
-    }
-}
-
 // grad_x[j,f] = sum_{e=(j->i)} coef_a[i,f] + coef_b[i,f]*x[j,f]
-//               + [f in mask0[e]] g0[i,f] + [f in mask1[e]] g1[i,f]
+//               + [arg0[i,f] == p_e] g0[i,f] + [arg1[i,f] == p_e] g1[i,f]
 //               + (coef_c[i,f] / x[j,f] where x[j,f] != 0, else coef_d[i,f])
-// (mask0/g0, mask1/g1: the winner masks of the max / min terms
-// (segment_arg_masks, indexed by e's forward CSR position t_eid[e]) and the
-// max / min blocks of the cotangent, row stride ldg). Walks the transpose:
-// tasks over source rows j, `t_indices` = targets i, `t_eid` = forward CSR
-// positions (the transpose's edge_ids, read only with arg terms); same lane
-// mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
+// (arg0/g0, arg1/g1: the argmax / argmin positions and the max / min blocks
+// of the cotangent, row stride ldg; p_e = e - indptr[i], the position of e
+// in its forward row). Walks the transpose: tasks over source rows j,
+// `t_indices` = targets i, `t_pos` = p_e (type P as the args, cached per
+// graph, read only with arg terms); same lane mapping as the forward. LIN (0: no linear term, 1: coef_a, 2: coef_a
 // and coef_b, 3: those and mul's coef_c / coef_d, summed apart and divided
 // by x[j] once at the end; coef_d is read only by lanes holding a zero of
 // x[j]) and NARG (arg terms, 0-2) are compile-time upper bounds; a null
@@ -657,31 +563,33 @@ __global__ void segment_arg_masks(const I* __restrict__ task_row, const I* __res
 // the thread that later stores it (or, for a split row, before spmm_combine
 // runs), and nothing else writes it.
 //
-// Traffic per edge: sizeof(I) (+ sizeof(I) + 4 bytes per lane's mask word
-// with arg terms: the group's lanes read W words, one sector for F <= 256)
-// + F*LIN*sizeof(acc_t) gathered as VEC-wide loads, UNROLL edges in flight;
-// g0/g1 are read only for the features whose bit is set (~1/deg of them).
+// Traffic per edge: sizeof(I) (+ sizeof(P) with arg terms) + F*(LIN*sizeof(acc_t)
+// + NARG*sizeof(P)) gathered as VEC-wide loads, UNROLL edges in flight;
+// g0/g1 are read only for the features whose arg matches the edge (~1/deg
+// of them), so a max backward moves one gathered row of P per edge: with
+// P = uint16 half the bytes of the SpMM backward's fp32 row (rmat20, F=128:
+// 256 B per edge, 4.1 GB without cache reuse), with uint8 a quarter.
 #define SEGMENT_BWD_PARAMS                                                                   \
     const I* __restrict__ task_row, const I* __restrict__ task_begin,                        \
     const I* __restrict__ task_slot, const I* __restrict__ t_indptr,                         \
-    const I* __restrict__ t_indices, const I* __restrict__ t_eid,                            \
+    const I* __restrict__ t_indices, const P* __restrict__ t_pos,                            \
     const T* __restrict__ x,                                      /* [num_cols_fwd, F] */    \
     const typename value_traits<T>::acc_t* __restrict__ coef_a,   /* [num_rows_fwd, F] */    \
     const typename value_traits<T>::acc_t* __restrict__ coef_b,                              \
     const typename value_traits<T>::acc_t* __restrict__ coef_c,                              \
     const typename value_traits<T>::acc_t* __restrict__ coef_d,                              \
-    const unsigned* __restrict__ mask0, const T* __restrict__ g0,   /* [E, W] / ldg */       \
-    const unsigned* __restrict__ mask1, const T* __restrict__ g1,                            \
+    const P* __restrict__ arg0, const T* __restrict__ g0,   /* [num_rows_fwd, F] / ldg */    \
+    const P* __restrict__ arg1, const T* __restrict__ g1,                                    \
     const typename value_traits<T>::acc_t* addend,   /* [num_cols_fwd, F], null, or grad_x */ \
     T* grad_x,                                       /* [num_cols_fwd, F] */                 \
     typename value_traits<T>::acc_t* __restrict__ partial,        /* [slots, F] */           \
-    i64 num_tasks, int F, int W, i64 ldg, int chunk, int group
+    i64 num_tasks, int F, i64 ldg, int chunk, int group
 #define SEGMENT_BWD_ARGS                                                                     \
-    task_row, task_begin, task_slot, t_indptr, t_indices, t_eid, x, coef_a, coef_b, coef_c,   \
-    coef_d, mask0, g0,                                                                        \
-    mask1, g1, addend, grad_x, partial, num_tasks, F, W, ldg, chunk, group
+    task_row, task_begin, task_slot, t_indptr, t_indices, t_pos, x, coef_a, coef_b, coef_c,   \
+    coef_d, arg0, g0,                                                                         \
+    arg1, g1, addend, grad_x, partial, num_tasks, F, ldg, chunk, group
 
-template <typename T, typename I, int VEC, int LIN, int NARG>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     typedef typename value_traits<T>::acc_t A;
     constexpr int UNROLL = SEG_BWD_UNROLL;     // edges in flight (see the knobs above)
@@ -694,8 +602,8 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     const bool has_a = LIN >= 1 && coef_a != nullptr;
     const bool has_b = LIN >= 2 && coef_b != nullptr;
     const bool has_c = LIN >= 3 && coef_c != nullptr;
-    const bool has_0 = NARG >= 1 && mask0 != nullptr;
-    const bool has_1 = NARG >= 2 && mask1 != nullptr;
+    const bool has_0 = NARG >= 1 && arg0 != nullptr;
+    const bool has_1 = NARG >= 2 && arg1 != nullptr;
 
     for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
         A acc_a[VEC], acc_b[VEC], acc_c[VEC], xv[VEC];
@@ -713,14 +621,15 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
         i64 e = e0;
         while (e < e1) {
             const int n = e + UNROLL <= e1 ? UNROLL : 1;   // full steps, then one edge at a time
-            i64 i[UNROLL], eid[UNROLL];
+            i64 i[UNROLL];
+            P pe[UNROLL];
             pack_t<A, VEC> ca[UNROLL], cb[UNROLL], cc[UNROLL], cd[UNROLL];
-            unsigned m0[UNROLL], m1[UNROLL];    // the edge's winner bits of f0 .. f0 + VEC
+            pack_t<P, VEC> a0[UNROLL], a1[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (u < n) {
                     i[u] = (i64)t_indices[e + u];
-                    if (has_0 || has_1) eid[u] = (i64)t_eid[e + u];
+                    if (has_0 || has_1) pe[u] = t_pos[e + u];
                 }
             }
 #pragma unroll
@@ -731,8 +640,8 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
                     if (has_b) cb[u] = load_pack<A, VEC>(coef_b + base);
                     if (has_c) cc[u] = load_pack<A, VEC>(coef_c + base);
                     if (zero_x) cd[u] = load_pack<A, VEC>(coef_d + base);
-                    if (has_0) m0[u] = mask0[eid[u] * W + (f0 >> 5)] >> (f0 & 31);
-                    if (has_1) m1[u] = mask1[eid[u] * W + (f0 >> 5)] >> (f0 & 31);
+                    if (has_0) a0[u] = load_pack<P, VEC>(arg0 + base);
+                    if (has_1) a1[u] = load_pack<P, VEC>(arg1 + base);
                 }
             }
 #pragma unroll
@@ -743,9 +652,9 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
                         if (has_a) acc_a[v] += ca[u].v[v];
                         if (has_b) acc_b[v] += cb[u].v[v];
                         if (has_c) acc_c[v] += zero_x && xv[v] == A(0) ? cd[u].v[v] : cc[u].v[v];
-                        if (has_0 && (m0[u] >> v & 1u))
+                        if (has_0 && a0[u].v[v] == pe[u])
                             acc_a[v] += value_traits<T>::to_acc(g0[i[u] * ldg + f0 + v]);
-                        if (has_1 && (m1[u] >> v & 1u))
+                        if (has_1 && a1[u].v[v] == pe[u])
                             acc_a[v] += value_traits<T>::to_acc(g1[i[u] * ldg + f0 + v]);
                     }
                 }
@@ -789,15 +698,15 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
 // The entries: one term without launch bounds, several terms (LIN + NARG >
 // 1, loader.segment_bwd_kernel) capped to SEG_BWD_MIN_BLOCKS blocks per
 // multiprocessor where SEG_CAPPED holds (__launch_bounds__(256, 1) elsewhere).
-template <typename T, typename I, int VEC, int LIN, int NARG>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __global__ void segment_bwd(SEGMENT_BWD_PARAMS) {
-    segment_bwd_body<T, I, VEC, LIN, NARG>(SEGMENT_BWD_ARGS);
+    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }
 
-template <typename T, typename I, int VEC, int LIN, int NARG>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __global__ void __launch_bounds__(256, SEG_CAPPED(T, I, VEC) && LIN < 3 ? SEG_BWD_MIN_BLOCKS : 1)
 segment_bwd_capped(SEGMENT_BWD_PARAMS) {
-    segment_bwd_body<T, I, VEC, LIN, NARG>(SEGMENT_BWD_ARGS);
+    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
 }
 
 // The max/min terms of the backward with float atomics (deterministic=False,

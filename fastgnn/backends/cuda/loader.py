@@ -85,11 +85,7 @@ SEGMENT_MAX_VEC = 4
 def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
     names = [f"segment_coef<{T}, {I}>", f"cast_from_acc<{T}>"]
-    # the winner masks of the walk's max/min terms, from each position type
-    names += [f"segment_arg_masks<{I}, {C_POSITION[pt]}>" for pt in (*NARROW_POSITIONS, it)]
     for vec in (v for v in vec_widths(vt) if v <= SEGMENT_MAX_VEC):
-        names += [f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}>"
-                  for lin, narg in SEGMENT_TERMS]
         for pt in (*NARROW_POSITIONS, it):
             P = C_POSITION[pt]
             names.append(f"segment_combine<{T}, {I}, {vec}, {P}>")
@@ -100,6 +96,8 @@ def _segment_names(vt, it):
             if pt == "uint16":
                 names += [f"segment_fwd<{T}, {I}, {vec}, {s | STAT_NOARG}, {P}>"
                           for s in SEGMENT_STATS if s & 12]
+            names += [f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
+                      for lin, narg in SEGMENT_TERMS if narg or pt == it]
     return names
 
 

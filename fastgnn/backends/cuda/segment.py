@@ -11,10 +11,8 @@ forward (no positions asked for) runs the instantiation that tracks none
 Backward: one fused pass building coef_a/coef_b (and mul's coef_c/coef_d)
 from the cotangent (segment_coef), then one pass over the cached transpose
 summing the linear terms, mul's term and the arg-selected max/min terms
-(read straight from the cotangent's blocks where the edge's winner mask
-says so: segment_arg_masks first turns the positions into one F-bit mask
-per forward edge, which the walk finds by the transpose's edge_ids; 4F/32
-bytes read per edge instead of the target's position row); no
+(read straight from the cotangent's blocks; each transpose edge's position
+in its forward row is cached on the graph, Graph.transpose_positions); no
 atomics. Opt-in deterministic=False:
 the max/min terms are added by float atomics over the targets
 (segment_arg_scatter: grad_x[source of the winning edge] += g per (row,
@@ -263,16 +261,14 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
 class BwdPlan:
     """The deterministic backward's launches for one (graph, codes, F, value
     type, walk_args, VEC, chunk): segment_coef (when there are linear terms),
-    segment_arg_masks (when there are arg terms: the positions as per-edge
-    winner masks), the transpose walk segment_bwd, spmm_combine over split
-    source rows. walk_args: the arg terms ("max", "min", in that order) the
-    walk adds (none when the atomic path adds them).
+    the transpose walk segment_bwd, spmm_combine over split source rows.
+    walk_args: the arg terms ("max", "min", in that order) the walk adds
+    (none when the atomic path adds them).
 
     Buffers of a call: x (read with var/std/mul: `needs_x`), the cotangent g
     [num_dst, R*F], the forward's residuals, an optional acc_t addend
-    [num_src, F], grad [num_src, F] and a workspace of
-    `workspace_bytes` for the coefficient rows, the masks and the split
-    rows' partial sums."""
+    [num_src, F], grad [num_src, F] and a workspace of `workspace_bytes` for
+    the coefficient rows and the split rows' partial sums."""
 
     def __init__(self, graph, codes, F, vtype, walk_args, vec, chunk):
         itype = _ITYPE[np.dtype(graph.index_dtype)]
@@ -285,14 +281,13 @@ class BwdPlan:
         t = graph.transpose()
         tasks = task_plan(t, chunk)
         row = n * F * acc.itemsize
-        W = -(-F // 32)                 # mask words per edge
-        masks = graph.num_edges * W * 4
-        # coef_a, coef_b, coef_c, coef_d, the walk's partial sums, the masks
+        # coef_a, coef_b, coef_c, coef_d, the walk's partial sums
         self.offsets, self.workspace_bytes = _layout(
             [row if has_a else 0, row if has_b else 0, row if has_c else 0, row if has_c else 0,
-             tasks.num_slots * F * acc.itemsize, masks if walk_args else 0,
-             masks if len(walk_args) > 1 else 0])
+             tasks.num_slots * F * acc.itemsize])
+        pos = graph.position_dtype if walk_args else np.dtype(graph.index_dtype)
         lin, narg = _terms(3 if has_c else 2 if has_b else int(has_a), len(walk_args))
+        P = segment_position_type(itype, pos.name, narg > 0)
         T, I = C_VALUE[vtype], C_INDEX[itype]
         group = lane_group(-(-F // vec))
         self.types = vtype, itype
@@ -302,19 +297,13 @@ class BwdPlan:
         self.coef = None if not (has_a or has_c) or not n else (
             f"segment_coef<{T}, {I}>", _grid(n * F, 1), (graph.indptr,),
             (np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
-        fwd_tasks = task_plan(graph, chunk) if walk_args else None
-        num_fwd = 0 if fwd_tasks is None else int(fwd_tasks.task_row.shape[0])
-        self.masks = None if not walk_args or not graph.num_edges else (
-            f"segment_arg_masks<{I}, {C_POSITION[graph.position_dtype.name]}>",
-            _grid(num_fwd * W, 1), (fwd_tasks.task_row, fwd_tasks.task_begin, graph.indptr),
-            (np.int64(num_fwd), np.int32(F), np.int32(W), np.int32(chunk)))
         num_tasks = int(tasks.task_row.shape[0])
-        self.walk = (f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}>",
+        self.walk = (f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>",
                      _grid(num_tasks, group),
                      (tasks.task_row, tasks.task_begin, tasks.task_slot, t.indptr, t.indices,
-                      _arg(t.edge_ids if walk_args else None)),
-                     (np.int64(num_tasks), np.int32(F), np.int32(W), np.int64(R * F),
-                      np.int32(chunk), np.int32(group)))
+                      _arg(graph.transpose_positions if walk_args else None)),
+                     (np.int64(num_tasks), np.int32(F), np.int64(R * F), np.int32(chunk),
+                      np.int32(group)))
         num_split = int(tasks.split_row.shape[0])
         self.combine = None if not num_split else (
             f"spmm_combine<{T}, {I}, {vec}>", _grid(num_split, group),
@@ -329,7 +318,7 @@ class BwdPlan:
         if self.empty:
             return
         vtype, itype = self.types
-        coef_a, coef_b, coef_c, coef_d, partial, mask0, mask1 = _carve(workspace, self.offsets)
+        coef_a, coef_b, coef_c, coef_d, partial = _carve(workspace, self.offsets)
         g_at = _address(g)
         mul_out, mul_zero = (None, None) if mul is None else mul
         if self.coef is not None:
@@ -338,12 +327,7 @@ class BwdPlan:
                 grid, (BLOCK,), (*head, g_at, _address(mean), _address(std), _address(mul_out),
                                  _address(mul_zero), coef_a, coef_b, coef_c, coef_d, *tail),
                 stream=stream)
-        if self.masks is not None:
-            name, grid, head, tail = self.masks
-            at = [_address(a) for a in args] + [0]
-            get_function("segment", vtype, itype, name)(
-                grid, (BLOCK,), (*head, at[0], at[1], mask0, mask1, *tail), stream=stream)
-        terms = [(m, g_at + off) for m, off in zip((mask0, mask1), self.arg_blocks)]
+        terms = [(_address(a), g_at + off) for a, off in zip(args, self.arg_blocks)]
         terms += [(0, 0)] * (2 - len(terms))
         grad_at = _address(grad)
         name, grid, head, tail = self.walk
