@@ -93,7 +93,7 @@ def forward(graph, x: torch.Tensor, codes: tuple, residuals: bool):
     plan = seg.fwd_plan(graph, codes, F, vtype, residuals, vec, context=_scope(dev))
     buffer = (torch.empty(plan.residual_bytes, dtype=torch.uint8, device=dev)
               if plan.residual_bytes else None)
-    addresses = seg._carve(None if buffer is None else buffer.data_ptr(), plan.residual_offsets)
+    addresses = seg.carve(None if buffer is None else buffer.data_ptr(), plan.residual_offsets)
     ws = (torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=dev)
           if plan.workspace_bytes else None)
     plan.launch(x.data_ptr(), out.data_ptr(), addresses, None if ws is None else ws.data_ptr(),

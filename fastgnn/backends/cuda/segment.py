@@ -103,7 +103,7 @@ def _layout(sizes):
     return tuple(offsets), total
 
 
-def _carve(workspace, offsets):
+def carve(workspace, offsets):
     """Addresses of the buffers at `offsets` in `workspace` (0 where absent)."""
     ws = _address(workspace)
     return [0 if o is None else ws + o for o in offsets]
@@ -190,7 +190,7 @@ class FwdPlan:
         CuPy arrays or int addresses, on `stream` (None: CuPy's current one)."""
         if self.empty:
             return
-        parts = _carve(workspace, self.offsets)
+        parts = carve(workspace, self.offsets)
         resid = [_address(r) for r in residuals]
         name, grid, head, tail = self.fwd
         get_function(*self.module, name)(grid, (BLOCK,), (*head, _address(x), _address(out),
@@ -318,7 +318,7 @@ class BwdPlan:
         if self.empty:
             return
         vtype, itype = self.types
-        coef_a, coef_b, coef_c, coef_d, partial = _carve(workspace, self.offsets)
+        coef_a, coef_b, coef_c, coef_d, partial = carve(workspace, self.offsets)
         g_at = _address(g)
         mul_out, mul_zero = (None, None) if mul is None else mul
         if self.coef is not None:
