@@ -119,7 +119,7 @@ def backward(graph, res: Residuals, g: torch.Tensor, addend: torch.Tensor | None
         addend, out = addend.float(), None     # the walk adds acc_t (fp32) rows
     grad = out if out is not None else torch.empty((graph.num_src, F), dtype=g.dtype, device=dev)
     argmax, argmin, mean, std, mul_out, mul_zero = res.addresses
-    walk_args = tuple(c for c in ("max", "min") if c in res.codes)
+    walk_args = seg.arg_terms(res.codes)
     args = [argmax if c == "max" else argmin for c in walk_args]
     # (the residuals are carved _ALIGN-aligned out of one allocation)
     vec = seg.vec_for(vtype, F, *_spans(res.x, addend, grad))

@@ -124,6 +124,20 @@ def _spans(*arrays):
     return [(a.data.ptr, a.itemsize) for a in arrays if a is not None]
 
 
+def arg_terms(codes) -> tuple:
+    """The reductions of `codes` with an arg term in the backward ("max",
+    "min", in that order: the walk's and BwdPlan's order)."""
+    return tuple(c for c in ("max", "min") if c in codes)
+
+
+def _run(spec, types, args, stream):
+    """One launch of a plan: spec = (family, kernel name, grid, leading
+    arguments, trailing arguments), fixed per plan; `args` go between the two
+    (the call's buffers); types = (value type, index type)."""
+    family, name, grid, head, tail = spec
+    get_function(family, *types, name)(grid, (BLOCK,), (*head, *args, *tail), stream=stream)
+
+
 class FwdPlan:
     """The forward's launches for one (graph, codes, F, value type,
     residuals, VEC, chunk): segment_fwd over the task list, then
@@ -167,11 +181,12 @@ class FwdPlan:
         group = lane_group(-(-F // vec))
         T, I = C_VALUE[vtype], C_INDEX[itype]
         P = segment_position_type(itype, pos.name, has_args)
-        self.module = ("segment", vtype, itype)
+        self.types = vtype, itype
         self.empty = F == 0 or n == 0
         num_tasks = int(tasks.task_row.shape[0])
         packed = _packed(codes)
-        self.fwd = (f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>", _grid(num_tasks, group),
+        self.fwd = ("segment", f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>",
+                    _grid(num_tasks, group),
                     (tasks.task_row, tasks.task_begin, tasks.task_slot, graph.indptr,
                      graph.indices),
                     (np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
@@ -179,7 +194,7 @@ class FwdPlan:
         num_split = int(tasks.split_row.shape[0])
         # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)
         self.combine = None if not num_split else (
-            f"segment_combine<{T}, {I}, {vec}, {P}>", _grid(num_split, group),
+            "segment", f"segment_combine<{T}, {I}, {vec}, {P}>", _grid(num_split, group),
             (tasks.split_row, tasks.slot_ptr, graph.indptr),
             (np.int64(num_split), np.int32(F), np.int32(group), np.int32(stats), np.int32(R),
              np.int32(packed)))
@@ -192,14 +207,9 @@ class FwdPlan:
             return
         parts = carve(workspace, self.offsets)
         resid = [_address(r) for r in residuals]
-        name, grid, head, tail = self.fwd
-        get_function(*self.module, name)(grid, (BLOCK,), (*head, _address(x), _address(out),
-                                                          *resid, *parts, *tail), stream=stream)
+        _run(self.fwd, self.types, (_address(x), _address(out), *resid, *parts), stream)
         if self.combine is not None:
-            name, grid, head, tail = self.combine
-            get_function(*self.module, name)(grid, (BLOCK,),
-                                             (*head, *parts, _address(out), *resid, *tail),
-                                             stream=stream)
+            _run(self.combine, self.types, (*parts, _address(out), *resid), stream)
 
 
 def _cached_plan(graph, key, build, context):
@@ -295,10 +305,11 @@ class BwdPlan:
         # the cotangent block of each arg term, as a byte offset into g
         self.arg_blocks = [codes.index(c) * F * VALUE_BYTES[vtype] for c in walk_args]
         self.coef = None if not (has_a or has_c) or not n else (
-            f"segment_coef<{T}, {I}>", _grid(n * F, 1), (graph.indptr,),
+            "segment", f"segment_coef<{T}, {I}>", _grid(n * F, 1), (graph.indptr,),
             (np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
         num_tasks = int(tasks.task_row.shape[0])
-        self.walk = (f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>",
+        self.walk = ("segment",
+                     f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>",
                      _grid(num_tasks, group),
                      (tasks.task_row, tasks.task_begin, tasks.task_slot, t.indptr, t.indices,
                       _arg(graph.transpose_positions if walk_args else None)),
@@ -306,7 +317,7 @@ class BwdPlan:
                       np.int32(group)))
         num_split = int(tasks.split_row.shape[0])
         self.combine = None if not num_split else (
-            f"spmm_combine<{T}, {I}, {vec}>", _grid(num_split, group),
+            "spmm", f"spmm_combine<{T}, {I}, {vec}>", _grid(num_split, group),
             (tasks.split_row, tasks.slot_ptr),
             (np.int64(num_split), np.int32(F), np.int32(group)))
 
@@ -317,28 +328,21 @@ class BwdPlan:
         (None: CuPy's current one)."""
         if self.empty:
             return
-        vtype, itype = self.types
         coef_a, coef_b, coef_c, coef_d, partial = carve(workspace, self.offsets)
         g_at = _address(g)
         mul_out, mul_zero = (None, None) if mul is None else mul
         if self.coef is not None:
-            name, grid, head, tail = self.coef
-            get_function("segment", vtype, itype, name)(
-                grid, (BLOCK,), (*head, g_at, _address(mean), _address(std), _address(mul_out),
-                                 _address(mul_zero), coef_a, coef_b, coef_c, coef_d, *tail),
-                stream=stream)
+            _run(self.coef, self.types, (g_at, _address(mean), _address(std), _address(mul_out),
+                                         _address(mul_zero), coef_a, coef_b, coef_c, coef_d),
+                 stream)
         terms = [(_address(a), g_at + off) for a, off in zip(args, self.arg_blocks)]
         terms += [(0, 0)] * (2 - len(terms))
         grad_at = _address(grad)
-        name, grid, head, tail = self.walk
-        get_function("segment", vtype, itype, name)(
-            grid, (BLOCK,), (*head, _address(x) if self.needs_x else 0, coef_a, coef_b, coef_c,
-                             coef_d, *terms[0], *terms[1], _address(addend), grad_at, partial,
-                             *tail), stream=stream)
+        _run(self.walk, self.types, (_address(x) if self.needs_x else 0, coef_a, coef_b, coef_c,
+                                     coef_d, *terms[0], *terms[1], _address(addend), grad_at,
+                                     partial), stream)
         if self.combine is not None:
-            name, grid, head, tail = self.combine
-            get_function("spmm", vtype, itype, name)(
-                grid, (BLOCK,), (*head, partial, 0, 0, grad_at, *tail), stream=stream)
+            _run(self.combine, self.types, (partial, 0, 0, grad_at), stream)
 
 
 def bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk=DEFAULT_CHUNK,
@@ -376,8 +380,8 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
     has_lin = any(c not in ("max", "min") for c in codes)    # terms the walk must add
     # max/min terms: the arg arrays (positions within the forward row, in the
     # graph's position dtype) and the cotangent's blocks (row stride R*F)
-    named = [(c, a.astype(graph.position_dtype, copy=False))
-             for c, a in (("max", argmax), ("min", argmin)) if a is not None]
+    named = [(c, (argmax if c == "max" else argmin).astype(graph.position_dtype, copy=False))
+             for c in arg_terms(codes)]
     addend = user
     if named and not deterministic:
         # float atomics over the targets instead of reading arg rows per transpose edge:
