@@ -1,9 +1,9 @@
-"""Developer probe (H200): the bias gradient sum_i g[i] of a [N, F] cotangent
+"""Developer probe (GPU): the bias gradient sum_i g[i] of a [N, F] cotangent
 in the forms torch and fastgnn offer, GPU time (CUDA events, median of 20
 after a warm-up) and host time per call (200 calls enqueued back to back,
 one synchronisation), per N, F = 128, fp32 and bf16. One line per form.
 
-    python benchmarks/probe_bias_grad.py [F]
+    python benchmarks/dev/probe_bias_grad.py [F]
 """
 import sys
 
@@ -11,11 +11,11 @@ import torch
 
 import fastgnn
 from fastgnn.torch import functional as tf
-from profile_layer_host import event_ms, host_ms   # benchmarks/ (this folder)
+from profile_layer_host import event_ms, host_ms   # benchmarks/dev/ (this folder)
 
 
 def column_sum(g):
-    """fastgnn.column_sum on a torch tensor (what bias_grad did before the GEMV)."""
+    """fastgnn.column_sum on a torch tensor (bias_grad's form where the GEMV does not apply)."""
     bf16 = g.dtype == torch.bfloat16
     with tf.device_scope(g.device):
         return tf.to_tensor(fastgnn.column_sum(tf.to_array(g), vtype="bfloat16" if bf16 else None),

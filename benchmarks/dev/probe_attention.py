@@ -5,9 +5,9 @@ gradients, random cotangent) of the three scores at 4 heads x 32 in fp32 and
 bf16; run under `ncu` to read the counters of one launch of each kernel
 (`bwd-once`: only one backward per score and type, nothing timed).
 
-    python benchmarks/probe_attention.py [scale] [bwd-once]
+    python benchmarks/dev/probe_attention.py [scale] [bwd-once]
     ncu -k regex:attn_bwd --section SpeedOfLight --section WarpStateStats \
-        python benchmarks/probe_attention.py 20 bwd-once
+        python benchmarks/dev/probe_attention.py 20 bwd-once
 """
 import sys
 

@@ -1,5 +1,8 @@
 """Developer tool: where a drop-in layer's forward+backward time goes on the
-GPU (torch.profiler), to compare against the op-level benchmark."""
+GPU (torch.profiler), to compare against the op-level benchmark.
+
+    python benchmarks/dev/profile_layers.py [layer] [fp32|bf16|fp16]
+"""
 import sys
 
 import torch

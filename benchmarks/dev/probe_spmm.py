@@ -1,4 +1,4 @@
-"""Quick H200 probe of the SpMM paths on rmat20 (developer tool; the full
+"""Developer probe (GPU): the SpMM paths on rmat20 (developer tool; the full
 benchmark is `python -m fastgnn.bench`). Prints one line per variant."""
 import sys
 import time

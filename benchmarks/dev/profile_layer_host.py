@@ -8,8 +8,8 @@ reports), GPU kernel ms per call (torch.profiler, sum of device time), the
 per-call counts of CUDA runtime calls that block or cost (synchronize,
 memcpy, malloc, launches), and cProfile's top functions by own time.
 
-    python benchmarks/profile_layer_host.py [graph spec] [layer] [calls]
-    python benchmarks/profile_layer_host.py file:.data/soc-brightkite.txt SAGEConv_max 200
+    python benchmarks/dev/profile_layer_host.py [graph spec] [layer] [calls]
+    python benchmarks/dev/profile_layer_host.py file:.data/soc-brightkite.txt SAGEConv_max 200
 """
 import cProfile
 import pstats

@@ -4,7 +4,7 @@ the float64 reference, against the rounding bound the tests use
 (tests/test_attention.py `_att_bound`), over random awkward graphs of the
 shapes test_attention_matches_reference draws, for `seconds`.
 
-    python benchmarks/probe_gatv2_att_rounding.py [seconds]
+    python benchmarks/dev/probe_gatv2_att_rounding.py [seconds]
 """
 import os
 import sys
@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 import test_attention as ta   # noqa: E402  (tests/: the graphs, inputs and the bound)
 from fastgnn import edge_attention_bwd, edge_attention_fwd   # noqa: E402
 from fastgnn.ops.attention import SCORE_INPUTS   # noqa: E402

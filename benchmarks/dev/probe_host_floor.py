@@ -10,7 +10,7 @@ PyTorch layer with the same two linears costs. Per graph, host ms per call
              out (torch's Linear and addmm_: the floor of any aggregation)
   aggr op    fastgnn.torch.segment_reduce(..., "max") alone, forward + grad
 
-    python benchmarks/probe_host_floor.py [graph spec ...]
+    python benchmarks/dev/probe_host_floor.py [graph spec ...]
 
 ROUNDS=k in the environment: only layer and unfused, alternated k times
 (an A/B in one run, for graphs whose timings move between runs).
@@ -22,7 +22,7 @@ import torch
 
 import fastgnn.torch as ft
 from fastgnn.bench import graphs
-from profile_layer_host import event_ms, host_ms   # benchmarks/ (this folder)
+from profile_layer_host import event_ms, host_ms   # benchmarks/dev/ (this folder)
 
 F = 128
 DEVICE = "cuda"

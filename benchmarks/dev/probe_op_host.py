@@ -11,8 +11,8 @@ pieces around them (device scope, DLPack both ways, a CuPy allocation from
 torch's allocator). Then cProfile's top functions by own time for a
 forward+backward.
 
-    python benchmarks/probe_op_host.py [graph spec] [reduce] [calls]
-    python benchmarks/probe_op_host.py file:.data/soc-brightkite.txt max 2000
+    python benchmarks/dev/probe_op_host.py [graph spec] [reduce] [calls]
+    python benchmarks/dev/probe_op_host.py file:.data/soc-brightkite.txt max 2000
 """
 import cProfile
 import pstats

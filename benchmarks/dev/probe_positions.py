@@ -8,7 +8,7 @@ segment_reduce max and mean+max+min+std through torch autograd, and
 SAGEConv(aggr="max") (F = 128, fp32). Graphs with a row of 256 in-edges or
 more take uint16 either way and are skipped.
 
-    python benchmarks/probe_positions.py [calls] [graph spec ...]
+    python benchmarks/dev/probe_positions.py [calls] [graph spec ...]
 """
 import statistics
 import sys

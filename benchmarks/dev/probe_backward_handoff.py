@@ -20,9 +20,9 @@ traffic is what costs, that removes it). "cpu": the thread's CPU time
 (time.thread_time) in that segment; wall above cpu is waiting. The op alone
 (fastgnn.torch.segment_reduce) gives the same stamps without the linear layers.
 
-    python benchmarks/probe_backward_handoff.py [graph spec] [layer] [calls]
-    python benchmarks/probe_backward_handoff.py file:.data/soc-brightkite.txt SAGEConv_max 200
-    python benchmarks/probe_backward_handoff.py uniform17 SAGEConv_max 200 generic
+    python benchmarks/dev/probe_backward_handoff.py [graph spec] [layer] [calls]
+    python benchmarks/dev/probe_backward_handoff.py file:.data/soc-brightkite.txt SAGEConv_max 200
+    python benchmarks/dev/probe_backward_handoff.py uniform17 SAGEConv_max 200 generic
 
 A fourth argument "generic" turns fastgnn.torch's CUDA fast path of the
 fused node off (segment_cuda.usable -> False): the generic bridge's figures.
@@ -39,7 +39,7 @@ import fastgnn.torch as ft
 from fastgnn.torch import functional
 from fastgnn.torch._autograd import FastgnnFunction
 from fastgnn.bench import graphs
-from profile_layer_host import F, LAYERS   # benchmarks/ (this folder)
+from profile_layer_host import F, LAYERS   # benchmarks/dev/ (this folder)
 
 STAMPS = []          # per backward: (enter, leave, thread CPU seconds, thread name)
 PIN = []             # [core]: the backward's thread pins itself there (Linux)

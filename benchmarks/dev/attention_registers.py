@@ -2,7 +2,7 @@
 kernels rmat20's 4 heads x 32 runs, as the device's own NVRTC/ptxas build
 them (the compile check builds with the local NVRTC, which may differ).
 
-    python benchmarks/attention_registers.py
+    python benchmarks/dev/attention_registers.py
 """
 from fastgnn.backends.cuda.loader import get_function
 

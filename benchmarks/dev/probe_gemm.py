@@ -4,13 +4,13 @@ formulations torch offers, each timed alone (CUDA events, median of 20), so
 the layers can use the fastest form of each product. Also under
 torch.backends.cuda.preferred_blas_library("cublaslt").
 
-    python benchmarks/probe_gemm.py [N] [F] [dtype] [default|cublaslt ...]
+    python benchmarks/dev/probe_gemm.py [N] [F] [dtype] [default|cublaslt ...]
 """
 import sys
 
 import torch
 
-from profile_layer_host import event_ms   # benchmarks/ (this folder)
+from profile_layer_host import event_ms   # benchmarks/dev/ (this folder)
 
 
 def median_ms(fn, repeats=20):
