@@ -16,9 +16,9 @@ from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
 from ._autograd import (Op, _backward, _forward, _torch_stream_ptr, apply, device_scope, to_array,
                         to_tensor)
-from . import segment_cuda
+from . import custom_ops, segment_cuda
 from .gemm import g_w, tf32_allowed, x_wt
-from .graph_cache import resolve
+from .graph_cache import graph_input, resolve
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr",
            "add_bias", "bias_grad", "SPMM",
@@ -171,6 +171,15 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
                  (e.g. `fastgnn.gcn_norm_weights`); they take no gradient.
     Returns [num_dst, F] in x's dtype.
     """
+    if custom_ops.compiling():
+        if csr_weights is not None:
+            raise NotImplementedError(
+                "spmm(csr_weights=...) under torch.compile: precomputed CsrWeights cannot "
+                "enter a compiled program; pass edge_weight (GCNConv builds its weights "
+                "inside its op)")
+        ei, sizes = graph_input(edge_index_or_graph, _rows(x) if num_nodes is None else num_nodes)
+        return custom_ops.call("spmm", ei, x, edge_weight, bias, row_scale, col_scale,
+                               num_nodes=sizes, reduce=reduce, path=path)
     graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
     if adj_w is not None:
         if edge_weight is not None or csr_weights is not None:
@@ -249,6 +258,10 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
     Returns [num_dst, F] for a single str, else [num_dst, R*F] with block r
     = reduce[r] (PyG MultiAggregation mode="cat" order), in x's dtype.
     """
+    if custom_ops.compiling():
+        ei, sizes = graph_input(edge_index_or_graph, _rows(x) if num_nodes is None else num_nodes)
+        return custom_ops.call("segment_reduce", ei, x, num_nodes=sizes,
+                               reduce=_reduce_arg(reduce), deterministic=deterministic)
     graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
     if adj_w is not None:
         raise ValueError("segment_reduce takes no edge weights, but the sparse adj_t has values "
@@ -339,6 +352,11 @@ def segment_reduce_linear(edge_index_or_graph, x, reduce, weight, bias=None, roo
     num_nodes, deterministic: as in `segment_reduce`.
     Returns [num_dst, M] in x's dtype.
     """
+    if custom_ops.compiling():
+        ei, sizes = graph_input(edge_index_or_graph, _rows(x) if num_nodes is None else num_nodes)
+        return custom_ops.call("segment_reduce_linear", ei, x, weight, bias, root_weight, x_root,
+                               num_nodes=sizes, reduce=_reduce_arg(reduce),
+                               deterministic=deterministic)
     graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
     if adj_w is not None:
         raise ValueError("segment_reduce_linear takes no edge weights, but the sparse adj_t has "
@@ -410,6 +428,9 @@ def segment_csr(ptr, src, reduce="sum", *, deterministic=True):
     Returns [S, *] for a str (the trailing shape of src), [S, R*F] for a list
     (block r = reduce[r]), in src's dtype.
     """
+    if custom_ops.compiling():
+        return custom_ops.call("segment_csr", None, ptr, src, reduce=_reduce_arg(reduce),
+                               deterministic=deterministic)
     for name, t in (("ptr", ptr), ("src", src)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -558,3 +579,62 @@ def gcn_norm(edge_index_or_adj, edge_weight=None, num_nodes=None, *, improved=Fa
         g2, w2 = fastgnn.gcn_norm(graph, to_array(w), add_self_loops=add_self_loops,
                                   improved=improved)
         return g2, _torch(w2)
+
+
+# ------------------------------------------------ compiled graph functions
+# The ops above as torch.library custom ops (custom_ops.py): each eager body
+# is the function itself, each fake gives its output's shape.
+def _num_dst(num_nodes, name):
+    if num_nodes[1] is None:
+        raise ValueError(f"{name} under torch.compile needs the number of targets: pass "
+                         "num_nodes=(num_src, num_dst)")
+    return num_nodes[1]
+
+
+def _width(reduce, f):
+    return f if isinstance(reduce, str) else len(reduce) * f
+
+
+def _spmm_fake(edge_index, x, edge_weight, bias, row_scale, col_scale, *, num_nodes, reduce,
+               path):
+    return [x.new_empty((_num_dst(num_nodes, "spmm"), x.shape[1]))]
+
+
+@custom_ops.graph_op("spmm", ("x", "edge_weight", "bias", "row_scale", "col_scale"), _spmm_fake)
+def _spmm_op(edge_index, x, edge_weight, bias, row_scale, col_scale, *, num_nodes, reduce, path):
+    return spmm(edge_index, x, edge_weight, reduce, tuple(num_nodes), path, row_scale=row_scale,
+                col_scale=col_scale, bias=bias)
+
+
+def _segment_reduce_fake(edge_index, x, *, num_nodes, reduce, deterministic):
+    return [x.new_empty((_num_dst(num_nodes, "segment_reduce"), _width(reduce, x.shape[1])))]
+
+
+@custom_ops.graph_op("segment_reduce", ("x",), _segment_reduce_fake)
+def _segment_reduce_op(edge_index, x, *, num_nodes, reduce, deterministic):
+    return segment_reduce(edge_index, x, reduce, tuple(num_nodes), deterministic=deterministic)
+
+
+def _segment_reduce_linear_fake(edge_index, x, weight, bias, root_weight, x_root, *, num_nodes,
+                                reduce, deterministic):
+    return [x.new_empty((_num_dst(num_nodes, "segment_reduce_linear"), weight.shape[0]))]
+
+
+@custom_ops.graph_op("segment_reduce_linear", ("x", "weight", "bias", "root_weight", "x_root"),
+                     _segment_reduce_linear_fake)
+def _segment_reduce_linear_op(edge_index, x, weight, bias, root_weight, x_root, *, num_nodes,
+                              reduce, deterministic):
+    return segment_reduce_linear(edge_index, x, reduce, weight, bias, root_weight, x_root,
+                                 tuple(num_nodes), deterministic=deterministic)
+
+
+def _segment_csr_fake(_graph, ptr, src, *, reduce, deterministic):
+    rows = ptr.shape[0] - 1
+    if isinstance(reduce, str):
+        return [src.new_empty((rows, *src.shape[1:]))]
+    return [src.new_empty((rows, _width(reduce, src.shape[1])))]
+
+
+@custom_ops.graph_op("segment_csr", ("ptr", "src"), _segment_csr_fake)
+def _segment_csr_op(_graph, ptr, src, *, reduce, deterministic):
+    return segment_csr(ptr, src, reduce, deterministic=deterministic)

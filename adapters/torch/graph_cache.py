@@ -38,7 +38,7 @@ from fastgnn.graph import Graph
 
 from ._autograd import device_scope
 
-__all__ = ["to_graph", "resolve", "clear_graph_cache"]
+__all__ = ["to_graph", "resolve", "graph_input", "clear_graph_cache"]
 
 _SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo)
 
@@ -67,8 +67,14 @@ class _LRU:
             if entry is not None and entry[0]() is not None:
                 self._d.move_to_end(key)
                 self.hits += 1
+                _keep_if_capturing(entry[1])
                 return entry[1]
             self.misses += 1
+        if _capturing():
+            raise RuntimeError(
+                "fastgnn: a graph was first met during CUDA graph capture, but building it "
+                "needs the host; run one eager (warm-up) step with the same edge_index before "
+                "capturing (torch.compile(mode='reduce-overhead') warms up by itself)")
         value = build()
         dead = self._dead
         ref = weakref.ref(anchor, lambda _r, key=key: dead.append(key))
@@ -87,6 +93,21 @@ class _LRU:
 
     def __len__(self):
         return len(self._d)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+_CAPTURED: list = []    # cache values used during a CUDA graph capture
+
+
+def _keep_if_capturing(value):
+    """A captured CUDA graph replays kernels that read this value's buffers
+    (CSR arrays, plans, weights): keep it alive for the process's life even
+    if the LRU drops it."""
+    if _capturing() and not any(v is value for v in _CAPTURED):
+        _CAPTURED.append(value)
 
 
 _GRAPHS = _LRU(8)
@@ -158,6 +179,35 @@ def resolve(adj, num_nodes=None):
         with device_scope(adj.device):
             return Graph.from_edge_index(adj.detach(), num_src=num_src, num_dst=num_dst)
     return _GRAPHS.get(key, anchor, build), None
+
+
+def graph_input(adj, num_nodes=None):
+    """(edge_index [2, E] tensor, [num_src, num_dst]) of a graph input inside
+    a compiled program, where graphs are built inside fastgnn's custom ops
+    (`custom_ops.py`) rather than here. Sizes stay None where unknown (the op
+    infers them as `resolve` does). Only dense edge_index tensors and PyG
+    EdgeIndex reach a compiled op; the other inputs raise, saying what to pass."""
+    if isinstance(adj, Graph):
+        raise TypeError("under torch.compile, pass the edge_index tensor rather than a "
+                        "fastgnn.Graph (graphs are built and cached inside fastgnn's ops)")
+    if not isinstance(adj, torch.Tensor):
+        raise TypeError("edge_index must be a [2, E] integer tensor or a PyG EdgeIndex, "
+                        f"got {type(adj).__name__}")
+    if adj.layout != torch.strided:
+        raise NotImplementedError(
+            "fastgnn under torch.compile takes an edge_index [2, E] or a PyG EdgeIndex; a "
+            f"torch sparse adj_t ({adj.layout}) works in eager mode only")
+    num_src, num_dst = _sizes(num_nodes)
+    if _is_edge_index_type(adj):
+        ss = adj.sparse_size()
+        num_src = _agree(ss[0], num_src, "num_src", "EdgeIndex.sparse_size()[0]")
+        num_dst = _agree(ss[1], num_dst, "num_dst", "EdgeIndex.sparse_size()[1]")
+        adj = adj.as_tensor()
+    if adj.dtype.is_floating_point or adj.dtype.is_complex or adj.dtype == torch.bool:
+        raise TypeError(f"edge_index must hold integers, got dtype {adj.dtype}")
+    if adj.dim() != 2 or adj.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape [2, E], got {tuple(adj.shape)}")
+    return adj, [num_src, num_dst]
 
 
 def _agree(known, given, name, what):

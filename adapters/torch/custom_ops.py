@@ -1,0 +1,205 @@
+"""fastgnn's graph functions as `torch.library` custom ops, for torch.compile and CUDA graphs.
+
+Eager calls run the autograd bridge of `_autograd.py` directly (residuals
+saved, no recomputation). Inside a compiled program (`torch.compile`, with or
+without `mode="reduce-overhead"`), Dynamo cannot follow that bridge: it builds
+graphs on the host, caches them by tensor address and exchanges buffers with
+CuPy. So the layers and functional ops hand the compiler one opaque op per
+graph function instead, registered here as
+
+    fastgnn::<name>(Tensor[] graph, Tensor[] inputs, str static) -> Tensor[]
+    fastgnn::<name>_backward(Tensor[] graph, Tensor[] inputs, Tensor[] grads,
+                             str static, bool[] needs) -> Tensor[]
+
+graph:  the graph input's tensors: [edge_index [2, E] integer] (or [] for ops
+        whose graph is one of `inputs`, as segment_csr's offsets);
+inputs: the function's tensor arguments that are given, in its declared
+        order;
+static: its other arguments as a JSON object (sizes, options, and which
+        tensor arguments are given), a compile-time constant;
+needs:  which inputs want a gradient.
+
+`<name>` runs the eager function under `torch.no_grad()` (the inference
+path: no residuals). `<name>_backward` runs it again with autograd on the
+inputs that need a gradient and returns `torch.autograd.grad` of the given
+cotangents: the forward is recomputed in the backward instead of keeping
+residuals alive between two opaque ops, which costs one more forward pass per
+training step and keeps the op boundary free of backend objects. Dropout
+seeds travel as tensors (drawn inside the program), so the recomputed forward
+drops the same weights.
+
+Fake (meta) implementations give every output's shape from the input shapes
+and `static`; outputs whose size depends on the graph's contents (attention
+weights over self-loops PyG adds) get an unbacked size.
+
+CUDA graphs. A captured step replays kernels on the addresses seen at
+capture. Every cache that depends on the graph (the CSR sort, the transpose,
+GPU plans, normalised weights) is built on the first eager or warm-up call, so
+run one step before capturing (`mode="reduce-overhead"` does that itself); a
+graph first met during capture raises, as building it needs the host. Graphs
+used during a capture are kept alive for the life of the process (their
+buffers are what the recorded kernels read), and the graph tensors must be
+the same tensors, unmodified, in every replay.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Callable, Optional
+
+import torch
+
+__all__ = ["graph_op", "call", "compiling", "registered"]
+
+_OPS: dict = {}          # name -> _GraphOp
+
+
+def compiling() -> bool:
+    """True while Dynamo traces (the layers then call the custom ops)."""
+    return torch.compiler.is_compiling()
+
+
+@torch.compiler.assume_constant_result
+def _encode(items: tuple) -> str:
+    # a constant at trace time: Dynamo folds the call instead of tracing json
+    return json.dumps(dict(items), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _decode(static: str):
+    """static -> (which tensor arguments are given, the other keyword arguments)."""
+    kw = json.loads(static)
+    return tuple(kw.pop("given")), kw
+
+
+def _expand(given, tensors):
+    """The given tensors back in their argument slots, None in the others."""
+    it = iter(tensors)
+    return [next(it) if g else None for g in given]
+
+
+def _no_alias(outs, inputs):
+    """A custom op's outputs must not alias its inputs: copy any that does."""
+    ptrs = {t.data_ptr() for t in inputs if t.numel()}
+    return [o.clone() if o.numel() and o.data_ptr() in ptrs else o for o in outs]
+
+
+class _GraphOp:
+    """One graph function registered as fastgnn::<name> and its backward."""
+
+    def __init__(self, name: str, inputs: tuple, eager: Callable, fake: Callable):
+        self.name, self.inputs, self.eager, self.fake = name, inputs, eager, fake
+        self.forward = self._register_forward()
+        self.backward = self._register_backward()
+        self.forward.register_autograd(self._autograd_backward, setup_context=_setup_context)
+
+    def run(self, graph, tensors, static):
+        """The eager function on the given tensors -> list of outputs."""
+        given, kw = _decode(static)
+        out = self.eager(graph[0] if graph else None, *_expand(given, tensors), **kw)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def _register_forward(self):
+        op = self
+
+        @torch.library.custom_op(f"fastgnn::{self.name}", mutates_args=())
+        def forward(graph: list[torch.Tensor], inputs: list[torch.Tensor],
+                    static: str) -> list[torch.Tensor]:
+            with torch.no_grad():
+                return _no_alias(op.run(graph, inputs, static), (*graph, *inputs))
+
+        @forward.register_fake
+        def _(graph, inputs, static):
+            given, kw = _decode(static)
+            return list(op.fake(graph[0] if graph else None, *_expand(given, inputs), **kw))
+
+        return forward
+
+    def _register_backward(self):
+        op = self
+
+        @torch.library.custom_op(f"fastgnn::{self.name}_backward", mutates_args=())
+        def backward(graph: list[torch.Tensor], inputs: list[torch.Tensor],
+                     grads: list[torch.Tensor], static: str,
+                     needs: list[bool]) -> list[torch.Tensor]:
+            # recompute the forward with autograd on the inputs that need a
+            # gradient, then differentiate it (see the module docstring)
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_(n) for t, n in zip(inputs, needs)]
+                outs = op.run(graph, leaves, static)
+                pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g.numel()]
+                wanted = [t for t, n in zip(leaves, needs) if n]
+                got = (torch.autograd.grad([o for o, _ in pairs], wanted,
+                                           [g for _, g in pairs], allow_unused=True)
+                       if pairs and wanted else [None] * len(wanted))
+            it = iter(got)
+            result = []
+            for t, n in zip(inputs, needs):
+                g = next(it) if n else None
+                result.append(g if g is not None else
+                              torch.zeros_like(t) if n else t.new_empty(0))
+            return result
+
+        @backward.register_fake
+        def _(graph, inputs, grads, static, needs):
+            return [torch.empty_like(t) if n else t.new_empty(0) for t, n in zip(inputs, needs)]
+
+        return backward
+
+    def _autograd_backward(self, ctx, grads):
+        """fastgnn::<name>'s autograd formula: fastgnn::<name>_backward on the
+        saved inputs; no gradient for the graph tensors and the static string."""
+        saved = ctx.saved_tensors
+        graph, inputs = list(saved[:ctx.n_graph]), list(saved[ctx.n_graph:])
+        needs = [bool(n) for n in ctx.needs_input_grad[1]]
+        if not any(needs):
+            return [None] * len(graph), [None] * len(inputs), None
+        # outputs that got no cotangent (unused) pass an empty tensor
+        grads = [g if g is not None else inputs[0].new_empty(0) for g in grads]
+        got = self.backward(graph, inputs, grads, ctx.static, needs)
+        return [None] * len(graph), [g if n else None for g, n in zip(got, needs)], None
+
+
+def _setup_context(ctx, inputs, output):
+    graph, tensors, static = inputs
+    ctx.save_for_backward(*graph, *tensors)
+    ctx.n_graph = len(graph)
+    ctx.static = static
+
+
+def graph_op(name: str, inputs, fake: Callable):
+    """Register `eager(graph, *inputs, **static)` as the custom ops
+    fastgnn::<name> and fastgnn::<name>_backward (see the module docstring).
+
+    inputs: the names of its tensor arguments, in order (each may be None).
+    fake:   fake(graph, *inputs, **static) -> list of empty tensors with the
+            outputs' shapes, dtypes and devices (it reads no data).
+    The eager function returns a tensor or a tuple of tensors."""
+    def register(eager):
+        _OPS[name] = _GraphOp(name, tuple(inputs), eager, fake)
+        return eager
+    return register
+
+
+def registered() -> dict:
+    """name -> the registered graph function (for tests and introspection)."""
+    return dict(_OPS)
+
+
+def call(name: str, graph: Optional[torch.Tensor], *inputs, **static):
+    """Run graph function `name` as its custom op: graph is the edge_index
+    tensor (or None), inputs its tensor arguments in order (None allowed),
+    static its other arguments (JSON values). Returns a tensor, or a tuple
+    when the function returns several."""
+    op = _OPS[name]
+    if len(inputs) != len(op.inputs):
+        raise TypeError(f"fastgnn::{name} takes {len(op.inputs)} tensor inputs {op.inputs}, "
+                        f"got {len(inputs)}")
+    for arg, t in zip(op.inputs, inputs):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{arg} must be a torch.Tensor, got {type(t).__name__}")
+    given = tuple(t is not None for t in inputs)
+    static = tuple(sorted(static.items())) + (("given", given),)
+    outs = op.forward([] if graph is None else [graph], [t for t in inputs if t is not None],
+                      _encode(static))
+    return outs[0] if len(outs) == 1 else tuple(outs)
