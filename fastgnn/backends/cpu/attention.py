@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
+from ..attention_spec import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
 from ...rng import keep_nb
 from .spmm import column_sums
@@ -190,7 +190,7 @@ def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
 
 
 # ---------------------------------------------------------- edge_attention
-# Generic slots (fastgnn/ops/attention.py gives each score's arrays):
+# Generic slots (SLOT_NAMES in fastgnn/backends/attention_spec.py names each score's arrays):
 #   S  [num_src, H, Cs]  source-side score input   gat: a_src (Cs = 1)  gatv2: xl  dot: k
 #   Dn [num_dst, H, Cs]  target-side score input   gat: a_dst (Cs = 1)  gatv2: xr  dot: q
 #   Ed [E, H, Cs]        edge term (caller order)  gat: a_edge          gatv2: xe  dot: ee

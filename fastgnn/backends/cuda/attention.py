@@ -22,7 +22,7 @@ import numpy as np
 from cupy_backends.cuda.api import driver
 
 from ...graph import Graph
-from ...ops.attention import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
+from ..attention_spec import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
 from .loader import (C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES, attention_groups,
                      attention_nchs, attention_vecs, get_function)
