@@ -225,7 +225,7 @@ def _att_bound(ei, num_dst, x, go, ga, ref_att, **kw):
     """eps32 * ||sum_e p_e (|dp_e| + |D_i|) |lrelu(t_e)| || / ||grad att||: the
     fp32 rounding of gatv2's grad att = sum_e ds_e lrelu(t_e), term by term,
     relative to a sum that cancels (ds sums to 0 over every target's edges).
-    benchmarks/probe_gatv2_att_rounding.py measures the H200's error against it."""
+    benchmarks/dev/probe_gatv2_att_rounding.py measures a GPU's error against it."""
     sm = ref.edge_attention_softmax_terms(ei, "gatv2", num_dst, x, go, ga, **kw)
     dst = np.asarray(ei)[1]
     lt = ref._lrelu(sm["aux"]["t"], kw.get("negative_slope", 0.2))
@@ -236,10 +236,9 @@ def _att_bound(ei, num_dst, x, go, ga, ref_att, **kw):
 
 def _att_tol(ei, num_dst, x, go, ga, ref_att, vtype, tol, **kw):
     """Tolerance of gatv2's grad att: in fp32 `tol` (None: TOLERANCES) or
-    `_att_bound` where that is larger (on the H200, over 7307 random graphs
-    of session 8, the error was at most 0.68 of the bound and above 1e-5 in
-    23 of them, mostly one head of width 1:
-    results/gatv2_att_rounding_h200_session8.log); other dtypes `tol`."""
+    `_att_bound` where that is larger (on an H200, over 7307 random graphs,
+    the error was at most 0.68 of the bound and above 1e-5 in 23 of them,
+    mostly one head of width 1); other dtypes `tol`."""
     if vtype != "float32":
         return tol
     return max(TOLERANCES["float32"] if tol is None else tol,
@@ -252,8 +251,7 @@ def _att_bf16_reference(ei, num_dst, x, go, out, **kw):
     [num_dst, H, C] (float64 values) instead of the exact D. ds sums to 0
     over every target's edges, so D's rounding (2^-9 of |g||out|) reaches
     grad att amplified by that cancellation: a GPU test of one head of width
-    1 was 0.109 off the exact reference in session 8. Not GPU-run yet (no
-    device time left that session)."""
+    1 was 0.109 off the exact reference."""
     sm = ref.edge_attention_softmax_terms(ei, "gatv2", num_dst, x, go, None, **kw)
     dst = np.asarray(ei)[1]
     delta = np.einsum("nhc,nhc->nh", np.asarray(go, np.float64), np.asarray(out, np.float64))
@@ -269,7 +267,7 @@ def _off_kink(ei, score, x, margin=1e-5, step=1e-3):
     round such a sum to exactly 0 and take the slope there, the float64
     reference the exact sign, so one gradient element would differ by
     (1 - slope) ds att: about 1 test run in 1300 of an fp32 GPU case with an
-    edge term (a 1.6e-3 grad xl error in session 8's GPU run). Without an
+    edge term (a 1.6e-3 grad xl error in one such run). Without an
     edge term the sum is one rounded addition, whose sign is exact."""
     key = {"gatv2": "xe", "gat": "a_edge"}.get(score)
     if key not in x:

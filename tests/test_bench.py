@@ -381,7 +381,7 @@ def test_report_from_json(tmp_path):
     assert not (tmp_path / "tables" / "report_plots").exists()
 
 
-# ------------------------------------------------------------ baselines (issue: turbo-gnn, compile, DGL)
+# ------------------------------------------------------------ baselines (turbo-gnn, compile, DGL)
 
 
 def _fake_turbo(monkeypatch, torch, calls):

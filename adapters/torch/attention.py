@@ -408,9 +408,8 @@ def _head_logits(x3: Tensor, *atts: Tensor) -> tuple:
     (column h holds att_k[h] in rows h*C .. h*C + C-1). The GEMM reads x3
     once for every att, and its backward is two more (g A^T for x3, x3^T g
     for A), where the elementwise form writes and reduces [N, H, C]
-    temporaries in both directions (H200, rmat20, H x C = 4 x 32: 4.7 ms of
-    GATConv's 16.5 ms fwd+bwd in fp32; benchmarks/results/
-    profile_GATConv_fp32_rmat20_h200_session12.log). The elementwise form
+    temporaries in both directions (H200, rmat20, H x C = 4 x 32, fp32: 4.7 ms
+    of GATConv's 16.5 ms fwd+bwd under torch.profiler). The elementwise form
     stays for fp32 CUDA tensors while TF32 is allowed for matmuls (a TF32
     GEMM would round x3) and for attention vectors of another dtype."""
     H, C = x3.shape[1], x3.shape[2]

@@ -31,7 +31,7 @@ __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segme
 # is cached per device and stream): on an H200, F = 128, it takes 0.033 ms at
 # N = 2^17 and 0.136 ms at 2^20 against torch's g.sum(0) 0.130 / 0.298 ms and
 # fastgnn.column_sum's 0.124 / 0.146 ms, at 17 us of host time (column_sum:
-# 100 us; benchmarks/results/probe_bias_grad_h200_session12.log). Layers reach
+# 100 us; benchmarks/dev/probe_bias_grad.py). Layers reach
 # it through their fused autograd nodes (FUSED_MIN_NUMEL below); smaller
 # inputs run torch's Linear, whose backward sums with g.sum(0). Only while
 # TF32 is off for matmuls (torch's default): a TF32 GEMV would round g to 10
@@ -42,7 +42,7 @@ _ones: dict = {}   # (device index, stream, dtype) -> a ones vector, grown as ne
 # whose bias gradient goes through fastgnn.column_sum on CUDA. The streaming
 # pass saves GPU time in
 # proportion to the size (N = 2^20, F = 128 fp32 on an H200: 0.16 ms against
-# torch's sum(0) 0.30 ms, benchmarks/probe_gcn.py) but costs ~60 us more host
+# torch's sum(0) 0.30 ms) but costs ~60 us more host
 # time (device scope, DLPack, two launches), which is what a small graph's
 # call is made of: it breaks even around 2^25 elements.
 COLUMN_SUM_MIN_NUMEL = 1 << 25
@@ -52,8 +52,7 @@ COLUMN_SUM_MIN_NUMEL = 1 << 25
 # 2^25.5 elements on an H200), and each Python node in a CUDA backward costs
 # 0.1-0.4 ms of host time: autograd runs it on its device thread, another
 # core, where Python and the torch calls around it run up to 2x slower
-# (benchmarks/probe_backward_handoff.py,
-# results/handoff_soc-brightkite_h200_session8.log). Below this size the
+# (benchmarks/dev/probe_backward_handoff.py). Below this size the
 # plain torch ops (C++ autograd nodes) run instead. Tests set it to 0.
 FUSED_MIN_NUMEL = 1 << 25
 _COLUMN_SUM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)

@@ -4,7 +4,7 @@ chosen by timing both once per (device, dtype, shape).
 torch sends F.linear(x, W) and g.mm(W) to cuBLAS's GEMM, and F.linear(x, W, b)
 to cuBLASLt's GEMM with a bias epilogue; with b = 0 that is the same product
 by another kernel. Which one is faster depends on the shape (H200, fp32, TF32
-off, benchmarks/results/probe_gemm_h200_session9.log):
+off, benchmarks/dev/probe_gemm.py):
 
     product      N     K = M   cuBLAS    cuBLASLt (+ 0)
     x W^T      2^20     128    0.912 ms  0.830 ms

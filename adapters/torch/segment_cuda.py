@@ -5,9 +5,8 @@ inference forward and backward), for the fused node of
 On graphs of ~10^5 nodes a SAGEConv(aggr="max") call is mostly host time,
 and the generic bridge (`_autograd._forward` / `_backward`: a device scope,
 a DLPack exchange per tensor, the core's validation of what the node made
-itself, CuPy allocations) was half of it: 0.29 of the backward's 0.58 ms on
-uniform17 (benchmarks/probe_backward_handoff.py,
-results/handoff_h200_session14.log). Here the node hands the backend's cached
+itself, CuPy allocations) is half of it: 0.29 of the backward's 0.58 ms on
+uniform17 on an H200 (benchmarks/dev/probe_backward_handoff.py). Here the node hands the backend's cached
 launch plans (fastgnn/backends/cuda/segment.py: FwdPlan, BwdPlan) the
 addresses of torch-allocated buffers, on PyTorch's current stream: no DLPack,
 no CuPy array, no scope (except while a plan is built, once per graph and

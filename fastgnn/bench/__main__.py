@@ -39,7 +39,7 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 FULL_GRAPHS = ["rmat20", "rmat16", "uniform20", "clustered", "grid"]
 QUICK_GRAPHS = ["rmat10", "clustered10", "mesh3d10", "molecules10", "knn10"]
-H200_BANDWIDTH_GBS = 4190.0     # measured copy bandwidth, read + write (GPU.md)
+H200_BANDWIDTH_GBS = 4190.0     # an H200's measured copy bandwidth, read + write
 
 # Named presets (--suite). `full` is the H200 suite of docs/benchmarks.md: the
 # three families, default ops and every layer, fp32 + bf16, generated graphs
@@ -56,7 +56,7 @@ SUITES = {
              "dtypes": ["fp32", "bf16"], "width": [128], "repeats": 10, "warmup": 1,
              "lean_above": 1_500_000, "budget_minutes": 7.0},
 }
-# Rough H200 cost model for the estimate (seconds), calibrated on GPU.md's PyG
+# Rough H200 cost model for the estimate (seconds), calibrated on PyG's H200
 # timings: per (graph, dtype, case) a fixed part plus a part per million
 # edges, smaller when the per-edge baselines are skipped; plus start-up.
 EST_CASE_S, EST_PER_MEDGE_S, EST_PER_MEDGE_LEAN_S, EST_START_S = 0.4, 0.22, 0.06, 40.0

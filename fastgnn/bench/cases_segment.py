@@ -392,7 +392,7 @@ register(Case("SAGEConv_max", "layer", "segment",
 
 # ------------------------------------------------------------ report lines
 
-MULTI_TARGET = 1.5      # issue 3: fused multi costs <= 1.5x a single max
+MULTI_TARGET = 1.5      # target: the fused multi costs <= 1.5x a single max
 SAGE_MEDIAN_TARGET = 5.0
 
 

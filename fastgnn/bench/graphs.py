@@ -33,7 +33,7 @@ import numpy as np
 from .. import datasets as ds
 from .. import generators as gen
 
-DEFAULT_CLUSTERED_SCALE = 18   # 262,144 nodes, as in GPU.md
+DEFAULT_CLUSTERED_SCALE = 18   # 262,144 nodes, 7.0 M edges
 DEFAULT_GRID_SIDE = 1024
 DEFAULT_MESH3D_SIDE = 128      # 2.1 M nodes, 12.5 M edges (k=6)
 DEFAULT_MOLECULES_SCALE = 22   # ~76 k graphs, ~4.2 M nodes, ~9.7 M edges

@@ -3,10 +3,10 @@
 `python -m fastgnn.bench` writes one beside its JSON. To rebuild a report from
 JSON files that exist already (nothing is run, no GPU needed):
 
-    python -m fastgnn.bench.report benchmarks/results/spmm_h200.json \\
-        benchmarks/results/segment_h200.json --out docs/benchmarks_h200.md
+    python -m fastgnn.bench.report benchmarks/results/suite_full_h200.json \\
+        --out benchmarks/results/suite_full_h200.md
 
-writes docs/benchmarks_h200.md and its plots in docs/benchmarks_h200_plots/
+writes that report and its plots in benchmarks/results/suite_full_h200_plots/
 (speedup.png, time_vs_edges.png, peak_memory.png, floor_efficiency.png).
 Records that appear in several files (same graph, case, dtype, width and
 implementation) are taken from the last file. Plots need matplotlib (Agg,

@@ -84,8 +84,8 @@ def _grid(units, group):
 # attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
 # blocks as the device holds at once, each slot of H lane groups walking a
 # contiguous range of tasks of about equal work (task_slots; FOR_EACH_GROUP_TASK
-# in attention.cu). False: one lane group per (task, head) pair, as before the
-# loop (benchmarks/sweep_attention.py's "grid=full" compares the two).
+# in attention.cu). False: one lane group per (task, head) pair, one task each
+# (slower where a block's short tasks wait for its hub task; tests run both).
 PERSISTENT = True
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
@@ -94,7 +94,7 @@ RESIDENT_BLOCKS = None
 # allows it: where it is faster than the two passes on persistent grids
 # (rmat20, 4 x 32, fwd+bwd ms, deterministic / atomic: gatv2 fp32 11.2 / 8.2,
 # bf16 14.4 / 10.9; dot fp32 11.5 / 13.8, bf16 12.9 / 19.1; gat fp32 7.68 /
-# 7.53, bf16 7.63 / 10.4; benchmarks/results/attention_rmat20_h200_session10.md).
+# 7.53, bf16 7.63 / 10.4; H200).
 # The others keep the deterministic passes (which deterministic=False allows).
 ATOMIC_SCORES = frozenset({"gatv2"})
 # A task's fixed work (its target rows, its stores) counted in edges when the

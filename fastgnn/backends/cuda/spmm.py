@@ -219,7 +219,7 @@ _CUDA_R = {"float32": 0, "float64": 1}          # cudaDataType_t values (library
 CUSPARSE_ALGS = {"default": 0, "csr_alg1": 4, "csr_alg2": 6, "csr_alg3": 12}
 # cuSPARSE algorithms whose results are bitwise repeatable. None is: on the
 # H200 (CUDA 13.0), two identical calls of every algorithm above differed in
-# the last bits on rmat20 (benchmarks/probe_spmm.py), so deterministic mode
+# the last bits on rmat20 (benchmarks/dev/probe_spmm.py), so deterministic mode
 # (the default) keeps to the custom kernel and cuSPARSE is a candidate only
 # with deterministic=False or path="cusparse".
 DETERMINISTIC_ALGS = ()
