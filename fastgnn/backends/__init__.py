@@ -4,9 +4,10 @@ from .._array import is_cupy
 
 
 def backend_for(x):
-    """The backend module serving arrays like `x` (imported lazily)."""
+    """The backend module serving arrays like `x` (imported lazily: CuPy and
+    the CUDA launchers only for CuPy arrays)."""
     if is_cupy(x):
-        from . import cuda
-        return cuda
+        from .cuda import api
+        return api
     from . import cpu
     return cpu

@@ -73,7 +73,7 @@ H, p)`, the mask of the same draw).
 
 Backend interface
 -----------------
-A backend module (`fastgnn.backends.cpu`; `fastgnn.backends.cuda` for CuPy
+A backend module (`fastgnn.backends.cpu`; `fastgnn.backends.cuda.api` for CuPy
 arrays) provides the four functions below; `backend_for(array)` picks it. The
 op layer has validated everything: arrays are C-contiguous, on the graph's
 device, all of one value type `vtype` (float32 or float64 on the CPU; also
@@ -150,7 +150,7 @@ def _backend(x, name):
     be = backend_for(x)
     fn = getattr(be, name, None)
     if fn is None:
-        raise NotImplementedError(f"the {be.__name__.rsplit('.', 1)[-1].upper()} backend has "
+        raise NotImplementedError(f"the {be.__name__.split('.')[2].upper()} backend has "
                                   f"no {name} yet")
     return fn
 

@@ -1,25 +1,15 @@
 """CUDA backend: CuPy launchers for kernels_cuda/ (compiled lazily, launched
 on CuPy's current stream)."""
-from .segment import segment_bwd, segment_fwd  # noqa: F401
-from .spmm import column_sums, chosen_paths, sddmm, spmm  # noqa: F401
+# Nothing here imports CuPy, so the kernel loader and the NVRTC compile check
+# (loader.py, compile_check.py) import without it. The interface the ops call
+# is api.py, imported by backend_for for CuPy arrays; its names (but `spmm`,
+# which here is the launcher module) load from this package on first access.
+_API = ("chosen_paths", "column_sums", "sddmm", "segment_bwd", "segment_fwd",
+        "edge_softmax_fwd", "edge_softmax_bwd", "edge_attention_fwd", "edge_attention_bwd")
 
 
-# attention.py imports the attention op module; load it on first use only
-def edge_softmax_fwd(*args, **kwargs):
-    from .attention import edge_softmax_fwd as fn
-    return fn(*args, **kwargs)
-
-
-def edge_softmax_bwd(*args, **kwargs):
-    from .attention import edge_softmax_bwd as fn
-    return fn(*args, **kwargs)
-
-
-def edge_attention_fwd(*args, **kwargs):
-    from .attention import edge_attention_fwd as fn
-    return fn(*args, **kwargs)
-
-
-def edge_attention_bwd(*args, **kwargs):
-    from .attention import edge_attention_bwd as fn
-    return fn(*args, **kwargs)
+def __getattr__(name):
+    if name in _API:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
