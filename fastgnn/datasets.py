@@ -3,7 +3,8 @@
 Every loader takes a path, reads it offline, and returns a `GraphData`:
 `edge_index` (int64 numpy `[2, E]`, row 0 = sources, row 1 = targets),
 `num_nodes`, optional node features `x` / labels `y`, the graph id of every
-node (`batch`) for sets of graphs, `name` and `source` (the path read).
+node (`batch`) for sets of graphs, the standard train / validation / test
+masks where the format has them, `name` and `source` (the path read).
 A missing file raises FileNotFoundError naming it and what else the format
 needs; a file that does not parse raises ValueError saying why.
 
@@ -14,8 +15,32 @@ needs; a file that does not parse raises ValueError saying why.
     load_mtx(path)                   Matrix Market (scipy.io.mmread)
     load_tu(path, name=None)         TU dataset zip or folder (NAME_A.txt, NAME_graph_indicator.txt)
     load_karateclub(path)            karateclub edges.csv (+ target.csv) or graphs.json sets
-    load(path, format=None)          any of the above, chosen from the path
-    find(name)                       a dataset by name under ../shared/datasets (or $FASTGNN_DATASETS)
+    load(path, format=None)          any of the above, chosen from the path (or a name, via find)
+    find(name)                       a dataset's path by name under $FASTGNN_DATASETS
+
+Where the data sets live: set the environment variable FASTGNN_DATASETS to
+the folder that holds them (several folders joined with os.pathsep, ':' on
+Linux), e.g. `export FASTGNN_DATASETS=$HOME/graphs`; `find("planetoid/cora")`,
+`find("tolokers")` and `load("tolokers")` then search below it. Nothing else
+is searched: a path given to a loader is read as it is, and `find(name,
+dirs=[...])` searches the folders given. `fastgnn bench` takes the same
+folder as `--datasets DIR`.
+
+Splits (`train_mask`, `val_mask`, `test_mask`, boolean numpy arrays, None
+where the format has none):
+
+    Planetoid       the public split of Yang et al. 2016, as PyG's Planetoid
+                    (split="public"): train = the ind.<name>.y rows (20 per
+                    class), val = the next 500 nodes, test = ind.<name>.test.index;
+                    shape [num_nodes]
+    heterophilous   the file's train_masks / val_masks / test_masks (10 splits),
+    npz             transposed to [num_nodes, splits] as PyG does; an npz with
+                    1-D train_mask / val_mask / test_mask gives [num_nodes]
+    OGB             split/<kind>/{train,valid,test}.csv[.gz] beside raw/, as
+                    masks [num_nodes] (over graphs, [num_graphs], for ogbg-*)
+
+`GraphData.split(i)` gives the (train, val, test) masks of split i as 1-D
+arrays and `num_splits` how many there are.
 
 Edge options, shared by every loader (the defaults give the simple symmetric
 graph that the datasets README counts, nnz = 2E):
@@ -25,7 +50,8 @@ graph that the datasets README counts, nnz = 2E):
     dedup=True              keep each (src, dst) pair once, sorted by (src, dst)
 
 With dedup=False the edges keep the file's order (reverse copies appended
-after the originals). Features and labels are returned as stored: `x` is a
+after the originals). None of them renumbers nodes, so features, labels and
+masks stay aligned. Features and labels are returned as stored: `x` is a
 dense float32 array or a scipy.sparse CSR matrix (Planetoid, gnn-benchmark,
 twitch), `y` int64 with -1 where a node has no label.
 
@@ -47,7 +73,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .generators import _sorted_unique, graph_stats
+from ._edges import graph_stats, sorted_unique
 
 __all__ = ["GraphData", "load", "find", "datasets_dirs", "load_planetoid", "load_npz",
            "load_ogb", "load_edgelist", "load_mtx", "load_tu", "load_karateclub", "graph_stats"]
@@ -66,6 +92,9 @@ class GraphData:
     graph_y: np.ndarray | None = None  # [num_graphs] graph labels
     node_ids: np.ndarray | None = None  # original id of each node when the file's ids were relabelled
     notes: list = field(default_factory=list)   # what was missing or changed
+    train_mask: np.ndarray | None = None   # bool [n] or [n, splits] (see the module docstring)
+    val_mask: np.ndarray | None = None
+    test_mask: np.ndarray | None = None
 
     @property
     def num_edges(self) -> int:
@@ -75,8 +104,25 @@ class GraphData:
     def num_graphs(self) -> int:
         return 1 if self.batch is None or not len(self.batch) else int(self.batch.max()) + 1
 
+    @property
+    def num_splits(self) -> int:
+        """How many train / val / test splits come with the graph (0: none)."""
+        if self.train_mask is None:
+            return 0
+        return 1 if self.train_mask.ndim == 1 else int(self.train_mask.shape[1])
+
+    def split(self, i: int = 0):
+        """(train, val, test) boolean masks of split `i`, each 1-D."""
+        if self.train_mask is None:
+            raise ValueError(f"{self.name}: no train/val/test split came with this graph "
+                             f"(read from {self.source})")
+        if not 0 <= i < self.num_splits:
+            raise IndexError(f"{self.name}: split {i} of {self.num_splits}")
+        return tuple(m if m.ndim == 1 else m[:, i]
+                     for m in (self.train_mask, self.val_mask, self.test_mask))
+
     def stats(self) -> dict:
-        """`fastgnn.generators.graph_stats` of this graph."""
+        """`graph_stats` of this graph (as `fastgnn.generators.graph_stats`)."""
         return graph_stats(self.edge_index, self.num_nodes, np)
 
     def __repr__(self):
@@ -87,11 +133,18 @@ class GraphData:
             extra.append("y")
         if self.batch is not None:
             extra.append(f"graphs={self.num_graphs}")
+        if self.train_mask is not None:
+            extra.append(f"splits={self.num_splits}")
         return (f"GraphData({self.name!r}, num_nodes={self.num_nodes:,}, "
                 f"num_edges={self.num_edges:,}{', ' if extra else ''}{', '.join(extra)})")
 
 
 # ------------------------------------------------------------------ helpers
+
+ENV_VAR = "FASTGNN_DATASETS"
+HOW_TO_POINT = (f"set {ENV_VAR} to the folder holding the data sets (several joined with "
+                f"{os.pathsep!r}), e.g. `export {ENV_VAR}=$HOME/graphs`, and load them by name, "
+                "or give the file's path")
 
 
 def _finish(src, dst, n, name, source, *, symmetrise=True, remove_self_loops=True, dedup=True,
@@ -112,7 +165,7 @@ def _finish(src, dst, n, name, source, *, symmetrise=True, remove_self_loops=Tru
     if symmetrise:
         src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
     if dedup and src.size:
-        key = _sorted_unique(src * n + dst)
+        key = sorted_unique(src * n + dst)
         src, dst = key // n, key % n
     ei = np.stack([src, dst]) if src.size else np.zeros((2, 0), dtype=np.int64)
     return GraphData(np.ascontiguousarray(ei), n, name, source, **fields)
@@ -171,7 +224,12 @@ def _read_table(path, *, comments=("#", "%"), delimiter=None, usecols=None, dtyp
 
 def _require(path, what):
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{what}: {path} does not exist")
+        raise FileNotFoundError(f"{what}: {path} does not exist ({_missing_hint()})")
+
+
+def _missing_hint():
+    env = os.environ.get(ENV_VAR)
+    return f"{ENV_VAR}={env!r}; load(name) searches it" if env else HOW_TO_POINT
 
 
 def _existing(*cands):
@@ -257,7 +315,14 @@ def load_planetoid(path, name=None, **opts) -> GraphData:
     missing (the shared PubMed copy lacks allx: graph and labels only). The
     test rows are put back in test.index order; test ids without a tx row
     (CiteSeer) get zero features and label -1. Nodes: the largest of the
-    graph's keys, its neighbour ids and the label rows (Cora 2,708)."""
+    graph's keys, its neighbour ids and the label rows (Cora 2,708).
+
+    The masks are the public split, as PyG's Planetoid(split="public"):
+    train_mask = the first len(ind.<name>.y) nodes (Cora 140, CiteSeer 120,
+    PubMed 60), val_mask = the 500 nodes after them, test_mask = the ids of
+    ind.<name>.test.index (1,000). They need test.index and ind.<name>.y (or
+    .x, which has as many rows); without them the masks are None and a note
+    says why."""
     folder, name = _planetoid_locate(str(path), name)
     part = {p: os.path.join(folder, f"ind.{name}.{p}") for p in PLANETOID_PARTS}
     if not os.path.exists(part["graph"]):
@@ -335,8 +400,39 @@ def load_planetoid(path, name=None, **opts) -> GraphData:
         import scipy.sparse as sp
         x = (sp.vstack([x, sp.csr_matrix((n - x.shape[0], x.shape[1]), dtype=x.dtype)]).tocsr()
              if sp.issparse(x) else np.concatenate([x, np.zeros((n - x.shape[0], x.shape[1]), x.dtype)]))
+    masks = _planetoid_public_split(part, test_idx, n, name, notes)
     return _finish(src, dst, n, name, os.path.join(folder, f"ind.{name}.*"), x=x, y=y,
-                   notes=notes, **opts)
+                   notes=notes, **masks, **opts)
+
+
+PLANETOID_VAL_SIZE = 500     # validation nodes of the public split, after the training rows
+
+
+def _planetoid_public_split(part, test_idx, n, name, notes) -> dict:
+    """train / val / test masks of the public Planetoid split, or {} with a note."""
+    labelled = next((p for p in ("y", "x") if os.path.exists(part[p])), None)
+    missing = ([f"ind.{name}.test.index"] if test_idx is None else []) + \
+        ([f"ind.{name}.y (or .x)"] if labelled is None else [])
+    if missing:
+        notes.append(f"Planetoid {name!r}: no public split: {' and '.join(missing)} missing")
+        return {}
+    try:
+        num_train = int(_unpickle(part[labelled]).shape[0])
+    except Exception as exc:  # noqa: BLE001 - an unreadable optional part is not fatal
+        notes.append(f"Planetoid {name!r}: no public split: ind.{name}.{labelled}: "
+                     f"{type(exc).__name__}: {exc}")
+        return {}
+    bad_ids = test_idx.size and not 0 <= test_idx.min() <= test_idx.max() < n
+    if num_train + PLANETOID_VAL_SIZE > n or bad_ids:
+        notes.append(f"Planetoid {name!r}: no public split: {num_train} training rows + "
+                     f"{PLANETOID_VAL_SIZE} validation nodes or the test ids do not fit "
+                     f"{n} nodes")
+        return {}
+    masks = {k: np.zeros(n, dtype=bool) for k in ("train_mask", "val_mask", "test_mask")}
+    masks["train_mask"][:num_train] = True
+    masks["val_mask"][num_train:num_train + PLANETOID_VAL_SIZE] = True
+    masks["test_mask"][test_idx] = True
+    return masks
 
 
 # ------------------------------------------------------------------ npz
@@ -347,13 +443,19 @@ def load_npz(path, **opts) -> GraphData:
     0-based; `node_features`, `node_labels`), the gnn-benchmark format
     (directed CSR in `adj_data/adj_indices/adj_indptr/adj_shape`, features
     CSR in `attr_*`, `labels`) or a plain `edge_index` (2, E) with optional
-    `num_nodes`, `x`, `y`. Loaded with allow_pickle=False."""
+    `num_nodes`, `x`, `y`. Loaded with allow_pickle=False.
+
+    Masks: `train_masks` / `val_masks` / `test_masks` of shape (splits, n)
+    (the heterophilous files hold 10 splits) come back transposed, as
+    [n, splits]; `train_mask` / `val_mask` / `test_mask` as stored ([n] or
+    [n, splits]). Masks shorter than n are padded with False."""
     path = str(path)
     _require(path, "npz graph")
     name = os.path.splitext(os.path.basename(path))[0]
     with np.load(path, allow_pickle=False) as z:
         files = set(z.files)
         x = y = None
+        masks = _npz_masks(z, files, path)
         if "edges" in files:
             edges = np.asarray(z["edges"], dtype=np.int64)
             if edges.ndim != 2 or 2 not in edges.shape:
@@ -396,12 +498,42 @@ def load_npz(path, **opts) -> GraphData:
             raise ValueError(f"{path}: no graph in it: expected 'edges' (heterophilous), "
                              f"'adj_indptr' + 'adj_indices' + 'adj_shape' (gnn-benchmark) or "
                              f"'edge_index'; it has {sorted(files)}")
-    for a in (x, y):
+    for a in (x, y, *masks.values()):
         if a is not None:
             n = max(n, int(a.shape[0]))
     if y is not None and y.ndim > 1:
         y = _labels_from(y, n)
-    return _finish(src, dst, n, name, path, x=x, y=y, **opts)
+    masks = {k: _mask_rows(m, n) for k, m in masks.items()}
+    return _finish(src, dst, n, name, path, x=x, y=y, **masks, **opts)
+
+
+def _npz_masks(z, files, path):
+    """{train_mask, val_mask, test_mask: bool [rows] or [rows, splits]} found in an npz."""
+    out = {}
+    for part in ("train", "val", "test"):
+        if f"{part}_masks" in files:            # (splits, n), as the heterophilous files
+            m = np.asarray(z[f"{part}_masks"])
+            m = m.T if m.ndim == 2 else m
+        elif f"{part}_mask" in files:
+            m = np.asarray(z[f"{part}_mask"])
+        else:
+            continue
+        if m.ndim not in (1, 2):
+            raise ValueError(f"{path}: the {part} mask has shape {m.shape}, expected "
+                             "(n,), (n, splits) or, as *_masks, (splits, n)")
+        out[f"{part}_mask"] = m.astype(bool)
+    shapes = {m.shape for m in out.values()}
+    if len(shapes) > 1:
+        raise ValueError(f"{path}: the train / val / test masks differ in shape "
+                         f"({', '.join(f'{k} {m.shape}' for k, m in out.items())})")
+    return out
+
+
+def _mask_rows(m, n):
+    """A bool mask [rows(, splits)] padded with False to n rows."""
+    if m.shape[0] < n:
+        m = np.concatenate([m, np.zeros((n - m.shape[0],) + m.shape[1:], dtype=bool)])
+    return np.ascontiguousarray(m)
 
 
 # ------------------------------------------------------------------ OGB
@@ -418,7 +550,12 @@ def load_ogb(path, **opts) -> GraphData:
     `.csv.gz`). `path` is the dataset folder, its `raw/` folder or the edge
     file. Several lines in num-node-list make a set of graphs whose edges use
     per-graph ids (ogbg-*): they are offset with num-edge-list and `batch` is
-    set. Heterogeneous datasets (ogbn-mag's relations/) are not supported."""
+    set. Heterogeneous datasets (ogbn-mag's relations/) are not supported.
+
+    The split of `<dataset>/split/<kind>/` ({train,valid,test}.csv[.gz], one
+    index per line: nodes, or graphs for ogbg-*) becomes train_mask /
+    val_mask / test_mask ([num_nodes], or [num_graphs] for a set of graphs);
+    with several kinds the first by name is taken and a note names the rest."""
     path = str(path)
     _require(path, "OGB dataset")
     if os.path.isfile(path):
@@ -470,7 +607,34 @@ def load_ogb(path, **opts) -> GraphData:
         ok = np.isfinite(yl[:, 0])
         y[ok] = yl[ok, 0].astype(np.int64)
         fields["y"] = y
-    return _finish(src, dst, n, name, raw, **fields, **opts)
+    notes = []
+    graphs = nn.shape[0] > 1
+    fields.update(_ogb_split(parent, int(nn.shape[0]) if graphs else n,
+                             "graphs" if graphs else "nodes", notes))
+    return _finish(src, dst, n, name, raw, notes=notes, **fields, **opts)
+
+
+def _ogb_split(folder, size, what, notes) -> dict:
+    """Masks over `size` nodes or graphs (`what`) from folder/split/<kind>/{train,valid,test}.csv[.gz], or {}."""
+    root = os.path.join(folder, "split")
+    kinds = sorted(d for d in os.listdir(root) if _ogb_file(os.path.join(root, d), "train")) \
+        if os.path.isdir(root) else []
+    if not kinds:
+        return {}
+    if len(kinds) > 1:
+        notes.append(f"OGB: split {kinds[0]!r} read; also in {root}: {', '.join(kinds[1:])}")
+    masks = {}
+    for part, key in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):
+        f = _ogb_file(os.path.join(root, kinds[0]), part)
+        if f is None:
+            continue
+        idx = _read_table(f, delimiter=",", usecols=(0,), ndmin=1).ravel()
+        if idx.size and not 0 <= idx.min() <= idx.max() < size:
+            raise ValueError(f"{f}: indices span [{idx.min()}, {idx.max()}] but there are "
+                             f"{size} {what}")
+        masks[key] = np.zeros(size, dtype=bool)
+        masks[key][idx] = True
+    return masks
 
 
 # ------------------------------------------------------------------ edge lists
@@ -478,7 +642,7 @@ def load_ogb(path, **opts) -> GraphData:
 
 def _relabel(src, dst, relabel, num_nodes, path):
     """(src, dst, n, node_ids) after the id policy of load_edgelist."""
-    ids = _sorted_unique(np.concatenate([src, dst]))
+    ids = sorted_unique(np.concatenate([src, dst]))
     if ids.size and ids[0] < 0:
         raise ValueError(f"{path}: negative node id {int(ids[0])}")
     node_ids = None
@@ -719,7 +883,7 @@ def detect_format(path) -> str:
     if not os.path.exists(path):
         if re.fullmatch(r"ind\.[^.]+", base) and glob.glob(path + ".*"):
             return "planetoid"
-        raise FileNotFoundError(f"{path} does not exist")
+        raise FileNotFoundError(f"{path} does not exist ({_missing_hint()})")
     if os.path.isdir(path):
         j = lambda *p: os.path.join(path, *p)  # noqa: E731
         if glob.glob(j("ind.*.graph")):
@@ -757,8 +921,18 @@ def load(path, format=None, **opts) -> GraphData:
     raw/edge.csv[.gz] OGB, with edges.csv or graphs.json karateclub, with
     *_A.txt TU; a file by its extension (.npz, .mtx, .zip), name (ind.*,
     edges.csv, edge.csv.gz, *_A.txt), else a text edge list. Options go to
-    the loader (symmetrise, remove_self_loops, dedup, name, relabel, ...)."""
+    the loader (symmetrise, remove_self_loops, dedup, name, relabel, ...).
+
+    A relative path that does not exist is taken for a data set's name and
+    looked up with `find` under $FASTGNN_DATASETS (`load("tolokers")`,
+    `load("planetoid/cora")`)."""
     path = str(path)
+    if not os.path.isabs(path) and not os.path.exists(path) and not glob.glob(path + ".*"):
+        try:
+            path = find(path)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{path} does not exist, and no data set by that name: "
+                                    f"{exc}") from None
     fmt = format or detect_format(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(sorted(FORMATS))}")
@@ -767,19 +941,26 @@ def load(path, format=None, **opts) -> GraphData:
     return FORMATS[fmt](path, **opts)
 
 
-def datasets_dirs():
-    """Folders searched by `find`: $FASTGNN_DATASETS, then ../shared/datasets
-    beside the working directory and beside the checkout holding this package."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cands = [os.environ.get("FASTGNN_DATASETS", ""),
-             os.path.join(os.getcwd(), "..", "shared", "datasets"),
-             os.path.join(here, "..", "shared", "datasets")]
+def datasets_dirs(extra=()):
+    """Folders searched by `find`: those in `extra` (e.g. `fastgnn bench
+    --datasets DIR`), then those in $FASTGNN_DATASETS (joined with
+    os.pathsep), each once and only where it exists."""
+    cands = [str(d) for d in extra] + os.environ.get(ENV_VAR, "").split(os.pathsep)
     seen, out = set(), []
     for c in cands:
+        c = os.path.expanduser(c)
         if c and os.path.isdir(c) and os.path.realpath(c) not in seen:
             seen.add(os.path.realpath(c))
             out.append(os.path.normpath(os.path.abspath(c)))
     return out
+
+
+def _where_searched(dirs):
+    if dirs:
+        return f"searched {', '.join(dirs)}"
+    env = os.environ.get(ENV_VAR)
+    return (f"{ENV_VAR}={env!r} names no existing folder" if env
+            else f"no datasets folder: {ENV_VAR} is not set") + f"; {HOW_TO_POINT}"
 
 
 _EXTS = (".npz", ".mtx", ".mtx.gz", ".zip", ".txt", ".txt.gz", ".edges", ".el", ".csv.gz", ".tsv")
@@ -787,7 +968,7 @@ _EXTS = (".npz", ".mtx", ".mtx.gz", ".zip", ".txt", ".txt.gz", ".edges", ".el", 
 
 def find(name, dirs=None) -> str:
     """The path of a dataset by name, searched under `dirs` (default
-    `datasets_dirs()`): an existing path is returned as is; else a path
+    `datasets_dirs()`, i.e. $FASTGNN_DATASETS): an existing path is returned as is; else a path
     relative to a datasets folder, else a file or folder named NAME (or
     NAME.npz / .mtx / .zip / .txt ..., or Planetoid's ind.NAME.graph),
     case-insensitive, anywhere below. A leading folder narrows the search
@@ -816,9 +997,7 @@ def find(name, dirs=None) -> str:
                     continue
                 hits.append((rel, p))
     if not hits:
-        raise FileNotFoundError(
-            f"dataset {name!r} not found (searched {', '.join(dirs) or 'no datasets folder: set '}"
-            f"{'' if dirs else 'FASTGNN_DATASETS or pass a path'})")
+        raise FileNotFoundError(f"dataset {name!r} not found ({_where_searched(dirs)})")
     if len(hits) > 1:
         raise ValueError(f"dataset {name!r} is ambiguous: {', '.join(r for r, _ in hits)}; "
                          "name it with its folder, e.g. "

@@ -93,6 +93,62 @@ def test_planetoid_refuses_arbitrary_pickles(tmp_path):
         ds.load_planetoid(tmp_path)
 
 
+def write_planetoid_split(folder, name="split", num_train=4, num_test=3):
+    """A Planetoid set big enough for the public split: `num_train` labelled
+    training rows (ind.y), 500 more labelled nodes, `num_test` test nodes at
+    the end (listed out of order in test.index); a chain graph."""
+    import scipy.sparse as sp
+    n_all = num_train + ds.PLANETOID_VAL_SIZE
+    n = n_all + num_test
+    classes = 2
+    ally = np.eye(classes, dtype=np.int32)[np.arange(n_all) % classes]
+    parts = {"x": sp.csr_matrix(np.ones((num_train, 2), np.float32)),
+             "allx": sp.csr_matrix(np.ones((n_all, 2), np.float32)),
+             "tx": sp.csr_matrix(np.ones((num_test, 2), np.float32)),
+             "y": ally[:num_train], "ally": ally,
+             "ty": np.eye(classes, dtype=np.int32)[np.arange(num_test) % classes],
+             "graph": defaultdict(list, {i: [i + 1] for i in range(n - 1)})}
+    for k, v in parts.items():
+        with open(folder / f"ind.{name}.{k}", "wb") as f:
+            pickle.dump(v, f, protocol=2)
+    test_ids = np.arange(n_all, n)[::-1]
+    (folder / f"ind.{name}.test.index").write_text("".join(f"{i}\n" for i in test_ids))
+    return n, test_ids
+
+
+def test_planetoid_public_split(tmp_path):
+    n, test_ids = write_planetoid_split(tmp_path)
+    g = ds.load(tmp_path)
+    assert g.num_nodes == n and g.num_splits == 1 and "splits=1" in repr(g)
+    for m in (g.train_mask, g.val_mask, g.test_mask):
+        assert m.dtype == bool and m.shape == (n,)
+    assert np.flatnonzero(g.train_mask).tolist() == [0, 1, 2, 3]
+    assert np.flatnonzero(g.val_mask).tolist() == list(range(4, 4 + ds.PLANETOID_VAL_SIZE))
+    assert np.flatnonzero(g.test_mask).tolist() == sorted(test_ids.tolist())
+    assert not (g.train_mask & g.val_mask).any() and not (g.val_mask & g.test_mask).any()
+    train, val, test = g.split(0)
+    assert train is g.train_mask and val is g.val_mask and test is g.test_mask
+    with pytest.raises(IndexError):
+        g.split(1)
+    # the masks do not depend on the edge options
+    raw = ds.load_planetoid(tmp_path, symmetrise=False, dedup=False)
+    assert np.array_equal(raw.test_mask, g.test_mask)
+
+
+def test_planetoid_without_a_public_split(tmp_path):
+    write_planetoid(tmp_path)               # 6 nodes: 2 training rows + 500 do not fit
+    g = ds.load(tmp_path)
+    assert g.train_mask is None and g.num_splits == 0
+    assert any("no public split" in note for note in g.notes)
+    with pytest.raises(ValueError, match="no train/val/test split"):
+        g.split()
+    (tmp_path / "ind.tiny.test.index").unlink()
+    with pytest.warns(UserWarning):
+        g = ds.load(tmp_path)
+    assert g.train_mask is None
+    assert any("ind.tiny.test.index missing" in note for note in g.notes)
+
+
 # ------------------------------------------------------------------ npz
 
 
@@ -127,6 +183,39 @@ def test_npz_formats(tmp_path):
     # the old generators entry point still works
     ei, n = gen.load_npz(str(p))
     assert n == 5 and ei.shape[1] == 4
+
+
+def test_npz_masks(tmp_path):
+    """heterophilous *_masks (splits, n) come back as [n, splits]; 1-D masks as stored."""
+    rng = np.random.default_rng(0)
+    n, splits = 7, 3
+    masks = {k: rng.random((splits, n)) < 0.4 for k in ("train_masks", "val_masks", "test_masks")}
+    p = tmp_path / "het.npz"
+    np.savez(p, edges=np.array([[0, 1], [1, 2], [5, 6]]), node_labels=np.arange(n), **masks)
+    g = ds.load(p)
+    assert g.num_splits == splits and "splits=3" in repr(g)
+    for key, m in zip(("train_mask", "val_mask", "test_mask"), masks.values()):
+        got = getattr(g, key)
+        assert got.dtype == bool and got.shape == (n, splits)
+        assert np.array_equal(got, m.T)
+    for i in range(splits):
+        assert all(np.array_equal(a, masks[k][i]) for a, k in zip(g.split(i), masks))
+
+    # one split, 1-D, shorter than the node count (padded with False)
+    np.savez(tmp_path / "one.npz", edge_index=np.array([[0, 4], [4, 0]]), num_nodes=6,
+             train_mask=np.array([1, 1, 0, 0], bool), val_mask=np.array([0, 0, 1, 0], bool),
+             test_mask=np.array([0, 0, 0, 1], bool))
+    g = ds.load(tmp_path / "one.npz")
+    assert g.num_splits == 1 and g.train_mask.shape == (6,)
+    assert g.train_mask.tolist() == [True, True, False, False, False, False]
+    assert g.split()[2].tolist() == [False, False, False, True, False, False]
+
+    np.savez(tmp_path / "odd.npz", edges=np.array([[0, 1]]), train_masks=np.ones((2, 2), bool),
+             val_masks=np.ones((1, 2), bool))
+    with pytest.raises(ValueError, match="differ in shape"):
+        ds.load(tmp_path / "odd.npz")
+    np.savez(tmp_path / "plain.npz", edges=np.array([[0, 1]]))
+    assert ds.load(tmp_path / "plain.npz").train_mask is None
 
 
 # ------------------------------------------------------------------ OGB
@@ -164,6 +253,32 @@ def test_ogb(tmp_path):
     (raw / "num-node-list.csv.gz").unlink()
     with pytest.raises(FileNotFoundError, match="num-node-list"):
         ds.load_ogb(tmp_path / "ogbn_tiny")
+
+
+def test_ogb_split(tmp_path):
+    root = tmp_path / "ogbn_split"
+    (root / "raw").mkdir(parents=True)
+    (root / "raw" / "edge.csv").write_text("0,1\n1,2\n2,3\n")
+    (root / "raw" / "num-node-list.csv").write_text("5\n")
+    g = ds.load(root)
+    assert g.train_mask is None and g.num_splits == 0
+    split = root / "split" / "time"
+    split.mkdir(parents=True)
+    for part, ids in (("train", "0\n1\n"), ("valid", "2\n"), ("test", "3\n4\n")):
+        with gzip.open(split / f"{part}.csv.gz", "wt") as f:
+            f.write(ids)
+    g = ds.load(root)
+    assert g.train_mask.tolist() == [True, True, False, False, False]
+    assert g.val_mask.tolist() == [False, False, True, False, False]
+    assert g.test_mask.tolist() == [False, False, False, True, True] and not g.notes
+    (root / "split" / "year").mkdir()
+    (root / "split" / "year" / "train.csv").write_text("4\n")
+    g = ds.load(root)
+    assert g.train_mask.tolist()[:2] == [True, True] and "year" in g.notes[0]
+    with gzip.open(split / "test.csv.gz", "wt") as f:
+        f.write("9\n")
+    with pytest.raises(ValueError, match="5 nodes"):
+        ds.load(root)
 
 
 # ------------------------------------------------------------------ edge lists
@@ -398,3 +513,93 @@ def test_real_find_names():
     assert ds.find("planetoid/cora", [DATASETS]).endswith("ind.cora.graph")
     with pytest.raises(ValueError, match="ambiguous"):
         ds.find("cora", [DATASETS])
+
+
+def test_datasets_folder_from_the_environment(tmp_path, monkeypatch):
+    """find / load(name) search $FASTGNN_DATASETS (several folders joined with
+    os.pathsep) and nothing else; without it the error says how to set it."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "het").mkdir(parents=True)
+    b.mkdir()
+    np.savez(a / "het" / "one.npz", edges=np.array([[0, 1]]))
+    (b / "two.txt").write_text("0 1\n1 2\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ds.ENV_VAR, raising=False)
+    assert ds.datasets_dirs() == []
+    with pytest.raises(FileNotFoundError, match=f"{ds.ENV_VAR} is not set.*export"):
+        ds.find("one")
+    with pytest.raises(FileNotFoundError, match=f"does not exist.*{ds.ENV_VAR}"):
+        ds.load("two")
+    with pytest.raises(FileNotFoundError, match=ds.ENV_VAR):
+        ds.load_npz(tmp_path / "absent.npz")
+    monkeypatch.setenv(ds.ENV_VAR, os.pathsep.join([str(a), str(tmp_path / "gone"), str(b)]))
+    assert ds.datasets_dirs() == [str(a), str(b)]
+    assert ds.datasets_dirs(extra=[b]) == [str(b), str(a)]
+    assert ds.find("one") == str(a / "het" / "one.npz")
+    assert ds.load("het/one").num_nodes == 2 and ds.load("two").num_nodes == 3
+    with pytest.raises(FileNotFoundError, match="searched"):
+        ds.find("three")
+
+
+def test_datasets_does_not_import_generators():
+    """fastgnn.datasets and fastgnn.generators share fastgnn._edges, not each other."""
+    import subprocess
+    import sys
+    code = ("import sys, fastgnn.datasets; "
+            "assert 'fastgnn.generators' not in sys.modules, 'datasets imports generators'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name,train,n", [("cora", 140, 2708), ("citeseer", 120, 3327),
+                                          ("pubmed", 60, 19717)])
+def test_real_planetoid_public_split(name, train, n):
+    real("planetoid", f"ind.{name}.graph")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # PubMed's missing allx
+        g = ds.load_planetoid(real("planetoid"), name)
+    assert g.num_nodes == n and g.num_splits == 1
+    assert [int(m.sum()) for m in g.split()] == [train, 500, 1000]
+    assert np.flatnonzero(g.train_mask).tolist() == list(range(train))
+    assert not (g.val_mask & g.test_mask).any() and not (g.train_mask & g.test_mask).any()
+    assert (g.y[g.train_mask] >= 0).all()
+    assert np.bincount(g.y[g.train_mask]).tolist() == [20] * (int(g.y.max()) + 1)
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer"])
+def test_real_planetoid_split_matches_pyg(name, tmp_path):
+    """The masks equal PyG's Planetoid(split="public") built from the same files."""
+    import shutil
+    import warnings
+    real("planetoid", f"ind.{name}.graph")
+    pytest.importorskip("torch")
+    datasets = pytest.importorskip("torch_geometric.datasets")
+    pyg_name = {"cora": "Cora", "citeseer": "CiteSeer"}[name]
+    raw = tmp_path / pyg_name / "raw"
+    raw.mkdir(parents=True)
+    for part in ds.PLANETOID_PARTS:
+        shutil.copy(real("planetoid", f"ind.{name}.{part}"), raw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = datasets.Planetoid(str(tmp_path), pyg_name, split="public")[0]
+    g = ds.load_planetoid(real("planetoid"), name)
+    assert ref.num_nodes == g.num_nodes
+    for key in ("train_mask", "val_mask", "test_mask"):
+        assert np.array_equal(getattr(ref, key).numpy(), getattr(g, key)), key
+
+
+@pytest.mark.parametrize("file", ["texas.npz", "chameleon_filtered.npz", "minesweeper.npz",
+                                  "tolokers.npz"])
+def test_real_heterophilous_masks(file):
+    p = real("heterophilous", file)
+    g = ds.load(p)
+    with np.load(p) as z:
+        file_masks = [z[k] for k in ("train_masks", "val_masks", "test_masks")]
+    splits = file_masks[0].shape[0]
+    assert splits == 10 and g.num_splits == splits
+    for got, want in zip((g.train_mask, g.val_mask, g.test_mask), file_masks):
+        assert got.shape == (g.num_nodes, splits) and np.array_equal(got, want.T)
+    for i in range(splits):
+        train, val, test = g.split(i)
+        assert not (train & val).any() and not (train & test).any() and not (val & test).any()
+        assert train.sum() > 0 and test.sum() > 0

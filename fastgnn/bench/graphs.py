@@ -12,7 +12,8 @@
     file:PATH|NAME       a real graph file or folder read by fastgnn.datasets.load (Planetoid,
                          npz, OGB raw csv, SNAP / Network Repository edge list, Matrix Market,
                          TU, karateclub), symmetrised, deduplicated, no self-loops; NAME is
-                         looked up under ../shared/datasets (fastgnn.datasets.find)
+                         looked up under --datasets DIR and $FASTGNN_DATASETS
+                         (fastgnn.datasets.find)
                                                                           file:tolokers, file:planetoid/cora
     npz:PATH|NAME        the same for .npz files (NAME -> <datasets>/**/NAME.npz)  npz:tolokers
 
@@ -65,8 +66,13 @@ class GraphUnavailable(Exception):
     """The graph cannot be made here (a missing dataset file): skip it."""
 
 
+DATASETS_HINT = ("fastgnn bench looks data sets up under --datasets DIR and "
+                 f"${ds.ENV_VAR}")
+
+
 def datasets_dirs():
-    """Folders searched for dataset names (fastgnn.datasets.datasets_dirs)."""
+    """Folders searched for dataset names (fastgnn.datasets.datasets_dirs:
+    $FASTGNN_DATASETS, which --datasets DIR extends for the run)."""
     return ds.datasets_dirs()
 
 
@@ -79,14 +85,15 @@ def _resolve_npz(arg: str) -> str:
         hits = sorted(glob.glob(os.path.join(d, "**", name), recursive=True))
         if hits:
             return hits[0]
-    raise GraphUnavailable(f"npz graph {arg!r} not found (looked in {datasets_dirs() or 'no datasets folder'})")
+    where = ", ".join(datasets_dirs()) or f"no datasets folder: {ds.HOW_TO_POINT}"
+    raise GraphUnavailable(f"npz graph {arg!r} not found (looked in {where}); {DATASETS_HINT}")
 
 
 def _resolve_file(arg: str) -> str:
     try:
         return ds.find(arg)
     except FileNotFoundError as exc:
-        raise GraphUnavailable(str(exc)) from None
+        raise GraphUnavailable(f"{exc}; {DATASETS_HINT}") from None
 
 
 def _file_builder(path):
