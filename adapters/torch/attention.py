@@ -48,10 +48,12 @@ from fastgnn.graph import Graph
 from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bwd,
                                    edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
 
+from . import custom_ops
 from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import add_bias, segment_reduce
 from .gemm import tf32_allowed
-from .graph_cache import _GRAPHS, _is_edge_index_type, _tkey, resolve
+from .graph_cache import (_GRAPHS, CompiledGraph, _is_edge_index_type, _tkey, graph_input,
+                          resolve)
 from .nn import (_check_kwargs, _graph_sizes, _linear, _pair, _pop_deterministic,
                  shared_input_linears)
 
@@ -137,6 +139,11 @@ def edge_softmax(edge_index_or_graph, scores, num_nodes=None, *, dropout=0.0, se
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
     if num_nodes is not None and not isinstance(num_nodes, (tuple, list)):
         num_nodes = (None, int(num_nodes))          # sources do not matter here
+    if custom_ops.compiling():
+        ei, sizes = graph_input(edge_index_or_graph, num_nodes)
+        p, seed_t = _compiled_dropout(dropout, seed, training)
+        return custom_ops.call("edge_softmax", ei, scores, seed_t, num_nodes=sizes, dropout=p,
+                               offset=offset)
     graph = _graph_arg(edge_index_or_graph, num_nodes)
     p, seed, offset = _dropout(dropout, seed, offset, training)
     return apply(EDGE_SOFTMAX, graph, scores, dropout=p, seed=seed, offset=offset)
@@ -193,6 +200,12 @@ def edge_attention(edge_index_or_graph, score, *, a_src=None, a_dst=None, a_edge
                     return int(t.shape[0])
             return None
         num_nodes = (rows(src_side), rows(dst_side))
+    if custom_ops.compiling():
+        ei, sizes = graph_input(edge_index_or_graph, num_nodes)
+        return _compiled_attention(CompiledGraph(ei, sizes, None), score, tensors,
+                                   bool(return_attention_weights), dropout, seed, offset,
+                                   training, negative_slope=negative_slope, scale=scale,
+                                   deterministic=deterministic, dropped=False)[:2]
     graph = _graph_arg(edge_index_or_graph, num_nodes)
     p, seed, offset = _dropout(dropout, seed, offset, training)
     return apply(EDGE_ATTENTION, graph, *(tensors[n] for n in _ATTN_INPUTS), score=score,
@@ -301,6 +314,18 @@ def _attention_graph(layer, edge_index, edge_attr, num_src, num_dst, num_loops, 
     """(graph, returned edge_index, edge_attr in the graph's edge order) with
     or without PyG's self-loop handling (num_loops None: none added)."""
     _check_graph_input(layer, edge_index)
+    if custom_ops.compiling():
+        ei, sizes = graph_input(edge_index, (num_src, num_dst))
+        if num_loops is not None and edge_attr is not None and need_attr:
+            if isinstance(fill_value, Tensor):
+                raise NotImplementedError(f"{layer} under torch.compile: fill_value must be a "
+                                          "number or a reduction name, not a tensor")
+            edge_attr = custom_ops.call("attention_loop_edge_attr", ei, edge_attr,
+                                        num_nodes=sizes, num_loops=num_loops,
+                                        fill_value=fill_value)
+        elif num_loops is not None:
+            edge_attr = None
+        return CompiledGraph(ei, sizes, num_loops), None, edge_attr
     if num_loops is None:
         graph, _ = resolve(edge_index, (num_src, num_dst))
         return graph, edge_index, edge_attr
@@ -375,6 +400,12 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
                  and layer.bias.shape == (H * C,))
     if fuse_bias:
         tensors = dict(tensors, bias=layer.bias)
+    if isinstance(graph, CompiledGraph):
+        out, alpha, ei_out = _compiled_attention(
+            graph, score, tensors, want, layer.dropout, None, 0, layer.training,
+            negative_slope=layer.negative_slope, scale=None, deterministic=layer.deterministic,
+            dropped=True)
+        return _gat_family_tail(layer, out, alpha, ei_out, H, C, res, fuse_bias, want)
     out = apply(EDGE_ATTENTION, graph, *(tensors.get(n) for n in _ATTN_INPUTS), score=score,
                 negative_slope=layer.negative_slope, scale=None, dropout=p, seed=seed,
                 offset=offset, return_attention_weights=want,
@@ -382,14 +413,21 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     alpha = None
     if want:
         out, alpha = out
+        ei_out, alpha = _returned(ei_out, edge_index), _dropped(alpha, p, seed, offset,
+                                                                  layer.training)
+    return _gat_family_tail(layer, out, alpha, ei_out, H, C, res, fuse_bias, want)
+
+
+def _gat_family_tail(layer, out, alpha, ei_out, H, C, res, fuse_bias, want):
+    """Heads concatenated or averaged, residual and the unfused bias; with
+    `want`, PyG's (out, (edge_index, weights after dropout))."""
     out = _finish_heads(out, layer.concat, H, C)
     if res is not None:
         out = out + res
     if layer.bias is not None and not fuse_bias:
         out = add_bias(out, layer.bias)
     if want:
-        return out, (_returned(ei_out, edge_index),
-                     _dropped(alpha, p, seed, offset, layer.training))
+        return out, (ei_out, alpha)
     return out
 
 
@@ -626,6 +664,9 @@ class GATv2Conv(torch.nn.Module):
                 return_attention_weights=None):
         H, C = self.heads, self.out_channels
         res = None
+        x_res = x if isinstance(x, Tensor) else _pair(x)[1]
+        if self.res is not None and x_res is not None:
+            _materialise(self.res, x_res)   # PyG runs res first: a lazy one draws first
         if isinstance(x, Tensor):
             if x.dim() != 2:
                 raise ValueError(f"'{type(self).__name__}' takes x of shape [N, F]")
@@ -765,15 +806,21 @@ class TransformerConv(torch.nn.Module):
                 "messages unprojected); build the layer with edge_dim")
         graph, _, _ = _attention_graph(type(self).__name__, edge_index, None,
                                        int(k.shape[0]), int(q.shape[0]), None, None, False)
-        p, seed, offset = _dropout(self.dropout, None, 0, self.training)
         want = isinstance(return_attention_weights, bool)
-        out = apply(EDGE_ATTENTION, graph, None, None, None, v, None, None, None, None, q, k,
-                    ee, None, score="dot", negative_slope=0.2, scale=1.0 / math.sqrt(C), dropout=p,
-                    seed=seed, offset=offset, return_attention_weights=want,
-                    deterministic=self.deterministic)
-        alpha = None
-        if want:
-            out, alpha = out
+        if isinstance(graph, CompiledGraph):
+            out, alpha, _ = _compiled_attention(
+                graph, "dot", dict(v=v, q=q, k=k, ee=ee), want, self.dropout, None, 0,
+                self.training, negative_slope=0.2, scale=1.0 / math.sqrt(C),
+                deterministic=self.deterministic, dropped=False)
+        else:
+            p, seed, offset = _dropout(self.dropout, None, 0, self.training)
+            out = apply(EDGE_ATTENTION, graph, None, None, None, v, None, None, None, None, q, k,
+                        ee, None, score="dot", negative_slope=0.2, scale=1.0 / math.sqrt(C),
+                        dropout=p, seed=seed, offset=offset, return_attention_weights=want,
+                        deterministic=self.deterministic)
+            alpha = None
+            if want:
+                out, alpha = out
         out = _finish_heads(out, self.concat, H, C)
         if self.root_weight:
             x_r = x_r[0]
@@ -789,3 +836,97 @@ class TransformerConv(torch.nn.Module):
     def __repr__(self):
         return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, "
                 f"heads={self.heads})")
+
+
+# ------------------------------------------------ compiled graph functions
+# edge_softmax, edge_attention (with PyG's self-loops when a layer asks) and
+# the self-loops' edge features as torch.library custom ops (custom_ops.py).
+def _compiled_dropout(dropout, seed, training):
+    """(p, seed tensor or None) inside a compiled program: a seed of None is
+    drawn as a CPU tensor within the program (no host read while tracing)."""
+    p = dropout_spec(dropout, 0 if seed is None else seed, 0).p if training else 0.0
+    if p == 0:
+        return 0.0, None
+    if seed is None:
+        return p, torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64)
+    return p, torch.tensor([int(seed)], dtype=torch.int64)
+
+
+def _compiled_attention(graph, score, tensors, want, dropout, seed, offset, training, *,
+                        negative_slope, scale, deterministic, dropped):
+    """fastgnn::edge_attention -> (out, alpha or None, edge_index of alpha or None)."""
+    p, seed_t = _compiled_dropout(dropout, seed, training)
+    outs = custom_ops.call("edge_attention", graph.edge_index,
+                           *(tensors.get(n) for n in _ATTN_INPUTS), seed_t,
+                           num_nodes=graph.sizes, num_loops=graph.num_loops, score=score,
+                           negative_slope=negative_slope, scale=scale, dropout=p, offset=offset,
+                           return_attention_weights=want, deterministic=deterministic,
+                           dropped=dropped)
+    return (outs[0], outs[1], outs[2]) if want else (outs, None, None)
+
+
+def _message_shape(score, a):
+    """[rows, H, C] of the messages' tensor (v, or xl for gatv2)."""
+    m = a["xl"] if score == "gatv2" else a["v"]
+    return m.shape
+
+
+def _edge_attention_fake(edge_index, *arrays, num_nodes, num_loops, score, negative_slope,
+                         scale, dropout, offset, return_attention_weights, deterministic,
+                         dropped):
+    a = dict(zip(_ATTN_INPUTS, arrays))
+    _, heads, channels = _message_shape(score, a)
+    dst = {"gat": "a_dst", "gatv2": "xr", "dot": "q"}[score]
+    num_dst = num_nodes[1] if num_nodes[1] is not None else a[dst].shape[0]
+    m = a["xl"] if score == "gatv2" else a["v"]
+    out = m.new_empty((num_dst, heads, channels))
+    if not return_attention_weights:
+        return [out]
+    edges = (edge_index.shape[1] if num_loops is None
+             else torch.library.get_ctx().new_dynamic_size())
+    return [out, m.new_empty((edges, heads)), edge_index.new_empty((2, edges))]
+
+
+@custom_ops.graph_op("edge_attention", _ATTN_INPUTS + ("seed",), _edge_attention_fake)
+def _edge_attention_op(edge_index, *arrays, num_nodes, num_loops, score, negative_slope, scale,
+                       dropout, offset, return_attention_weights, deterministic, dropped):
+    *arrays, seed_t = arrays
+    seed = int(seed_t.item()) if seed_t is not None else 0
+    if num_loops is None:
+        graph, _ = resolve(edge_index, tuple(num_nodes))
+        ei_out = edge_index
+    else:
+        graph, ei_out, _, _ = _loop_graph(edge_index, num_nodes[0], num_nodes[1], num_loops)
+    out = apply(EDGE_ATTENTION, graph, *arrays, score=score, negative_slope=negative_slope,
+                scale=scale, dropout=dropout, seed=seed, offset=offset,
+                return_attention_weights=return_attention_weights, deterministic=deterministic)
+    if not return_attention_weights:
+        return out
+    out, alpha = out
+    if dropped:
+        alpha = _dropped(alpha, dropout, seed, offset, True)
+    return out, alpha, ei_out
+
+
+def _edge_softmax_fake(edge_index, scores, seed, *, num_nodes, dropout, offset):
+    return [torch.empty_like(scores)]
+
+
+@custom_ops.graph_op("edge_softmax", ("scores", "seed"), _edge_softmax_fake)
+def _edge_softmax_op(edge_index, scores, seed_t, *, num_nodes, dropout, offset):
+    seed = int(seed_t.item()) if seed_t is not None else 0
+    return edge_softmax(edge_index, scores, tuple(num_nodes), dropout=dropout, seed=seed,
+                        offset=offset, training=True)
+
+
+def _loop_edge_attr_fake(edge_index, edge_attr, *, num_nodes, num_loops, fill_value):
+    edges = torch.library.get_ctx().new_dynamic_size()
+    return [edge_attr.new_empty((edges, *edge_attr.shape[1:]))]
+
+
+@custom_ops.graph_op("attention_loop_edge_attr", ("edge_attr",), _loop_edge_attr_fake)
+def _loop_edge_attr_op(edge_index, edge_attr, *, num_nodes, num_loops, fill_value):
+    """The edge features in the self-looped graph's order (PyG's
+    remove_self_loops + add_self_loops with fill_value)."""
+    return _attention_graph("attention", edge_index, edge_attr, num_nodes[0], num_nodes[1],
+                            num_loops, fill_value, True)[2]

@@ -36,9 +36,10 @@ import torch
 
 from fastgnn.graph import Graph
 
+from . import custom_ops
 from ._autograd import device_scope
 
-__all__ = ["to_graph", "resolve", "graph_input", "clear_graph_cache"]
+__all__ = ["to_graph", "resolve", "graph_input", "CompiledGraph", "clear_graph_cache"]
 
 _SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo)
 
@@ -157,6 +158,8 @@ def resolve(adj, num_nodes=None):
     """(graph, edge_weight or None) for any graph input. edge_weight is a sparse
     adj_t's values (None when they are all ones and need no gradient), or None
     for edge_index inputs and Graphs."""
+    if custom_ops.compiling():
+        return CompiledGraph(*graph_input(adj, num_nodes)), None
     if isinstance(adj, Graph):
         return adj, None
     if not isinstance(adj, torch.Tensor):
@@ -181,12 +184,30 @@ def resolve(adj, num_nodes=None):
     return _GRAPHS.get(key, anchor, build), None
 
 
+class CompiledGraph:
+    """A graph input inside a compiled program, where `resolve` returns it:
+    the caller's edge_index, its sizes [num_src, num_dst] (None: inferred)
+    and the number of PyG self-loops an attention layer adds (None: none).
+    The graph itself is built inside fastgnn's custom ops."""
+
+    def __init__(self, edge_index, sizes, num_loops=None):
+        self.edge_index, self.sizes, self.num_loops = edge_index, sizes, num_loops
+
+
 def graph_input(adj, num_nodes=None):
     """(edge_index [2, E] tensor, [num_src, num_dst]) of a graph input inside
     a compiled program, where graphs are built inside fastgnn's custom ops
     (`custom_ops.py`) rather than here. Sizes stay None where unknown (the op
     infers them as `resolve` does). Only dense edge_index tensors and PyG
     EdgeIndex reach a compiled op; the other inputs raise, saying what to pass."""
+    if isinstance(adj, CompiledGraph):
+        if adj.num_loops is not None:
+            raise ValueError("this graph carries an attention layer's self-loops; pass the "
+                             "caller's edge_index instead")
+        num_src, num_dst = _sizes(num_nodes)
+        sizes = [num_src if adj.sizes[0] is None else adj.sizes[0],
+                 num_dst if adj.sizes[1] is None else adj.sizes[1]]
+        return adj.edge_index, sizes
     if isinstance(adj, Graph):
         raise TypeError("under torch.compile, pass the edge_index tensor rather than a "
                         "fastgnn.Graph (graphs are built and cached inside fastgnn's ops)")
