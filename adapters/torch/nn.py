@@ -21,10 +21,11 @@ from torch.nn.modules import module as _torch_module
 import fastgnn
 from fastgnn._array import check_deterministic
 
+from . import custom_ops
 from . import functional as _functional
 from .gemm import g_w, x_wt
 from .functional import _norm_dtype, bias_grad, gcn_norm, segment_reduce_linear, spmm
-from .graph_cache import resolve, to_graph
+from .graph_cache import graph_input, resolve, to_graph
 
 __all__ = ["GCNConv", "SAGEConv", "GINConv", "Linear"]
 
@@ -210,35 +211,62 @@ class GCNConv(torch.nn.Module):
                              "input while this layer does not support bipartite message "
                              "passing. Please try other layers such as 'SAGEConv' instead")
         n = int(x.shape[-2])
-        csr_weights = None
-        if self.normalize:
-            norm = self._cached_edge_index
-            if norm is None:
-                if edge_weight is None and not _is_sparse(edge_index):
-                    # all weights are 1 (PyG ignores `improved` here): w_e = d_i d_j
-                    # (d = deg^-1/2) built once per graph in the orders the forward and
-                    # backward kernels read (one sequential weight per edge, no gather)
-                    graph, csr_weights = fastgnn.gcn_norm_weights(
-                        to_graph(edge_index, n), add_self_loops=self.add_self_loops,
-                        dtype=np.float64 if x.dtype == torch.float64 else np.float32)
-                    norm = (graph, None, csr_weights)
-                else:
-                    graph, weight = gcn_norm(edge_index, edge_weight, n, improved=self.improved,
-                                             add_self_loops=self.add_self_loops,
-                                             dtype=_norm_dtype(x.dtype))
-                    norm = (graph, weight, None)
-                if self.cached:
-                    self._cached_edge_index = norm
-            graph, weight, csr_weights = norm
-        else:
-            graph, adj_w = resolve(edge_index, n)
-            weight = edge_weight if adj_w is None and not _is_sparse(edge_index) else adj_w
+        if custom_ops.compiling():
+            # the normalised graph is built and cached inside the op
+            x, = shared_input_linears(x, (self.lin,))
+            ei, sizes = graph_input(edge_index, n)
+            return custom_ops.call("gcn_propagate", ei, x, edge_weight, self.bias, num_nodes=sizes,
+                                   normalize=self.normalize, add_self_loops=self.add_self_loops,
+                                   improved=self.improved, reduce=self._reduce)
+        norm = self._cached_edge_index if self.normalize else None
         x, = shared_input_linears(x, (self.lin,))
-        return _spmm_bias(graph, x, weight, self.bias, reduce=self._reduce,
-                          csr_weights=csr_weights)
+        out, norm = _gcn_propagate(edge_index, n, x, edge_weight, self.bias, norm,
+                                   normalize=self.normalize, add_self_loops=self.add_self_loops,
+                                   improved=self.improved, reduce=self._reduce)
+        if self.normalize and self.cached:
+            self._cached_edge_index = norm
+        return out
 
     def __repr__(self):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels})"
+
+
+def _gcn_propagate(edge_index, n, x, edge_weight, bias, norm=None, *, normalize, add_self_loops,
+                   improved, reduce):
+    """GCNConv's propagation of the projected features x [N, F] (bias added
+    in the SpMM's store): (out [N, F], the normalisation (graph, weight,
+    csr_weights) to cache, or None without normalize). `norm` is a cached
+    normalisation from an earlier call."""
+    csr_weights = None
+    if normalize:
+        if norm is None:
+            if edge_weight is None and not _is_sparse(edge_index):
+                # all weights are 1 (PyG ignores `improved` here): w_e = d_i d_j
+                # (d = deg^-1/2) built once per graph in the orders the forward and
+                # backward kernels read (one sequential weight per edge, no gather)
+                graph, csr_weights = fastgnn.gcn_norm_weights(
+                    to_graph(edge_index, n), add_self_loops=add_self_loops,
+                    dtype=np.float64 if x.dtype == torch.float64 else np.float32)
+                norm = (graph, None, csr_weights)
+            else:
+                graph, weight = gcn_norm(edge_index, edge_weight, n, improved=improved,
+                                         add_self_loops=add_self_loops,
+                                         dtype=_norm_dtype(x.dtype))
+                norm = (graph, weight, None)
+        graph, weight, csr_weights = norm
+    else:
+        graph, adj_w = resolve(edge_index, n)
+        weight = edge_weight if adj_w is None and not _is_sparse(edge_index) else adj_w
+    return _spmm_bias(graph, x, weight, bias, reduce=reduce, csr_weights=csr_weights), norm
+
+
+def _gcn_propagate_fake(edge_index, x, edge_weight, bias, *, num_nodes, **_options):
+    return [x.new_empty((*x.shape[:-2], num_nodes[1], x.shape[-1]))]
+
+
+@custom_ops.graph_op("gcn_propagate", ("x", "edge_weight", "bias"), _gcn_propagate_fake)
+def _gcn_propagate_op(edge_index, x, edge_weight, bias, *, num_nodes, **options):
+    return _gcn_propagate(edge_index, num_nodes[1], x, edge_weight, bias, **options)[0]
 
 
 def _is_sparse(adj):
