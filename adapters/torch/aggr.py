@@ -35,6 +35,7 @@ A MultiAggregation opts in when it or any of its aggregations says False.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -42,6 +43,7 @@ from torch import Tensor
 
 from fastgnn._array import check_deterministic
 
+from . import custom_ops
 from .functional import segment_csr, segment_reduce
 
 try:                                      # PyG is optional
@@ -93,6 +95,11 @@ class _SegmentAggregation(_Base):
         """
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if custom_ops.compiling():
+            # the group offsets and checks read index's values: inside the op
+            return custom_ops.call("aggregation", None, x, index, ptr, codes=list(self._codes),
+                                   single=self._single, dim_size=dim_size, dim=dim,
+                                   deterministic=self._deterministic_backward())
         if x.dim() < 1:
             raise ValueError(f"x must have at least one dimension, got shape {tuple(x.shape)}")
         if not -x.dim() <= dim < x.dim():
@@ -381,3 +388,37 @@ def resolve_aggregation(aggr, **kwargs):
     raise NotImplementedError(
         f"aggregation {aggr!r} is not supported by fastgnn.torch (supported: "
         f"{', '.join(('add',) + _CODES)}, a list of them, or their Aggregation modules)")
+
+
+# ------------------------------------------------ compiled graph function
+class _Reduction(_SegmentAggregation):
+    """The aggregation behind fastgnn::aggregation: given codes, no module state."""
+
+    def __init__(self, codes, single, deterministic):
+        super().__init__(deterministic=deterministic)
+        self._codes, self._single = tuple(codes), single
+
+
+@functools.lru_cache(maxsize=64)
+def _reduction(codes: tuple, single: bool, deterministic: bool):
+    return _Reduction(codes, single, deterministic)
+
+
+def _aggregation_fake(_graph, x, index, ptr, *, codes, single, dim_size, dim, deterministic):
+    dim = dim % x.dim()
+    if dim_size is not None:
+        groups = dim_size
+    elif ptr is not None:
+        groups = ptr.shape[0] - 1
+    else:
+        groups = torch.library.get_ctx().new_dynamic_size()
+    shape = list(x.shape)
+    shape[dim] = groups
+    if len(codes) > 1:
+        shape[-1] = shape[-1] * len(codes)
+    return [x.new_empty(shape)]
+
+
+@custom_ops.graph_op("aggregation", ("x", "index", "ptr"), _aggregation_fake)
+def _aggregation_op(_graph, x, index, ptr, *, codes, single, dim_size, dim, deterministic):
+    return _reduction(tuple(codes), single, deterministic)(x, index, ptr, dim_size, dim)

@@ -78,6 +78,14 @@ def _expand(given, tensors):
     return [next(it) if g else None for g in given]
 
 
+def _autograd_inside_kernel():
+    """A custom op's kernel runs below the autograd dispatch keys, so torch
+    ops inside it record no graph; the recomputing backward needs one, so
+    the kernel lets autograd back in (torch's private TLS guard, the one
+    public ops use for the same purpose)."""
+    return torch._C._SetExcludeDispatchKeyGuard(torch._C.DispatchKey.AutogradFunctionality, False)
+
+
 def _no_alias(outs, inputs):
     """A custom op's outputs must not alias its inputs: copy any that does."""
     ptrs = {t.data_ptr() for t in inputs if t.numel()}
@@ -124,7 +132,7 @@ class _GraphOp:
                      needs: list[bool]) -> list[torch.Tensor]:
             # recompute the forward with autograd on the inputs that need a
             # gradient, then differentiate it (see the module docstring)
-            with torch.enable_grad():
+            with torch.enable_grad(), _autograd_inside_kernel():
                 leaves = [t.detach().requires_grad_(n) for t, n in zip(inputs, needs)]
                 outs = op.run(graph, leaves, static)
                 pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g.numel()]
