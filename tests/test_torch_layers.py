@@ -624,3 +624,95 @@ def test_mixed_feature_dtypes_name_the_argument():
     with pytest.raises(TypeError, match="bias must have xl's dtype torch.float32, got torch.bfloat16"):
         ft.edge_attention(ei, "gatv2", xl=xl, xr=xl, att=torch.randn(2, 4),
                           bias=torch.zeros(8, dtype=torch.bfloat16))
+
+
+# ------------------------------------------------------- seeded construction
+def _pyg_and_ours(name, *args, **kwargs):
+    """The same constructor call on PyG's layer and ours, each from the same
+    generator state: (PyG layer, its next torch.rand(4), ours, its next torch.rand(4))."""
+    import torch_geometric.nn.aggr as pyg_aggr
+    import fastgnn.torch.aggr as ft_aggr
+    made = []
+    for module in ((pyg, pyg_aggr), (ft, ft_aggr)):
+        torch.manual_seed(1234)
+        cls = getattr(module[0], name, None) or getattr(module[1], name)
+        layer = cls(*args, **kwargs)
+        made += [layer, torch.rand(4)]
+    return made
+
+
+SEEDED = [
+    ("GCNConv", (6, 5), {}), ("GCNConv", (6, 5), {"bias": False}),
+    ("GCNConv", (6, 5), {"normalize": False, "improved": True}),
+    ("SAGEConv", (6, 5), {}), ("SAGEConv", ((6, 4), 5), {}),
+    ("SAGEConv", (6, 5), {"project": True}), ("SAGEConv", (6, 5), {"root_weight": False}),
+    ("SAGEConv", (6, 5), {"bias": False, "normalize": True}),
+    *[("SAGEConv", (6, 5), {"aggr": a}) for a in ("sum", "max", "min", "var", "std", "mul")],
+    ("SAGEConv", (6, 5), {"aggr": ["mean", "max", "std"]}),
+    ("SAGEConv", ((6, 4), 5), {"aggr": "max", "project": True}),
+    ("GATConv", (6, 3), {}), ("GATConv", (6, 3), {"heads": 2}),
+    ("GATConv", ((6, 4), 3), {"heads": 2}),
+    ("GATConv", (6, 3), {"heads": 3, "edge_dim": 2, "residual": True}),
+    ("GATConv", ((6, 4), 3), {"heads": 2, "concat": False, "residual": True, "bias": False}),
+    ("GATv2Conv", (6, 3), {"heads": 2}), ("GATv2Conv", (6, 3), {"heads": 2, "share_weights": True}),
+    ("GATv2Conv", ((6, 4), 3), {"heads": 2, "edge_dim": 2, "residual": True}),
+    ("GATv2Conv", (6, 3), {"heads": 2, "share_weights": True, "edge_dim": 2, "bias": False}),
+    ("GATv2Conv", (6, 3), {"heads": 2, "concat": False, "residual": True}),
+    ("TransformerConv", (6, 3), {"heads": 2}), ("TransformerConv", ((6, 4), 3), {"heads": 2}),
+    ("TransformerConv", (6, 3), {"heads": 2, "edge_dim": 2, "beta": True}),
+    ("TransformerConv", (6, 3), {"heads": 2, "concat": False, "beta": True, "bias": False}),
+    ("TransformerConv", (6, 3), {"heads": 2, "root_weight": False, "beta": True}),
+    *[(f"{a}Aggregation", (), {}) for a in ("Sum", "Mean", "Max", "Min", "Var", "Std", "Mul")],
+    ("MultiAggregation", (["mean", "max"],), {}),
+]
+
+
+@pytest.mark.parametrize("name,args,kwargs", SEEDED,
+                         ids=[f"{n}-{a}-{k}" for n, a, k in SEEDED])
+def test_seeded_construction_gives_pyg_weights(name, args, kwargs):
+    """torch.manual_seed(s) before building the layer gives PyG's weights,
+    bit for bit, and leaves the generator where PyG leaves it."""
+    ref, ref_next, ours, our_next = _pyg_and_ours(name, *args, **kwargs)
+    want, got = ref.state_dict(), ours.state_dict()
+    assert list(got) == list(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    assert torch.equal(our_next, ref_next)
+    torch.manual_seed(99)        # reset_parameters draws in PyG's order too
+    ref.reset_parameters()
+    ref_next = torch.rand(4)
+    torch.manual_seed(99)
+    ours.reset_parameters()
+    assert torch.equal(torch.rand(4), ref_next)
+    for key, value in ref.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("name,args,kwargs", [
+    ("GCNConv", (-1, 5), {}), ("SAGEConv", ((-1, -1), 5), {"aggr": "max"}),
+    ("GATConv", (-1, 3), {"heads": 2, "residual": True}),
+    ("GATv2Conv", (-1, 3), {"heads": 2, "residual": True}),
+    ("TransformerConv", (-1, 3), {"heads": 2, "beta": True})], ids=lambda v: str(v))
+def test_seeded_lazy_layers_draw_at_the_first_call_as_pyg(name, args, kwargs):
+    ei, x, _, _ = _inputs(11)
+    x = x.float()
+    ref, _, ours, _ = _pyg_and_ours(name, *args, **kwargs)
+    for layer in (ref, ours):
+        torch.manual_seed(5)
+        layer(x, ei)
+        layer.next_draw = torch.rand(4)
+    assert torch.equal(ours.next_draw, ref.next_draw)
+    for key, value in ref.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("train_eps", [False, True])
+def test_seeded_gin_gives_pyg_weights(train_eps):
+    made = []
+    for module in (pyg, ft):
+        torch.manual_seed(7)
+        mlp = torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.ReLU(), torch.nn.Linear(9, 5))
+        made += [module.GINConv(mlp, eps=0.2, train_eps=train_eps).state_dict(), torch.rand(4)]
+    want, ref_next, got, our_next = made
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert torch.equal(our_next, ref_next)

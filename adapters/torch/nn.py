@@ -34,7 +34,12 @@ __all__ = ["GCNConv", "SAGEConv", "GINConv", "Linear"]
 class Linear(torch.nn.Linear):
     """torch.nn.Linear with PyG's initialisers: weight "glorot" or None
     (kaiming-uniform, a=sqrt(5): the torch default), bias uniform(1/sqrt(in))
-    or "zeros". Parameters are `weight` [out, in] and `bias` [out], as PyG's."""
+    or "zeros". Parameters are `weight` [out, in] and `bias` [out], as PyG's.
+
+    Seeded construction draws what PyG's Linear draws: one reset at the end
+    of __init__, each bound computed as PyG computes it (torch's own
+    kaiming/xavier formulas round differently in the last bit, and a
+    different bound gives different weights from the same generator state)."""
 
     def __init__(self, in_channels: int, out_channels: int, bias: bool = True,
                  weight_initializer: str | None = None, bias_initializer: str | None = None):
@@ -44,16 +49,22 @@ class Linear(torch.nn.Linear):
         self.reset_parameters()
 
     def reset_parameters(self):
-        if getattr(self, "weight_initializer", None) == "glorot":
-            torch.nn.init.xavier_uniform_(self.weight)
+        if not hasattr(self, "weight_initializer"):
+            return      # torch.nn.Linear.__init__'s call: PyG's draw comes once, above
+        fan = self.in_features
+        if fan <= 0:
+            return
+        if self.weight_initializer == "glorot":
+            bound = math.sqrt(6.0 / (self.weight.size(-2) + self.weight.size(-1)))
         else:
-            torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            if getattr(self, "bias_initializer", None) == "zeros":
-                torch.nn.init.zeros_(self.bias)
-            else:
-                bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
-                torch.nn.init.uniform_(self.bias, -bound, bound)
+            a = math.sqrt(5)
+            bound = math.sqrt(6 / ((1 + a**2) * fan))
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            if self.bias is not None and self.bias_initializer == "zeros":
+                self.bias.zero_()
+            elif self.bias is not None:
+                self.bias.uniform_(-1.0 / math.sqrt(fan), 1.0 / math.sqrt(fan))
 
 
 class _LazyLinear(torch.nn.LazyLinear):
