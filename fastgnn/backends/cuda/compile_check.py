@@ -6,6 +6,11 @@ a machine with no device). `--ptxas-options=-v` makes ptxas report registers,
 stack frame and spills per kernel in the program log.
 
     python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose] [--family segment]
+
+Modules compile in parallel, one per process (all cores, `--jobs N` for
+fewer); each prints one line when it is done (module, kernels, seconds,
+modules done / total), so a CI log shows the run moving: a full check takes
+minutes on a small machine.
 """
 from __future__ import annotations
 
@@ -65,12 +70,21 @@ def compile_family(family, vtype, itype, names, arch="sm_90"):
     return [(k, *v) for k, v in merged.items()], len(names)
 
 
+def _timed_compile(family, vtype, itype, names, arch):
+    """compile_family and its wall time in seconds."""
+    t0 = time.perf_counter()
+    rows, n = compile_family(family, vtype, itype, names, arch)
+    return rows, n, time.perf_counter() - t0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--family", action="append",
                     help="only this kernel family (spmm, segment, attention; repeatable)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="modules compiled at once (default: one per core)")
     args = ap.parse_args(argv)
     t0 = time.time()
     failures, total = [], 0
@@ -78,9 +92,21 @@ def main(argv=None):
     # modules are independent: compile them on every core, the largest first
     # (so the last ones to finish are small and no core idles long at the end)
     jobs.sort(key=lambda j: -len(j[3]))
-    with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = list(pool.map(compile_family, *zip(*jobs), [args.arch] * len(jobs)))
-    for (family, vt, it, _), (rows, n) in zip(jobs, results):
+    workers = max(1, min(args.jobs, len(jobs)))
+    print(f"compiling {len(jobs)} modules ({sum(len(j[3]) for j in jobs)} kernel "
+          f"instantiations) for {args.arch} on {workers} processes", flush=True)
+    results = {}
+    width = len(str(len(jobs)))
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        pending = {pool.submit(_timed_compile, *job, args.arch): k for k, job in enumerate(jobs)}
+        for fut in concurrent.futures.as_completed(pending):
+            k = pending[fut]
+            family, vt, it, _ = jobs[k]
+            rows, n, secs = results[k] = fut.result()
+            print(f"[{len(results):{width}d}/{len(jobs)}] {family} {vt} {it}: {n} kernels in "
+                  f"{secs:.1f} s ({time.time() - t0:.0f} s so far)", flush=True)
+    for k, (family, vt, it, _) in enumerate(jobs):
+        rows, n, _secs = results[k]
         total += n
         for kernel, regs, ss, sl in rows:
             if args.verbose:
