@@ -91,18 +91,10 @@ def awkward_edge_index(num_nodes=300, num_edges=2000, *, hub_degree=None, seed=N
 def rmat_edge_index(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, *, seed=0,
                     dedup=True, self_loops=False, xp=np):
     """R-MAT power-law graph with 2**scale nodes and about edge_factor * 2**scale
-    edges, generated with `xp` (numpy, or cupy to build on the GPU)."""
-    n = 1 << scale
-    m = edge_factor * n
-    rs = xp.random.RandomState(seed)
-    src = xp.zeros(m, dtype=np.int64)
-    dst = xp.zeros(m, dtype=np.int64)
-    for bit in range(scale):
-        r = rs.random_sample(m)
-        down = r >= a + b                 # lower half (c or d quadrant)
-        right = ((r >= a) & (r < a + b)) | (r >= a + b + c)
-        src += down.astype(np.int64) << bit
-        dst += right.astype(np.int64) << bit
+    edges, generated with `xp` (numpy, or cupy to build on the GPU): the draws
+    of `fastgnn.generators.rmat_draws`."""
+    from .generators import rmat_draws
+    src, dst, n = rmat_draws(scale, edge_factor, a, b, c, seed=seed, xp=xp)
     if not self_loops:
         keep = src != dst
         src, dst = src[keep], dst[keep]
