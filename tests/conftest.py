@@ -1,5 +1,92 @@
-"""Shared pytest set-up."""
+"""Shared pytest set-up.
+
+Seeded randomness: every test runs with NumPy's global state, Python's
+`random` and torch's generators seeded from one per-test seed, and can ask
+for it as the `seed` fixture or for a NumPy Generator on it as `rng`. The
+seed comes from FASTGNN_TEST_SEED:
+
+    unset      a fixed seed per test, derived from its id (the same every run)
+    <integer>  that seed for every test (re-run a failure with the seed it printed)
+    random     a fresh seed per test and run (to explore; failures print theirs)
+
+A failing test's report carries a "fastgnn test seed" section with the seed
+and the command that repeats the run.
+"""
+import importlib.util
+import os
+import random
+import secrets
+import zlib
+
+import numpy as np
 import pytest
+
+SEED_ENV = "FASTGNN_TEST_SEED"
+_SEED = pytest.StashKey[int]()
+
+
+def _seed_mode():
+    value = os.environ.get(SEED_ENV, "").strip().lower()
+    if value in ("", "random"):
+        return value
+    try:
+        return int(value, 0) % 2**32
+    except ValueError:
+        raise pytest.UsageError(f"{SEED_ENV}={value!r}: expected an integer, 'random' or "
+                                "nothing") from None
+
+
+def seed_for(nodeid: str) -> int:
+    """The seed a test with this id runs under (see the module docstring)."""
+    mode = _seed_mode()
+    if mode == "":
+        return zlib.crc32(nodeid.encode())
+    if mode == "random":
+        return secrets.randbits(32)
+    return mode
+
+
+def pytest_report_header(config):
+    mode = _seed_mode()
+    how = {"": "fixed per test (from its id)", "random": "random per test"}.get(
+        mode, f"{mode} for every test")
+    return f"test seeds: {how}; set {SEED_ENV} to change (tests/conftest.py)"
+
+
+@pytest.fixture(autouse=True)
+def _seeded_randomness(request):
+    """Seed NumPy's global state, `random` and torch with the test's seed."""
+    value = seed_for(request.node.nodeid)
+    request.node.stash[_SEED] = value
+    request.node.user_properties.append(("seed", value))
+    np.random.seed(value)
+    random.seed(value)
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        torch.manual_seed(value)
+    return value
+
+
+@pytest.fixture
+def seed(_seeded_randomness):
+    """The test's seed (an int below 2**32)."""
+    return _seeded_randomness
+
+
+@pytest.fixture
+def rng(seed):
+    """A NumPy Generator on the test's seed."""
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    value = item.stash.get(_SEED, None)
+    if value is not None and report.failed:
+        report.sections.append(("fastgnn test seed", (
+            f"seed {value}; repeat with: {SEED_ENV}={value} python -m pytest '{item.nodeid}'")))
+    return report
 
 
 @pytest.fixture(autouse=True)

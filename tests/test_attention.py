@@ -16,6 +16,8 @@ needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA device 
 
 
 def _seed():
+    """A seed drawn from NumPy's global state, which conftest seeds per test
+    (FASTGNN_TEST_SEED; a failing test prints its seed)."""
     return np.random.randint(1 << 30)
 
 

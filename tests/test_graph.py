@@ -8,8 +8,8 @@ from fastgnn.testing import awkward_edge_index, devices, to_device, to_numpy
 
 
 @pytest.mark.parametrize("device", devices())
-def test_csr_by_destination_keeps_caller_order(device):
-    ei = awkward_edge_index(200, 1500, seed=np.random.randint(1 << 30))
+def test_csr_by_destination_keeps_caller_order(device, seed):
+    ei = awkward_edge_index(200, 1500, seed=seed)
     g = Graph.from_edge_index(to_device(ei, device), num_nodes=200)
     indptr, indices, ids = map(to_numpy, (g.indptr, g.indices, g.edge_ids))
     assert g.num_edges == ei.shape[1] and g.index_dtype == np.int32
@@ -27,8 +27,8 @@ def test_csr_by_destination_keeps_caller_order(device):
 
 
 @pytest.mark.parametrize("device", devices())
-def test_transpose_is_cached_reverse_graph(device):
-    ei = awkward_edge_index(120, 900, seed=np.random.randint(1 << 30), num_src=77)
+def test_transpose_is_cached_reverse_graph(device, seed):
+    ei = awkward_edge_index(120, 900, seed=seed, num_src=77)
     g = Graph.from_edge_index(to_device(ei, device), num_src=77, num_dst=120)
     t = g.transpose()
     assert t is g.transpose() and t.num_src == 120 and t.num_dst == 77

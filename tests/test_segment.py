@@ -25,6 +25,8 @@ def _nr(reduce):
 
 
 def _seed():
+    """A seed drawn from NumPy's global state, which conftest seeds per test
+    (FASTGNN_TEST_SEED; a failing test prints its seed)."""
     return np.random.randint(1 << 30)
 
 
