@@ -55,6 +55,7 @@ SUITES = {
                         "mesh3d44k26", "rmat20", "clustered19", "uniform20", "mesh3d88k26"],
              "dtypes": ["fp32", "bf16"], "width": [128], "repeats": 10, "warmup": 1,
              "lean_above": 1_500_000, "budget_minutes": 7.0},
+    "training": {},     # end-to-end training epochs, its own options (cases_training.py)
 }
 # Rough H200 cost model for the estimate (seconds), calibrated on PyG's H200
 # timings: per (graph, dtype, case) a fixed part plus a part per million
@@ -73,7 +74,8 @@ def build_parser():
                                 epilog="graph names: " + GRAPH_NAMES + " (see docs/benchmarks.md)")
     p.add_argument("--suite", choices=sorted(SUITES),
                    help="a named preset: 'full' = the H200 suite (docs/benchmarks.md: 11 graphs, "
-                        "every family, fp32 + bf16, ~7 min); options given explicitly override it")
+                        "every family, fp32 + bf16, ~7 min), 'training' = ms per training epoch of 2-layer "
+                        "models on real data sets; options given explicitly override it")
     p.add_argument("--graphs", nargs="+", help=f"graphs (default {' '.join(FULL_GRAPHS)}; "
                    f"--quick: {' '.join(QUICK_GRAPHS)})")
     p.add_argument("--width", nargs="+", type=int, help="feature widths F (default 128; --quick: 32)")
@@ -120,6 +122,8 @@ def build_parser():
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--no-plots", action="store_true", help="markdown tables only, no PNG plots")
     p.add_argument("--list", action="store_true", help="list the registered cases and exit")
+    from .cases_training import add_arguments
+    add_arguments(p)
     return p
 
 
@@ -224,6 +228,9 @@ def main(argv=None):
     if args.autograd_threads:
         torch.autograd.set_multithreading_enabled(args.autograd_threads == "on")
     try:
+        if args.suite == "training":
+            from .cases_training import run
+            return run(args, argv, torch, device, cuda, quick)
         return _run(args, argv, torch, device, cuda, quick)
     finally:
         if restore:

@@ -1,0 +1,85 @@
+"""The training suite (`fastgnn bench --suite training`) on a tiny generated
+graph, CPU only: the rows' fields, and fastgnn and PyG from the same weights
+reaching the same first-epoch loss."""
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch_geometric")
+
+from fastgnn.bench import __main__ as bench  # noqa: E402
+from fastgnn.bench import cases_training as ct  # noqa: E402
+
+FIELDS = ("graph", "graph_stats", "model", "framework", "mode", "status", "error", "metric",
+          "split", "features", "epochs", "warmup", "timed_epochs", "ms_per_epoch",
+          "ms_per_epoch_min", "first_epoch_s", "loss_first", "loss_last", "val_metric",
+          "test_metric", "speedup", "speedup_vs_pyg_eager")
+
+
+def _run(tmp_path, *extra):
+    out = tmp_path / "train.json"
+    rc = bench.main(["--suite", "training", "--device", "cpu", "--datasets-names", "rmat8",
+                     "--epochs", "3", "--warmup", "1", "--width", "16", "--heads", "2",
+                     "--threads", "1", "--no-progress", "--out", str(out), *extra])
+    assert rc == 0
+    return json.loads(out.read_text()), out
+
+
+def test_training_rows(tmp_path):
+    recs, out = _run(tmp_path, "--modes", "eager")
+    assert len(recs) == 2 * len(ct.MODELS)
+    assert {(r["model"], r["framework"]) for r in recs} == \
+        {(m, f) for m in ct.MODELS for f in ("pyg", "fastgnn")}
+    for r in recs:
+        for k in FIELDS:
+            assert k in r, k
+        assert r["kind"] == "training" and r["mode"] == "eager" and r["status"] == "ok", r
+        assert r["epochs"] == 3 and r["timed_epochs"] == 2 and r["ms_per_epoch"] > 0
+        assert r["split"].startswith("random 60/20/20") and r["metric"] == "accuracy"
+        assert 0.0 <= r["test_metric"] <= 1.0 and np.isfinite(r["loss_last"])
+    for r in recs:
+        if r["framework"] == "fastgnn":
+            # the same weights and dropout masks: the same first-epoch loss in fp32
+            assert abs(r["loss_first_diff"]) <= 1e-5 * max(1.0, abs(r["loss_first"])), r["model"]
+            assert r["speedup"] is not None
+    md = out.with_suffix(".md").read_text()
+    assert "| rmat8 | GAT | eager |" in md
+
+
+def test_compile_failure_is_a_row(tmp_path, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(torch, "compile", broken)
+    recs, _ = _run(tmp_path, "--models", "GCN", "--modes", "eager,compile")
+    status = {(r["framework"], r["mode"]): r["status"] for r in recs}
+    assert status[("pyg", "eager")] == status[("fastgnn", "eager")] == "ok"
+    assert status[("pyg", "compile")] == status[("fastgnn", "compile")] == "failed: RuntimeError"
+    assert all("no compiler here" in r["error"] for r in recs if r["mode"] == "compile")
+
+
+def test_same_weights_same_loss():
+    data = ct.generated_data(torch, torch.device("cpu"), "rmat7", seed=3, width=12)
+    for name in ct.MODELS:
+        state = ct.master_state(torch, name, data, 8, 2, seed=3)
+        losses = []
+        for fw in ("pyg", "fastgnn"):
+            m = ct.build_model(fw, name, 12, 8, data.classes, 2)
+            m.load_state_dict(state, strict=True)
+            torch.manual_seed(0)
+            out = m(data.x, data.edge_index)
+            losses.append(torch.nn.functional.cross_entropy(out[data.train], data.y[data.train]))
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+
+
+def test_roc_auc_and_split():
+    assert ct.roc_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert ct.roc_auc([1.0, 1.0], [0, 1]) == pytest.approx(0.5)
+    assert ct.roc_auc([0.3, 0.2], [1, 1]) is None
+    labelled = np.ones(1000, bool)
+    labelled[::10] = False
+    tr, va, te = ct.random_split(labelled, 0)
+    assert not (tr & va).any() and not (tr & te).any() and not (va & te).any()
+    assert ((tr | va | te) == labelled).all() and tr.sum() == 540 and va.sum() == 180
+    assert (ct.random_split(labelled, 0)[0] == tr).all()
