@@ -272,17 +272,20 @@ def _models():
     }
 
 
-def _losses(model, x, ei, y, steps, step_fn=None):
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-
+def _train_step(model, opt, x, ei, y):
+    """One training step (forward, cross-entropy, backward, optimizer) -> its loss."""
     def step():
         opt.zero_grad(set_to_none=False)
         loss = torch.nn.functional.cross_entropy(model(x, ei), y)
         loss.backward()
         opt.step()
         return loss.detach()
-    run = step_fn(step) if step_fn else step
-    return torch.stack([run().clone() for _ in range(steps)])
+    return step
+
+
+def _losses(model, x, ei, y, steps):
+    step = _train_step(model, torch.optim.Adam(model.parameters(), lr=0.01), x, ei, y)
+    return torch.stack([step().clone() for _ in range(steps)])
 
 
 @pytest.mark.parametrize("kind", ["gcn", "sage-max", "gatv2"])
@@ -315,13 +318,7 @@ def test_cuda_graph_training_step_replays_eager_losses(kind, seed):
     want = _losses(eager, x, ei, y, 6)
 
     opt = torch.optim.Adam(captured.parameters(), lr=0.01, capturable=True)
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss = torch.nn.functional.cross_entropy(captured(x, ei), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+    step = _train_step(captured, opt, x, ei, y)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
