@@ -88,6 +88,80 @@ def test_spmm_other_graph_inputs(layout, reduce):
     assert_close(_np(out), expect, "float64")
 
 
+def _pyg_spmm_inputs(seed, layout, weighted, dtype=torch.float64):
+    """A rectangular graph input (targets != sources, empty target rows,
+    duplicates, a hub) in `layout` and the matrix torch_geometric.utils.spmm
+    reads the same aggregation from: (ours, PyG's, weights leaf or None)."""
+    from torch_geometric import EdgeIndex
+    ns, nd = 53, 71
+    rng = np.random.default_rng(seed)
+    ei = torch.from_numpy(awkward_edge_index(nd, 400, seed=seed, num_src=ns))
+    vals = torch.from_numpy(rng.random(ei.shape[1]) + 0.1).to(dtype) if weighted else None
+    if layout == "edge_index_type":
+        # ours reads an EdgeIndex as an edge_index (row 0 sources); PyG's spmm
+        # reads it as the matrix, rows = targets: the transpose, row-sorted
+        theirs = EdgeIndex(ei.flip(0), sparse_size=(nd, ns)).sort_by("row")[0]
+        return EdgeIndex(ei, sparse_size=(ns, nd)), theirs, None
+    leaf = vals.requires_grad_() if weighted else None
+    coo = torch.sparse_coo_tensor(ei.flip(0), leaf if weighted else torch.ones(ei.shape[1],
+                                                                               dtype=dtype),
+                                  (nd, ns)).coalesce()
+    adj = {"csr": coo.to_sparse_csr, "csc": coo.to_sparse_csc, "coo": lambda: coo}[layout]()
+    return adj, adj, leaf
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "add"])
+@pytest.mark.parametrize("layout,weighted", [("csr", False), ("csr", True), ("coo", False),
+                                             ("coo", True), ("csc", False),
+                                             ("edge_index_type", False)])
+def test_spmm_matches_pyg_spmm(reduce, layout, weighted):
+    """Rectangular inputs without num_nodes (the adj_t's or EdgeIndex's own
+    target count) and every reduction of torch_geometric.utils.spmm, with
+    gradients of x and of the adj_t's values."""
+    from torch_geometric.utils import spmm as pyg_spmm
+    # PyG's EdgeIndex matmul runs in float32 only
+    dtype = torch.float32 if layout == "edge_index_type" else torch.float64
+    ours_adj, pyg_adj, leaf = _pyg_spmm_inputs(12, layout, weighted, dtype)
+    x = torch.randn(53, 7, dtype=dtype, generator=torch.Generator().manual_seed(3),
+                    requires_grad=True)
+    ref_out = pyg_spmm(pyg_adj, x, reduce="sum" if reduce == "add" else reduce)
+    out = ft.spmm(ours_adj, x, reduce="sum" if reduce == "add" else reduce)
+    assert out.shape == ref_out.shape == (71, 7)
+    tol = "float32" if dtype == torch.float32 else "float64"
+    assert_close(_np(out), _np(ref_out), tol)
+    assert not out[71 - 71 // 10:].any(), "empty rows must give 0"
+    cot = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    wrt = [x] + ([leaf] if weighted else [])
+    want = torch.autograd.grad(ref_out, wrt, cot, retain_graph=True)
+    got = torch.autograd.grad(out, wrt, cot)
+    for name, g, w in zip(("x", "values"), got, want):
+        assert_close(_np(g), _np(w), tol, what=f"grad {name}")
+
+
+def test_spmm_max_min_on_edge_index_and_their_limits():
+    """max/min of an edge_index with edge weights (per-edge messages) against
+    a dense reference; fused scales do not combine with them."""
+    rng = np.random.default_rng(8)
+    ei, eit = _graph(8)
+    x = torch.from_numpy(rng.standard_normal((N, 5))).requires_grad_()
+    w = torch.from_numpy(rng.random(ei.shape[1]) + 0.1).requires_grad_()
+    bias = torch.randn(5, dtype=torch.float64)
+    for reduce, pick in (("max", torch.amax), ("min", torch.amin)):
+        out = ft.spmm(eit, x, w, reduce, bias=bias)
+        msgs = w[:, None] * x[eit[0]]
+        expect = torch.stack([pick(msgs[eit[1] == i], 0) if (eit[1] == i).any()
+                              else torch.zeros(5, dtype=torch.float64) for i in range(N)]) + bias
+        assert_close(_np(out), _np(expect), "float64")
+        got = torch.autograd.grad(out.sum(), [x, w])
+        want = torch.autograd.grad(expect.sum(), [x, w])
+        for g, e in zip(got, want):
+            assert_close(_np(g), _np(e), "float64")
+    with pytest.raises(ValueError, match="row_scale"):
+        ft.spmm(eit, x, reduce="max", row_scale=torch.ones(N, dtype=torch.float64))
+    with pytest.raises(ValueError, match="edge_weight"):
+        ft.spmm(eit, x, w[:-1], reduce="min")
+
+
 def test_spmm_sparse_rejects_edge_weight():
     _, eit = _graph(0)
     adj = torch.sparse_coo_tensor(eit.flip(0), torch.ones(eit.shape[1]), (N, N)).to_sparse_csr()
@@ -229,7 +303,9 @@ def test_bad_inputs_raise_naming_the_argument():
     with pytest.raises(TypeError, match="edge_index"):
         ft.spmm(ei, x)                                       # NumPy graph input
     with pytest.raises(ValueError, match="reduce"):
-        ft.spmm(eit, x, reduce="max")
+        ft.spmm(eit, x, reduce="prod")
+    with pytest.raises(TypeError, match="edge_index must hold integers"):
+        ft.spmm(eit.float(), x)                              # PyG refuses it too
     with pytest.raises(ValueError, match="x"):
         ft.spmm(eit, torch.randn(N + 1, 4), num_nodes=N)
 

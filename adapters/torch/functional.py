@@ -18,7 +18,7 @@ from ._autograd import (Op, _backward, _forward, _torch_stream_ptr, apply, devic
                         to_tensor)
 from . import custom_ops, segment_cuda
 from .gemm import g_w, tf32_allowed, x_wt
-from .graph_cache import graph_input, resolve
+from .graph_cache import _is_edge_index_type, graph_input, resolve
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr",
            "add_bias", "bias_grad", "SPMM",
@@ -127,12 +127,26 @@ def _rows(x):
     return int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() == 2 else None
 
 
+def _node_sizes(edge_index_or_graph, x, num_nodes):
+    """num_nodes for `resolve`: the caller's, else x.size(0) sources and as
+    many targets, unless the input carries its own target count (a sparse
+    adj_t's rows, an EdgeIndex's sparse_size()[1]), which then stands."""
+    if num_nodes is not None:
+        return num_nodes
+    adj = edge_index_or_graph
+    own = isinstance(adj, torch.Tensor) and (
+        adj.layout != torch.strided
+        or (_is_edge_index_type(adj) and adj.sparse_size()[1] is not None))
+    return (_rows(x), None) if own else _rows(x)
+
+
 def _resolve_for(edge_index_or_graph, x, num_nodes):
     """(graph, adj_t values or None) for node features x [N, F]: a square
-    graph of x.size(0) nodes unless num_nodes says otherwise."""
+    graph of x.size(0) nodes unless num_nodes or the input's own target count
+    says otherwise (`_node_sizes`)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    return resolve(edge_index_or_graph, _rows(x) if num_nodes is None else num_nodes)
+    return resolve(edge_index_or_graph, _node_sizes(edge_index_or_graph, x, num_nodes))
 
 
 def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None, path="auto",
@@ -144,24 +158,33 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
 
         sum:   out[i] = sum_{e=(j->i)} w_e x[j]  (+ b)
         mean:  out[i] = 1/deg_in(i) * sum_{e=(j->i)} w_e x[j]  (+ b)    (0 (+ b) for deg_in(i) = 0)
+        max:   out[i] = max_{e=(j->i)} w_e x[j]  (+ b)                   (0 (+ b) for deg_in(i) = 0)
+        min:   likewise with min
 
-    with w_e = 1 when no weight is given.
+    with w_e = 1 when no weight is given (torch_geometric.utils.spmm's four
+    reductions; max/min send the gradient to one winner per (row, feature),
+    as `segment_reduce`).
 
     edge_index_or_graph: [2, E] integer tensor (row 0 sources, row 1 targets),
-                 PyG EdgeIndex, torch sparse adj_t [num_dst, num_src] (its
-                 values are the weights) or fastgnn.Graph; tensors are turned
-                 into a Graph once and cached (`fastgnn.torch.to_graph`).
+                 PyG EdgeIndex (read as an edge_index, so it is the transpose
+                 of the matrix torch_geometric.utils.spmm reads from it),
+                 torch sparse adj_t [num_dst, num_src] (its values are the
+                 weights) or fastgnn.Graph; tensors are turned into a Graph
+                 once and cached (`fastgnn.torch.to_graph`).
     x:           [num_src, F] float tensor (float32/float64 on CPU; also
                  float16/bfloat16 on CUDA), on the graph's device.
     edge_weight: [E] optional float tensor in edge_index's column order
                  (must be None for a sparse adj_t).
-    reduce:      "sum" or "mean".
-    num_nodes:   None (square graph with x.size(0) nodes), an int (square), or
-                 (num_src, num_dst) for a bipartite graph.
-    path:        GPU kernel choice: "auto", "cusparse" or "custom".
+    reduce:      "sum", "mean", "max" or "min". Weighted max/min build the
+                 messages w_e x[j] per edge ([E, F]); unweighted ones do not.
+    num_nodes:   None (x.size(0) sources; as many targets, or a sparse adj_t's
+                 rows, or an EdgeIndex's sparse_size()[1] when it has one), an
+                 int (square), or (num_src, num_dst) for a bipartite graph.
+    path:        GPU kernel choice for sum/mean: "auto", "cusparse" or "custom".
     row_scale, col_scale: optional [num_dst] / [num_src] factors r, c fused into
                  the kernel: out[i] = r_i * (...) with x[j] scaled by c_j
-                 (constants: they take no gradient).
+                 (constants: they take no gradient; sum/mean only, as is
+                 csr_weights).
     bias:        optional [F] tensor b in x's dtype (may require grad), added to
                  every output row inside the kernel's store (no extra pass);
                  grad_bias is a fixed-order column sum of grad_out.
@@ -176,7 +199,7 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
                 "spmm(csr_weights=...) under torch.compile: precomputed CsrWeights cannot "
                 "enter a compiled program; pass edge_weight (GCNConv builds its weights "
                 "inside its op)")
-        ei, sizes = graph_input(edge_index_or_graph, _rows(x) if num_nodes is None else num_nodes)
+        ei, sizes = graph_input(edge_index_or_graph, _node_sizes(edge_index_or_graph, x, num_nodes))
         return custom_ops.call("spmm", ei, x, edge_weight, bias, row_scale, col_scale,
                                num_nodes=sizes, reduce=reduce, path=path)
     graph, adj_w = _resolve_for(edge_index_or_graph, x, num_nodes)
@@ -185,11 +208,47 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
             raise ValueError("edge_weight and csr_weights must be None when the graph is a "
                              "sparse adj_t: its values are the edge weights")
         edge_weight = adj_w
+    if reduce in ("max", "min"):
+        if row_scale is not None or col_scale is not None or csr_weights is not None:
+            raise ValueError(f"spmm(reduce={reduce!r}) takes no row_scale, col_scale or "
+                             "csr_weights (they scale sums)")
+        out = _neighbour_extreme(graph, x, edge_weight, reduce)
+        return out if bias is None else out + bias
     static = {k: (v.detach() if isinstance(v, torch.Tensor) else v)
               for k, v in (("row_scale", row_scale), ("col_scale", col_scale)) if v is not None}
     if csr_weights is not None:
         static["csr_weights"] = csr_weights
     return apply(SPMM, graph, x, edge_weight, bias, reduce=reduce, path=path, **static)
+
+
+def _neighbour_extreme(graph, x, edge_weight, reduce):
+    """max/min over each target's in-edges of w_e x[j] (0 for a target
+    without in-edges), as torch_geometric.utils.spmm. Unweighted, it is the
+    segment reduction (gather fused, nothing per edge); weighted, the
+    messages w_e x[j] are made per edge in CSR order ([E, F]) and reduced by
+    `segment_csr`, as the kernels take no weights."""
+    if edge_weight is None:
+        return apply(SEGMENT_REDUCE, graph, x, reduce=reduce, deterministic=True)
+    if not isinstance(edge_weight, torch.Tensor):
+        raise TypeError(f"edge_weight must be a torch.Tensor, got {type(edge_weight).__name__}")
+    if tuple(edge_weight.shape) != (graph.num_edges,):
+        raise ValueError(f"edge_weight must have shape [E] = [{graph.num_edges}], "
+                         f"got {tuple(edge_weight.shape)}")
+    if x.dim() != 2 or x.shape[0] != graph.num_src:
+        raise ValueError(f"x must have shape [num_src, F] = [{graph.num_src}, F], "
+                         f"got {tuple(x.shape)}")
+    indptr, sources, edge_ids = _csr_tensors(graph)
+    w = edge_weight if edge_ids is None else edge_weight[edge_ids]
+    return segment_csr(indptr, x[sources] * w.to(x.dtype).unsqueeze(1), reduce)
+
+
+def _csr_tensors(graph):
+    """(indptr, source per CSR position, caller edge id per CSR position or
+    None) of the graph as int64 tensors on its device (cached)."""
+    def build():
+        ids = None if graph.edge_ids is None else _torch(graph.edge_ids).long()
+        return _torch(graph.indptr).long(), _torch(graph.indices).long(), ids
+    return graph.cached(("fastgnn.torch", "csr_tensors"), build)
 
 
 # ------------------------------------------------------------ reductions
