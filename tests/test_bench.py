@@ -507,10 +507,12 @@ def test_bench_suite_preset_and_budget(tmp_path):
     suite = SUITES["full"]
     kinds = {"rmat": 0, "uniform": 0, "clustered": 0, "mesh3d": 0}
     for spec in suite["graphs"]:
+        if spec.startswith(("file:", "npz:")):      # a data set's name, not a local path
+            assert "/" not in spec and "." not in spec, spec
         try:
             bgraphs.parse(spec)
-        except bgraphs.GraphUnavailable:
-            assert ".data/" in spec
+        except bgraphs.GraphUnavailable as exc:
+            assert "--datasets DIR" in str(exc) and "FASTGNN_DATASETS" in str(exc)
         edges = bgraphs.nominal_edges(spec)
         for k in kinds:
             if spec.startswith(k):
@@ -529,8 +531,9 @@ def test_bench_suite_preset_and_budget(tmp_path):
           "--out", str(out)])
     (r,) = json.loads(out.read_text())
     assert (r["repeats"], r["warmup"]) == (10, 1)
-    main(["--device", "cpu", "--graphs", "grid4", "grid5", "--budget-minutes", "0",
-          "--no-progress", "--no-plots", "--out", str(out)])
+    rc = main(["--device", "cpu", "--graphs", "grid4", "grid5", "--budget-minutes", "0",
+               "--no-progress", "--no-plots", "--out", str(out)])
+    assert rc == 1                                  # nothing was measured
     assert json.loads(out.read_text()) == []
     assert "time budget" in out.with_suffix(".md").read_text()
 
@@ -591,3 +594,92 @@ def test_attention_summary_shows_peak_over_needed():
             dict(base, impl="pyg-style[edge_index]", fastgnn=False, peak_mib=1200.0)]
     (line,) = [s for s in attention_summary(recs) if s.startswith("- g")]
     assert "attn_gatv2 10.00x vs pyg-style[edge_index], peak 0.10x, peak/needed 1.17" in line
+
+
+# ------------------------------------------------------------------ the CLI for a newcomer
+
+TINY = ["--ops", "spmm_sum", "--layers", "none", "--impls", "torch.sparse", "--width", "4",
+        "--repeats", "1", "--warmup", "0", "--no-progress", "--no-plots"]
+
+
+def test_cpu_plan_picks_cpu_sizes_or_says_what_to_run(capsys):
+    """Without CUDA a plain run is --quick, and --suite full stops at once."""
+    pytest.importorskip("torch")
+    from fastgnn.bench.__main__ import _plan_for_the_cpu, build_parser, main
+
+    args = build_parser().parse_args([])
+    _plan_for_the_cpu(args)
+    assert args.quick and "running the CPU preset --quick" in capsys.readouterr().err
+    args = build_parser().parse_args(["--graphs", "rmat20"])
+    _plan_for_the_cpu(args)
+    assert not args.quick                           # explicit graphs: as asked
+    args = build_parser().parse_args(["--suite", "full", "--graphs", "grid4"])
+    _plan_for_the_cpu(args)
+    with pytest.raises(SystemExit, match=r"sized for an H200(.|\n)*fastgnn bench --quick"):
+        main(["--suite", "full", "--device", "cpu"])
+
+
+def test_nothing_measured_exits_non_zero(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from fastgnn.bench.__main__ import main
+
+    monkeypatch.delenv("FASTGNN_DATASETS", raising=False)
+    out = tmp_path / "r.json"
+    rc = main(["--device", "cpu", "--graphs", "npz:no_such_graph", "file:no_such_either",
+               "--out", str(out)] + TINY)
+    err = capsys.readouterr().err
+    assert rc == 1 and json.loads(out.read_text()) == []
+    assert "nothing was measured" in err and "no_such_graph" in err and "no_such_either" in err
+    assert "FASTGNN_DATASETS" in err and "--datasets DIR" in err
+    assert "no_such_graph" in out.with_suffix(".md").read_text()
+
+
+def test_results_go_to_the_working_directory_or_out(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import fastgnn
+    from fastgnn.bench.__main__ import OUT_DIR, main, results_path
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--device", "cpu", "--graphs", "grid4"] + TINY) == 0
+    (made,) = (tmp_path / OUT_DIR).glob("*.json")
+    assert made.name.startswith("bench-cpu") and made.with_suffix(".md").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [OUT_DIR]
+    assert main(["--device", "cpu", "--graphs", "grid4", "--out", "mine"] + TINY) == 0
+    assert len(list((tmp_path / "mine").glob("*.json"))) == 1
+    package = os.path.dirname(fastgnn.__file__)
+    with pytest.raises(SystemExit, match="inside the fastgnn package"):
+        results_path(os.path.join(package, "bench", "r.json"), "bench", "cpu")
+    monkeypatch.chdir(package)
+    with pytest.raises(SystemExit, match="inside the fastgnn package"):
+        results_path(None, "bench", "cpu")
+
+
+def test_default_results_folder_is_ignored_by_git():
+    """Run from a checkout, the default results folder leaves `git status` clean."""
+    import shutil
+    import subprocess
+    from fastgnn.bench.__main__ import OUT_DIR
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if shutil.which("git") is None or not os.path.exists(os.path.join(root, ".git")):
+        pytest.skip("not a git checkout")
+    for where in (f"{OUT_DIR}/bench-cpu-x.json", f"benchmarks/{OUT_DIR}/bench-cpu-x_plots/a.png"):
+        assert subprocess.run(["git", "check-ignore", "-q", where], cwd=root).returncode == 0, where
+
+
+def test_datasets_option_finds_graphs_by_name(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from fastgnn.bench.__main__ import main
+
+    data = tmp_path / "graphs"
+    (data / "het").mkdir(parents=True)
+    np.savez(data / "het" / "tiny_het.npz", edges=np.array([[0, 1], [1, 2], [2, 3]]))
+    monkeypatch.setenv("FASTGNN_DATASETS", str(tmp_path / "elsewhere"))
+    out = tmp_path / "r.json"
+    assert main(["--device", "cpu", "--graphs", "npz:tiny_het", "--datasets", str(data),
+                 "--out", str(out)] + TINY) == 0
+    (r,) = json.loads(out.read_text())
+    assert r["graph"] == "tiny_het" and r["graph_stats"]["num_nodes"] == 4
+    assert os.environ["FASTGNN_DATASETS"] == str(tmp_path / "elsewhere")   # restored
+    monkeypatch.setenv("FASTGNN_DATASETS", str(data))
+    assert main(["--device", "cpu", "--graphs", "file:tiny_het", "--out", str(out)] + TINY) == 0

@@ -1,21 +1,36 @@
 """`python -m fastgnn.bench` / `fastgnn bench`: benchmark fastgnn against its baselines.
 
 Examples
-    python -m fastgnn.bench --quick                       # CPU smoke run, < 1 minute
+    python -m fastgnn.bench                               # CUDA: the default graphs; CPU: --quick
+    python -m fastgnn.bench --quick                       # CPU smoke run, ~1-2 minutes on 2 cores
     python -m fastgnn.bench --graphs rmat20 clustered     # H200: SpMM ops + layers
     python -m fastgnn.bench --ops spmm_sum --layers none --dtypes fp32 --width 64 128
     python -m fastgnn.bench --family segment --graphs rmat20  # reductions + SAGEConv(max)
     python -m fastgnn.bench --family attention --graphs rmat20 clustered  # GAT/GATv2/Transformer
-    python -m fastgnn.bench --graphs mesh3d64k26 molecules20 knn18 file:planetoid/cora
+    python -m fastgnn.bench --graphs mesh3d64k26 molecules20 knn18 file:planetoid/cora \
+        --datasets ~/graphs                               # real graphs by name under ~/graphs
     python -m fastgnn.bench --list                        # the registered cases
-    python -m fastgnn.bench --suite full --out $OUT/suite.json   # H200 suite, ~7 min
+    python -m fastgnn.bench --suite full --datasets DIR --out $OUT   # H200 suite, ~7 min
     python -m fastgnn.bench --graphs rmat17 --dtypes fp32 --compile   # + PyG under torch.compile
 
 Writes a JSON list of records (one per graph x case x dtype x width x
-implementation) to --out, a markdown report beside it (.md) with PNG plots in
-<name>_plots/, then prints a compact table. `python -m fastgnn.bench.report`
-rebuilds the report from JSON files. See docs/benchmarks.md for the method
-and the baselines.
+implementation), a markdown report beside it (.md) with PNG plots in
+<name>_plots/, then prints a compact table. They go to --out (a .json path,
+or a folder), by default to fastgnn-bench/ in the working directory (never
+into the installed package). A run that measures nothing (every graph
+missing or failed) exits with status 1.
+
+Without a CUDA device, a plain run (no --graphs, --suite or --quick) runs
+the --quick preset: the default graphs (up to 16 M edges) are sized for a
+GPU and would take hours on a CPU; `--suite full` there stops at once and
+says what to run instead.
+
+Real graphs (file:NAME, npz:NAME, the real graphs of --suite full) are
+looked up by name under --datasets DIR and the folders in $FASTGNN_DATASETS
+(fastgnn.datasets.find); a path is read as it is.
+
+`python -m fastgnn.bench.report` rebuilds the report from JSON files. See
+docs/benchmarks.md for the method and the baselines.
 """
 from __future__ import annotations
 
@@ -27,9 +42,11 @@ import platform
 import re
 import shlex
 import sys
+import textwrap
 import time
 
 from . import core
+from ..datasets import ENV_VAR as DATASETS_ENV
 from .core import CASES
 from .graphs import GRAPH_NAMES
 
@@ -43,16 +60,17 @@ H200_BANDWIDTH_GBS = 4190.0     # an H200's measured copy bandwidth, read + writ
 
 # Named presets (--suite). `full` is the H200 suite of docs/benchmarks.md: the
 # three families, default ops and every layer, fp32 + bf16, generated graphs
-# of four kinds at ~2 M and ~16 M edges plus the largest real graphs (carried
-# to .data/; absent files are skipped). Budget: under ~8 minutes on an H200:
+# of four kinds at ~2 M and ~16 M edges plus the largest real graphs (found
+# by name under --datasets DIR / $FASTGNN_DATASETS; absent ones are skipped
+# and listed). Budget: under ~8 minutes on an H200:
 # 10 timed calls after 1 warm-up (the agreement call warms too); on graphs
 # above 1.5 M edges the per-edge baselines (PyG's gather/scatter forms, which
 # take ~250 ms a fwd+bwd call at 16 M edges) run in fp32 only; no case starts
 # after 7 minutes (cheap graphs first, so a cut drops the last large one).
 SUITES = {
-    "full": {"graphs": ["npz:.data/tolokers.npz", "file:.data/github",
-                        "file:.data/soc-brightkite.txt", "rmat17", "clustered16", "uniform17",
-                        "mesh3d44k26", "rmat20", "clustered19", "uniform20", "mesh3d88k26"],
+    "full": {"graphs": ["npz:tolokers", "file:github", "file:soc-brightkite",
+                        "rmat17", "clustered16", "uniform17", "mesh3d44k26",
+                        "rmat20", "clustered19", "uniform20", "mesh3d88k26"],
              "dtypes": ["fp32", "bf16"], "width": [128], "repeats": 10, "warmup": 1,
              "lean_above": 1_500_000, "budget_minutes": 7.0},
     "training": {},     # end-to-end training epochs, its own options (cases_training.py)
@@ -62,16 +80,35 @@ SUITES = {
 # edges, smaller when the per-edge baselines are skipped; plus start-up.
 EST_CASE_S, EST_PER_MEDGE_S, EST_PER_MEDGE_LEAN_S, EST_START_S = 0.4, 0.22, 0.06, 40.0
 EST_FILE_EDGES = 1_000_000       # a real graph of unknown size (the shared ones are <= 1 M)
+# Without CUDA: a graph above this many edges takes minutes per case on a few
+# cores (rmat20: 16 M edges), so naming one on the CPU gets a warning.
+CPU_LARGE_EDGES = 2_000_000
+OUT_DIR = "fastgnn-bench"        # default results folder, in the working directory
 
 
 def _load_cases():
     from . import cases_attention, cases_layers, cases_segment, cases_spmm  # noqa: F401  (register on import)
 
 
+EPILOG = textwrap.fill(f"graph names: {GRAPH_NAMES} (see docs/benchmarks.md)", 79) + f"""
+
+without a CUDA device a plain run is --quick (small graphs, F=32, a progress
+bar; ~1-2 minutes on 2 cores); --suite full needs a GPU and says so.
+
+results: --out PATH.json or --out DIR; default ./{OUT_DIR}/ (in the working
+directory). Exit status 1 when nothing was measured.
+
+data sets: file:NAME and npz:NAME (and --suite full's real graphs) are found
+by name under --datasets DIR and under $FASTGNN_DATASETS (folders joined
+with '{os.pathsep}'), e.g. `export FASTGNN_DATASETS=$HOME/graphs`; a path is
+read as it is. Missing ones are skipped and listed in the report.
+"""
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="fastgnn bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="graph names: " + GRAPH_NAMES + " (see docs/benchmarks.md)")
+                                epilog=EPILOG)
     p.add_argument("--suite", choices=sorted(SUITES),
                    help="a named preset: 'full' = the H200 suite (docs/benchmarks.md: 11 graphs, "
                         "every family, fp32 + bf16, ~7 min), 'training' = ms per training epoch of 2-layer "
@@ -117,8 +154,13 @@ def build_parser():
     p.add_argument("--bandwidth", type=float, default=None,
                    help=f"GB/s for the bytes floor (default {H200_BANDWIDTH_GBS:g} on CUDA, "
                         "the H200's measured copy bandwidth; none on CPU)")
-    p.add_argument("--out", help="JSON path (default benchmarks/results/<auto name>.json); "
-                   "the markdown goes beside it")
+    p.add_argument("--out", metavar="PATH.json|DIR",
+                   help=f"where the results go: a .json path (the markdown report and plots go "
+                        f"beside it) or a folder for them under automatic names (default "
+                        f"./{OUT_DIR}/ in the working directory)")
+    p.add_argument("--datasets", action="append", metavar="DIR",
+                   help="a folder holding the real data sets that file:NAME / npz:NAME name "
+                        "(repeatable; searched before $FASTGNN_DATASETS, which is searched too)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.add_argument("--no-plots", action="store_true", help="markdown tables only, no PNG plots")
     p.add_argument("--list", action="store_true", help="list the registered cases and exit")
@@ -185,7 +227,9 @@ def _progress(total, disable):
     try:
         from tqdm import tqdm
         return tqdm(total=total, disable=disable, file=sys.stderr, mininterval=0.5,
-                    dynamic_ncols=True, leave=False)
+                    dynamic_ncols=True, leave=False,
+                    bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, "
+                               "~{remaining} left")
     except Exception:  # noqa: BLE001
         class _Null:
             def update(self, n=1): pass
@@ -216,6 +260,8 @@ def main(argv=None):
     cuda = device.type == "cuda"
     if cuda:
         device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        _plan_for_the_cpu(args)
 
     if args.suite:
         for key, val in SUITES[args.suite].items():
@@ -227,6 +273,10 @@ def main(argv=None):
     autograd_mt = torch.autograd.is_multithreading_enabled()
     if args.autograd_threads:
         torch.autograd.set_multithreading_enabled(args.autograd_threads == "on")
+    datasets_env = os.environ.get(DATASETS_ENV)
+    if args.datasets:
+        os.environ[DATASETS_ENV] = os.pathsep.join(args.datasets + [datasets_env or ""]).rstrip(
+            os.pathsep)
     try:
         if args.suite == "training":
             from .cases_training import run
@@ -236,6 +286,31 @@ def main(argv=None):
         if restore:
             _set_threads(torch, *restore)
         torch.autograd.set_multithreading_enabled(autograd_mt)
+        if args.datasets:
+            if datasets_env is None:
+                os.environ.pop(DATASETS_ENV, None)
+            else:
+                os.environ[DATASETS_ENV] = datasets_env
+
+
+def _plan_for_the_cpu(args):
+    """Without CUDA: a plain run becomes --quick (the default graphs are
+    GPU-sized); --suite full without --graphs stops at once, saying what to
+    run instead."""
+    where = "torch sees no CUDA device" if args.device == "auto" else "--device cpu"
+    if args.suite == "full" and not args.graphs:
+        raise SystemExit(
+            f"fastgnn bench: --suite full is sized for an H200 (graphs up to 16 M edges, ~7 "
+            f"minutes there; hours on a CPU) and {where}. On this machine run\n"
+            f"    fastgnn bench --quick                 (five small graphs, ~1-2 minutes on 2 "
+            f"cores)\n"
+            f"    fastgnn bench --graphs rmat14 clustered14 --width 64   (larger, still CPU-sized)\n"
+            f"or run --suite full on a CUDA machine.")
+    if not (args.graphs or args.suite or args.quick):
+        args.quick = True
+        print(f"fastgnn bench: {where}: running the CPU preset --quick ({' '.join(QUICK_GRAPHS)}, "
+              f"F=32). The default graphs ({' '.join(FULL_GRAPHS)}) are sized for a GPU; choose "
+              "sizes with --graphs.", file=sys.stderr)
 
 
 def _set_threads(torch, n, n_numba=None):
@@ -283,10 +358,8 @@ def _run(args, argv, torch, device, cuda, quick):
 
     command = "python -m fastgnn.bench " + shlex.join(argv)
     gpu = _device_label(torch, device)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     prefix = "quick" if quick else (args.suite or ("bench" if args.family == "all" else args.family))
-    out_path = args.out or os.path.join("benchmarks", "results",
-                                        f"{prefix}-{_slug(gpu)}-{stamp}.json")
+    out_path = results_path(args.out, prefix, gpu)
     meta = {"gpu": gpu, "command": command, "versions": _versions(torch, cuda),
             "bandwidth_gbs": bandwidth, "skipped": skipped,
             "timing": (f"median of {repeats} calls after {warmup} warm-up calls, "
@@ -302,6 +375,11 @@ def _run(args, argv, torch, device, cuda, quick):
             pass                                # recorded as skipped below
         except ValueError as exc:
             raise SystemExit(f"fastgnn bench: {exc}")
+        edges = bgraphs.nominal_edges(spec)
+        if not cuda and edges and edges > CPU_LARGE_EDGES:
+            print(f"fastgnn bench: {spec} has ~{edges / 1e6:.0f} M edges: on the CPU each case "
+                  f"takes minutes (graphs up to ~1 M edges, e.g. rmat16, clustered15, take "
+                  f"seconds)", file=sys.stderr)
 
     records = []
     est = {spec: [_estimate_case_s(spec, d, args.lean_above) for d in dtype_names]
@@ -378,7 +456,44 @@ def _run(args, argv, torch, device, cuda, quick):
     print(report.table(records, compact=True) if records else "(no measurements)")
     plots = "" if args.no_plots else f" (plots in {report.plots_dir(md_path)})"
     print(f"\n{len(records)} records -> {out_path}\nreport -> {md_path}{plots}")
+    if not any(r.get("fwd_ms") is not None or r.get("fwd_bwd_ms") is not None for r in records):
+        print(nothing_measured(skipped, records, md_path), file=sys.stderr)
+        return 1
     return 0
+
+
+def results_path(out, prefix, device_label):
+    """The JSON path of a run: `out` itself when it ends in .json, else
+    <out or ./fastgnn-bench>/<prefix>-<device>-<date-time>.json. Refuses a
+    path inside the installed fastgnn package."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = f"{prefix}-{_slug(device_label)}-{stamp}.json"
+    if out is None:
+        path = os.path.join(OUT_DIR, name)
+    elif out.lower().endswith(".json"):
+        path = out
+    else:
+        path = os.path.join(out, name)
+    package = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    where = os.path.realpath(os.path.abspath(path))
+    if os.path.commonpath([package, where]) == package:
+        raise SystemExit(f"fastgnn bench: {path} is inside the fastgnn package ({package}); "
+                         "run from another folder or pass --out DIR")
+    return path
+
+
+def nothing_measured(skipped, records, md_path):
+    """Why a run measured nothing, and what to do about it."""
+    lines = [f"fastgnn bench: nothing was measured (the report {md_path} lists it all):"]
+    lines += list(dict.fromkeys(
+        f"  {r['graph']} {r['case']}: {r.get('reason') or r['status']['fwd']}" for r in records))
+    lines += [f"  {note}" for note in skipped if note.startswith("graph ")]
+    if any("not found" in note for note in skipped):
+        lines.append(f"  real graphs are looked up by name under --datasets DIR and "
+                     f"${DATASETS_ENV}; generated ones (rmat12, clustered12, ...) need no files")
+    elif len(lines) == 1:
+        lines.append("  no case ran: check --ops, --layers, --impls and --budget-minutes")
+    return "\n".join(lines)
 
 
 def _write_json(path, records):
