@@ -112,13 +112,14 @@ class GraphData:
         return 1 if self.train_mask.ndim == 1 else int(self.train_mask.shape[1])
 
     def split(self, i: int = 0):
-        """(train, val, test) boolean masks of split `i`, each 1-D."""
+        """(train, val, test) boolean masks of split `i`, each 1-D (None for
+        a part the file does not have)."""
         if self.train_mask is None:
             raise ValueError(f"{self.name}: no train/val/test split came with this graph "
                              f"(read from {self.source})")
         if not 0 <= i < self.num_splits:
             raise IndexError(f"{self.name}: split {i} of {self.num_splits}")
-        return tuple(m if m.ndim == 1 else m[:, i]
+        return tuple(m if m is None or m.ndim == 1 else m[:, i]
                      for m in (self.train_mask, self.val_mask, self.test_mask))
 
     def stats(self) -> dict:

@@ -214,6 +214,9 @@ def test_npz_masks(tmp_path):
              val_masks=np.ones((1, 2), bool))
     with pytest.raises(ValueError, match="differ in shape"):
         ds.load(tmp_path / "odd.npz")
+    np.savez(tmp_path / "train_only.npz", edges=np.array([[0, 1]]), train_mask=[True, False])
+    train, val, test = ds.load(tmp_path / "train_only.npz").split()
+    assert train.tolist() == [True, False] and val is None and test is None
     np.savez(tmp_path / "plain.npz", edges=np.array([[0, 1]]))
     assert ds.load(tmp_path / "plain.npz").train_mask is None
 

@@ -2,7 +2,7 @@
 
 Examples
     python -m fastgnn.bench                               # CUDA: the default graphs; CPU: --quick
-    python -m fastgnn.bench --quick                       # CPU smoke run, ~1-2 minutes on 2 cores
+    python -m fastgnn.bench --quick                       # CPU smoke run, 1-3 min on 2 cores
     python -m fastgnn.bench --graphs rmat20 clustered     # H200: SpMM ops + layers
     python -m fastgnn.bench --ops spmm_sum --layers none --dtypes fp32 --width 64 128
     python -m fastgnn.bench --family segment --graphs rmat20  # reductions + SAGEConv(max)
@@ -93,7 +93,8 @@ def _load_cases():
 EPILOG = textwrap.fill(f"graph names: {GRAPH_NAMES} (see docs/benchmarks.md)", 79) + f"""
 
 without a CUDA device a plain run is --quick (small graphs, F=32, a progress
-bar; ~1-2 minutes on 2 cores); --suite full needs a GPU and says so.
+bar; 1-3 minutes on 2 cores, the first run the longest as it compiles the
+CPU kernels); --suite full needs a GPU and says so.
 
 results: --out PATH.json or --out DIR; default ./{OUT_DIR}/ (in the working
 directory). Exit status 1 when nothing was measured.
@@ -302,7 +303,7 @@ def _plan_for_the_cpu(args):
         raise SystemExit(
             f"fastgnn bench: --suite full is sized for an H200 (graphs up to 16 M edges, ~7 "
             f"minutes there; hours on a CPU) and {where}. On this machine run\n"
-            f"    fastgnn bench --quick                 (five small graphs, ~1-2 minutes on 2 "
+            f"    fastgnn bench --quick                 (five small graphs, 1-3 minutes on 2 "
             f"cores)\n"
             f"    fastgnn bench --graphs rmat14 clustered14 --width 64   (larger, still CPU-sized)\n"
             f"or run --suite full on a CUDA machine.")
