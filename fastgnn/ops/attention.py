@@ -83,8 +83,10 @@ Edge order: every per-edge array, in or out, is in the *caller's* edge order.
 Kernels reach it through `caller_ids(graph)` ([E], CSR position -> caller id)
 in passes over targets and `transpose_caller_ids(graph)` ([E], position in
 graph.transpose() -> caller id) in passes over sources (both cached on the
-graph). No per-edge array is ever permuted or copied, so nothing of size
-E x H x C is allocated. Dropout counters use the caller id e.
+graph; they, DropoutSpec, AttentionParams and the score tables live in
+fastgnn/backends/attention_spec.py, below both layers). No per-edge array is
+ever permuted or copied, so nothing of size E x H x C is allocated. Dropout
+counters use the caller id e.
 
 Dropout: `drop` is a `DropoutSpec` of host scalars: active (p > 0), key =
 rng.seed_key(seed), offset, threshold = rng.drop_threshold(p) (all uint64) and
