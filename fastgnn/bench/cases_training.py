@@ -249,7 +249,12 @@ def load_data(torch, device, name, seed=0):
     if _generated(name):
         return generated_data(torch, device, name, seed)
     spec, metric, rand_width = DATASETS.get(name, (name, "accuracy", RANDOM_FEATURES))
-    path = ds.find(spec)
+    try:
+        path = ds.find(spec)
+    except FileNotFoundError:
+        if os.path.basename(spec) == spec:
+            raise
+        path = ds.find(os.path.basename(spec))   # a flat copy, e.g. .data/tolokers.npz
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # PubMed's missing allx is noted below
@@ -338,7 +343,7 @@ def train(torch, model, data, *, mode, epochs, warmup, seed, cuda):
         runner = torch.compile(model, mode="reduce-overhead")
     mark = torch.compiler.cudagraph_mark_step_begin if mode == "cudagraph" else None
     opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    losses, first = [], []
+    losses = []
     model.train()
 
     def epoch():
@@ -357,13 +362,13 @@ def train(torch, model, data, *, mode, epochs, warmup, seed, cuda):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    epoch()
+    epoch()                                     # compiles, fills the layers' caches
     if cuda:
         torch.cuda.synchronize()
-    first.append((time.perf_counter() - t0) * 1e3)
+    first_ms = (time.perf_counter() - t0) * 1e3
     med, best = core.time_calls(torch, epoch, repeats=epochs - warmup, warmup=warmup - 1, cuda=cuda)
     res = {"ms_per_epoch": round(med, 4), "ms_per_epoch_min": round(best, 4),
-           "first_epoch_s": round(max(first[0] - med, 0.0) / 1e3, 3)}
+           "first_epoch_s": round(max(first_ms - med, 0.0) / 1e3, 3)}
     if cuda:
         res["peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     vals = torch.stack(losses).float().cpu().tolist()
@@ -507,6 +512,12 @@ def markdown(records, meta):
            "x = PyG ms / fastgnn ms (> 1: fastgnn is faster); loss[0] diff = fastgnn - PyG "
            "first-epoch training loss (same weights, same dropout seed).", ""]
     out += ["## Summary", ""] + summary(records) + ["", "## Epochs", "", table(records), ""]
+    data = OrderedDict((r["graph"], r) for r in records if r.get("kind") == "training")
+    if data:
+        out += ["## Data", ""] + [
+            f"- **{name}**: features {r.get('features')}; split {r.get('split')}; test metric "
+            f"{'ROC-AUC' if r.get('metric') == 'roc_auc' else 'accuracy'}"
+            for name, r in data.items()] + [""]
     out += graphs_table(records)
     failed = [r for r in records if r.get("error")]
     if failed:
@@ -575,7 +586,7 @@ def run(args, argv, torch, device, cuda, quick):
         os.makedirs(d, exist_ok=True)
     records = []
     bar = cli._progress(len(dnames) * len(models) * len(modes) * 2, args.no_progress)
-    start = time.perf_counter()
+    start, over = time.perf_counter(), False
     try:
         for dname in dnames:
             bar.set_description_str(f"loading {dname}")
@@ -593,9 +604,11 @@ def run(args, argv, torch, device, cuda, quick):
                         bar.set_description_str(f"{dname} {model_name} {mode} {framework}")
                         if (args.budget_minutes is not None
                                 and time.perf_counter() - start > 60 * args.budget_minutes):
-                            note = f"from {dname} {model_name} {mode} on: the time budget was spent"
-                            if not any(s.startswith("from ") for s in skipped):
-                                skipped.append(note)
+                            if not over:
+                                over = True
+                                skipped.append(f"from {dname} {model_name} {mode} {framework} on: "
+                                               f"not run, --budget-minutes "
+                                               f"{args.budget_minutes:g} was spent")
                             bar.update(1)
                             continue
                         rec = {"gpu": gpu, "device": str(device), "versions": meta["versions"],
