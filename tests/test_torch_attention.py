@@ -80,7 +80,10 @@ def _run(layer, x, ei, ea, device, dtype, kw):
     if att is not None:
         ei_ret, alpha = att
         assert alpha.dtype == dtype
-        res["edge_index"] = ei_ret.detach().cpu()
+        assert ei_ret.layout == ei.layout
+        if ei_ret.layout != torch.strided and ei_ret.values().dim() == 2:
+            assert torch.equal(ei_ret.values(), alpha)      # GAT layers' weights as an adj_t
+        res["edge_index"] = _structure(ei_ret.detach().cpu())
         res["alpha"] = alpha.detach().cpu().double()
         loss = loss + (alpha * _cot(alpha.shape, 2).to(device, dtype)).sum()
     loss.backward()
@@ -93,6 +96,18 @@ def _run(layer, x, ei, ea, device, dtype, kw):
     for name, p in layer.named_parameters():
         res[f"grad {name}"] = host(p.grad)
     return res
+
+
+def _structure(adj):
+    """An edge_index as is; a sparse adj_t's index tensors (compressed and
+    plain) as one tensor, in storage order."""
+    if adj.layout == torch.sparse_coo:
+        return adj.indices()
+    if adj.layout == torch.sparse_csr:
+        return torch.cat([adj.crow_indices(), adj.col_indices()])
+    if adj.layout == torch.sparse_csc:
+        return torch.cat([adj.ccol_indices(), adj.row_indices()])
+    return adj
 
 
 def _grad_scale(res):
@@ -184,6 +199,12 @@ GAT_CASES = [
     dict(form="dst_none", heads=2, size=True),
     dict(form="square", heads=2, edge_index_type=True, attn=True),
     dict(form="square", heads=2, lazy=True, residual=True),
+    dict(form="square", heads=2, adj_t="csr", attn=True),
+    dict(form="square", heads=2, adj_t="coo", residual=True, attn=True),
+    dict(form="square", heads=2, adj_t="csr", add_self_loops=False, edge_dim=D_E, attn=True),
+    # (PyG's loops on a bipartite adj_t fill their values over all targets: it fails)
+    dict(form="bipartite", heads=2, adj_t="coo", add_self_loops=False, residual=True, attn=True),
+    dict(form="dst_none", heads=2, adj_t="csr", attn=True),
 ]
 _LAYER_KEYS = ("heads", "concat", "negative_slope", "dropout", "add_self_loops", "edge_dim",
                "fill_value", "bias", "residual", "share_weights", "beta", "root_weight")
@@ -210,6 +231,13 @@ def _case_inputs(case, seed):
         from torch_geometric import EdgeIndex
         n = int(x.shape[0]) if isinstance(x, torch.Tensor) else N
         ei = EdgeIndex(ei, sparse_size=(n, n))
+    if case.get("adj_t"):       # PyG's adj_t [targets, sources]; edge_attr in its storage order
+        n_src = N if case["form"] == "square" else NS
+        n_dst = NS if case["form"] == "dst_none" else N
+        coo = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64),
+                                      (n_dst, n_src)).coalesce()
+        ei = {"coo": coo, "csr": coo.to_sparse_csr(), "csc": coo.to_sparse_csc()}[case["adj_t"]]
+        ea = ea[:coo._nnz()]
     return x, ei, (ea if use_attr else None), kw
 
 
@@ -282,6 +310,9 @@ GATV2_CASES = [
     dict(form="bipartite", heads=2, add_self_loops=False, edge_dim=D_E, bias=False),
     dict(form="pair", heads=2, share_weights=True, edge_dim=D_E, fill_value=0.7),
     dict(form="square", heads=2, edge_index_type=True, attn=True),
+    dict(form="square", heads=2, adj_t="csr", share_weights=True, attn=True),
+    dict(form="square", heads=2, adj_t="coo", residual=True),
+    dict(form="bipartite", heads=2, adj_t="coo", add_self_loops=False, edge_dim=D_E, attn=True),
 ]
 
 
@@ -309,6 +340,10 @@ TRANSFORMER_CASES = [
     dict(form="pair", heads=2, bias=False, beta=True),
     dict(form="square", heads=2, edge_index_type=True, attn=True),
     dict(form="square", heads=2, lazy=True, edge_dim=D_E),
+    dict(form="square", heads=2, adj_t="csr", beta=True, attn=True),
+    dict(form="bipartite", heads=2, adj_t="coo", edge_dim=D_E, attn=True),
+    dict(form="square", heads=2, flow="target_to_source", attn=True),
+    dict(form="bipartite", heads=2, flow="target_to_source", edge_dim=D_E, beta=True, attn=True),
 ]
 
 
@@ -321,6 +356,9 @@ def test_transformer_matches_pyg(case):
     inc = _in_channels(case["form"], case.get("lazy"))
     ref = pyg.TransformerConv(inc, 5, **_layer_args(case))
     ours = ft.TransformerConv(inc, 5, **_layer_args(case))
+    if case.get("flow"):        # set after construction, as PyG allows; targets then in row 0
+        ref.flow = ours.flow = case["flow"]
+        ei = ei.flip(0)
     if case.get("lazy"):
         _lazy_warmup(ref, ours, x, ei, ea, kw)
     got, _ = compare(ref, ours, x, ei, ea, kw=kw)
@@ -553,11 +591,49 @@ def test_edge_attention_functional_matches_torch(score):
         assert not torch.equal(d1, ft.edge_attention(ei, score, **t))
 
 
+@pytest.mark.parametrize("make", [lambda m: m.GATConv(F_IN, 4, heads=2),
+                                  lambda m: m.GATv2Conv(F_IN, 4, heads=2, residual=True),
+                                  lambda m: m.TransformerConv(F_IN, 4, heads=2)],
+                         ids=["gat", "gatv2", "transformer"])
+@pytest.mark.parametrize("layout", ["csc", "coo_uncoalesced"])
+def test_layers_take_every_sparse_layout(make, layout):
+    """A CSC or an uncoalesced COO adj_t (PyG refuses both) gives what PyG
+    gives for the coalesced matrix: the same output, gradient and weights."""
+    x, ei, _ = _graph(24, "square")
+    coo = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1], dtype=torch.float64), (N, N))
+    adj = coo.coalesce().to_sparse_csc() if layout == "csc" else coo
+    torch.manual_seed(0)
+    ref, ours = make(pyg).double(), make(ft).double()
+    ours.load_state_dict(ref.state_dict())
+
+    def run(layer, a):
+        xl = x.clone().requires_grad_()
+        out, (adj_w, alpha) = layer(xl, a, return_attention_weights=True)
+        assert adj_w.layout == a.layout
+        weights = torch.sparse_coo_tensor(_coo_indices(adj_w), alpha,
+                                          adj_w.shape[:2] + alpha.shape[1:]).to_dense()
+        return {"output": out.detach(), "grad x": torch.autograd.grad(out.sum(), xl)[0],
+                "weights": weights.detach()}
+    assert_results_match(run(ours, adj), run(ref, coo.coalesce()))
+
+
+def _coo_indices(adj):
+    """[2, nnz] (row, column) of a sparse matrix's entries in storage order."""
+    if adj.layout == torch.sparse_coo:
+        return adj.indices()
+    if adj.layout == torch.sparse_csr:
+        rows = torch.repeat_interleave(torch.arange(adj.shape[0]), adj.crow_indices().diff())
+        return torch.stack([rows, adj.col_indices()])
+    cols = torch.repeat_interleave(torch.arange(adj.shape[1]), adj.ccol_indices().diff())
+    return torch.stack([adj.row_indices(), cols])
+
+
 def test_layer_input_errors():
     x, ei, ea = _graph(22, "square")
-    adj = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.shape[1]), (N, N)).to_sparse_csr()
-    with pytest.raises(NotImplementedError, match="sparse"):
-        ft.GATConv(F_IN, 4)(x, adj)
+    for layer in (ft.GATConv(F_IN, 4), ft.GATv2Conv(F_IN, 4), ft.TransformerConv(F_IN, 4),
+                  ft.GATConv(F_IN, 4, add_self_loops=False)):
+        with pytest.raises(TypeError, match="edge_index must hold integers"):
+            layer.double()(x, ei.double())          # PyG refuses it too (no truncation)
     with pytest.raises(ValueError, match="edge_dim"):
         ft.GATv2Conv(F_IN, 4).double()(x, ei, edge_attr=ea)
     with pytest.raises(ValueError, match="edge_attr"):

@@ -716,3 +716,95 @@ def test_seeded_gin_gives_pyg_weights(train_eps):
     want, ref_next, got, our_next = made
     assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
     assert torch.equal(our_next, ref_next)
+
+
+# ------------------------------------------------------- PyG's test suite finds
+@pytest.mark.parametrize("name,make", [
+    ("gcn", lambda m: m.GCNConv(6, 5)), ("gcn_plain", lambda m: m.GCNConv(6, 5, normalize=False)),
+    ("sage", lambda m: m.SAGEConv(6, 5)), ("sage_max", lambda m: m.SAGEConv(6, 5, aggr="max")),
+    ("gin", lambda m: m.GINConv(torch.nn.Linear(6, 5)))])
+def test_float_edge_index_is_refused(name, make):
+    """PyG refuses a float edge_index; truncating it would name other nodes."""
+    ei, x, _, _ = _inputs(12)
+    with pytest.raises(TypeError, match="edge_index must hold integers"):
+        make(ft).double()(x, ei.double())
+
+
+@pytest.mark.parametrize("opts,weighted", [
+    ({}, False), ({}, True), ({"improved": True}, True), ({"normalize": False}, True),
+    ({"cached": True, "bias": False}, False)], ids=str)
+def test_gcn_static_graph_batch_matches_pyg(opts, weighted):
+    """x [B, N, F]: the same graph for every batch element, as PyG's node_dim=-2
+    (PyG takes it with an edge_index; torch.sparse.mm refuses a 3-D x)."""
+    ei, _, _, w = _inputs(13)
+    x = torch.randn(3, N, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    run_and_compare(pyg.GCNConv(7, 5, **opts), ft.GCNConv(7, 5, **opts), x, ei,
+                    w if weighted else None,
+                    overwritten_loops=_overwritten_loops(ei) if opts.get("normalize", 1) else None)
+
+
+@pytest.mark.parametrize("size", [None, (N, N)])
+def test_gin_static_graph_batch_matches_pyg(size):
+    ei, _, _, _ = _inputs(14)
+    x = torch.randn(2, 4, N, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.ReLU(), torch.nn.Linear(9, 5))
+    torch.manual_seed(0)
+    run_and_compare(pyg.GINConv(mlp(), eps=0.3, train_eps=True),
+                    ft.GINConv(mlp(), eps=0.3, train_eps=True), x, ei, extra={"size": size})
+
+
+FLOW_LAYERS = [
+    ("gcn", lambda m: m.GCNConv(6, 5), True),          # (third: edge weights)
+    ("gcn_improved", lambda m: m.GCNConv(6, 5, improved=True, cached=True), True),
+    ("gcn_unweighted", lambda m: m.GCNConv(6, 5), False),
+    ("gcn_plain", lambda m: m.GCNConv(6, 5, normalize=False), True),
+    ("sage", lambda m: m.SAGEConv(6, 5), False),
+    ("sage_sum_no_root", lambda m: m.SAGEConv(6, 5, aggr="sum", root_weight=False), False),
+    ("sage_max", lambda m: m.SAGEConv(6, 5, aggr="max"), False),
+    ("sage_multi", lambda m: m.SAGEConv(6, 5, aggr=["mean", "max", "std"]), False),
+    ("gin", lambda m: m.GINConv(torch.nn.Linear(6, 5), train_eps=True), False),
+]
+
+
+@pytest.mark.parametrize("name,make,weighted", FLOW_LAYERS, ids=[c[0] for c in FLOW_LAYERS])
+@pytest.mark.parametrize("flow", ["source_to_target", "target_to_source"])
+def test_flow_set_after_construction_matches_pyg(name, make, weighted, flow):
+    """`conv.flow = ...` after construction is honoured per call, as PyG's
+    MessagePassing reads it (target_to_source: messages from edge_index[1]
+    to edge_index[0]; GCN's degrees then count edge_index[0])."""
+    ei, x, _, w = _inputs(15)
+    torch.manual_seed(0)
+    ref, ours = make(pyg), make(ft)
+    ref.flow = ours.flow = flow
+    loops = getattr(ours, "add_self_loops", False)     # GCN replaces existing loops
+    run_and_compare(ref, ours, x, ei, w if weighted else None,
+                    overwritten_loops=_overwritten_loops(ei) if loops else None)
+
+
+def test_flow_target_to_source_limits():
+    ei, x, _, _ = _inputs(16)
+    adj = _adj_t(ei, N, N)
+    conv = ft.GCNConv(6, 5).double()
+    conv.flow = "target_to_source"
+    with pytest.raises(ValueError, match="adj_t.t()"):        # as PyG
+        conv(x, adj)
+    conv.flow = "bogus"
+    with pytest.raises(ValueError, match="flow"):
+        conv(x, ei)
+    with pytest.raises(ValueError, match="flow"):
+        ft.SAGEConv(6, 5, flow="bogus")
+    for conv, xin in ((ft.SAGEConv(6, 5, flow="target_to_source"), (x, x)),
+                      (ft.SAGEConv(6, 5, project=True, flow="target_to_source"), x),
+                      (ft.GINConv(torch.nn.Identity(), flow="target_to_source"), (x, x))):
+        with pytest.raises(NotImplementedError, match="target_to_source"):
+            conv.double()(xin, ei)
+    for make in (ft.GATConv, ft.GATv2Conv):
+        with pytest.raises(NotImplementedError, match="target_to_source"):
+            make(6, 5, flow="target_to_source")
+        conv = make(6, 5).double()
+        conv.flow = "target_to_source"
+        with pytest.raises(NotImplementedError, match="target_to_source"):
+            conv(x, ei)

@@ -26,13 +26,15 @@ PyTorch's Philox seed/offset pairs do). Dropout is active only when
 Layers
 ------
 Same constructor arguments, parameter names (a PyG `state_dict` loads with
-`strict=True`), forward inputs (edge_index tensor or PyG EdgeIndex,
-`(x_src, x_dst)` pairs, `edge_attr`, `return_attention_weights`) and the same
-function as PyG 2.8. The dense projections are torch ops (nn.Linear); the
-per-edge part (scores, softmax over in-edges, dropout, weighted sum) is one
-fastgnn op. Graphs with added self-loops are built once per edge_index and
-cached (`fastgnn.torch.to_graph`'s LRU). Torch sparse adj_t inputs are not
-supported by these layers yet (NotImplementedError).
+`strict=True`), forward inputs (edge_index tensor, PyG EdgeIndex or torch
+sparse adj_t, `(x_src, x_dst)` pairs, `edge_attr`, `return_attention_weights`)
+and the same function as PyG 2.8. The dense projections are torch ops
+(nn.Linear); the per-edge part (scores, softmax over in-edges, dropout,
+weighted sum) is one fastgnn op. Graphs with added self-loops are built once
+per edge_index and cached (`fastgnn.torch.to_graph`'s LRU). A sparse adj_t
+is read as PyG reads it: its entries (COO coalesced, duplicates merged) are
+the edges, its values are ignored, and GATConv/GATv2Conv loop it as they
+loop an edge_index, returning their weights as the looped adj_t's values.
 """
 from __future__ import annotations
 
@@ -52,10 +54,10 @@ from . import custom_ops
 from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import add_bias, segment_reduce
 from .gemm import tf32_allowed
-from .graph_cache import (_GRAPHS, CompiledGraph, _is_edge_index_type, _tkey, graph_input,
-                          resolve)
-from .nn import (_check_kwargs, _graph_sizes, _linear, _pair, _pop_deterministic,
-                 shared_input_linears)
+from .graph_cache import (_GRAPHS, CompiledGraph, _check_edge_index, _is_edge_index_type, _tkey,
+                          graph_input, resolve)
+from .nn import (_check_kwargs, _graph_sizes, _is_sparse, _linear, _oriented, _pair,
+                 _pop_deterministic, shared_input_linears)
 
 __all__ = ["edge_softmax", "edge_attention", "GATConv", "GATv2Conv", "TransformerConv",
            "EDGE_SOFTMAX", "EDGE_ATTENTION"]
@@ -229,13 +231,6 @@ def _materialise(lin, x):
         lin(x[:0])
 
 
-def _check_graph_input(layer, edge_index):
-    if isinstance(edge_index, Tensor) and edge_index.layout != torch.strided:
-        raise NotImplementedError(
-            f"{layer}: torch sparse adj_t inputs are not supported by fastgnn.torch's attention "
-            "layers yet; pass an edge_index [2, E] or a PyG EdgeIndex")
-
-
 def _plain(edge_index):
     return edge_index.as_tensor() if _is_edge_index_type(edge_index) else edge_index
 
@@ -249,14 +244,15 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
     reduces their features into the loops'. Built once per edge_index tensor
     (the graph cache's LRU)."""
     key = ("attention_self_loops", num_src, num_dst, num_loops)
-    if isinstance(edge_index, Graph):
-        ei = to_tensor(edge_index.edge_index())
-    else:
-        ei = _plain(edge_index)
+    ei = None if isinstance(edge_index, Graph) else _plain(edge_index)
+    if ei is not None:
+        _check_edge_index(ei)       # before the .long() below could truncate floats
 
     def build():
-        with device_scope(ei.device):
-            e = ei.detach().long()
+        # a Graph's (e.g. a sparse adj_t's) edge_index is made on a cache miss only
+        e = to_tensor(edge_index.edge_index()) if ei is None else ei
+        with device_scope(e.device):
+            e = e.detach().long()
             kept = torch.nonzero(e[0] != e[1]).view(-1)
             loops = torch.arange(num_loops, device=e.device).expand(2, num_loops)
             ei2 = torch.cat([e[:, kept], loops], dim=1)
@@ -313,7 +309,6 @@ def _attention_graph(layer, edge_index, edge_attr, num_src, num_dst, num_loops, 
                      need_attr):
     """(graph, returned edge_index, edge_attr in the graph's edge order) with
     or without PyG's self-loop handling (num_loops None: none added)."""
-    _check_graph_input(layer, edge_index)
     if custom_ops.compiling():
         ei, sizes = graph_input(edge_index, (num_src, num_dst))
         if num_loops is not None and edge_attr is not None and need_attr:
@@ -329,6 +324,9 @@ def _attention_graph(layer, edge_index, edge_attr, num_src, num_dst, num_loops, 
     if num_loops is None:
         graph, _ = resolve(edge_index, (num_src, num_dst))
         return graph, edge_index, edge_attr
+    if _is_sparse(edge_index):
+        # PyG loops an adj_t's entries (storage order, COO coalesced) as an edge_index
+        edge_index = resolve(edge_index, (num_src, num_dst))[0]
     graph, ei2, kept, fill = _loop_graph(edge_index, num_src, num_dst, num_loops)
     if edge_attr is not None and need_attr:
         kept_attr = edge_attr[kept]
@@ -349,11 +347,41 @@ def _dropped(alpha, p, seed, offset, training):
     return alpha * z
 
 
-def _returned(ei_out, edge_index):
-    """The edge_index handed back with the attention weights: the caller's own
-    when no loops were added, else a copy of the cached one (so that editing
-    it cannot touch the cache)."""
-    return ei_out if ei_out is edge_index else ei_out.clone()
+def _returned(ei_out, edge_index, graph, alpha):
+    """PyG's (edge_index, weights) handed back with the output. For an
+    edge_index: the caller's own when no loops were added, else a copy of the
+    cached one (so that editing it cannot touch the cache), and alpha as is.
+    For a torch sparse adj_t: the (looped) adj_t in the caller's layout with
+    alpha [E, H] as its values, and alpha in that storage order, as PyG's."""
+    if _is_sparse(edge_index):
+        return _sparse_weights(graph, edge_index.layout, alpha)
+    return (ei_out if ei_out is edge_index else ei_out.clone()), alpha
+
+
+def _sparse_weights(graph, layout, alpha):
+    """(adj [num_dst, num_src, H] in `layout` holding alpha, alpha in its
+    storage order) for per-edge alpha [E, H] in the graph's edge order. The
+    entries are sorted by row (target), then column, or for CSC by column,
+    then row, as PyG's loop helpers build a looped adj_t; the order and the
+    compressed indices are made once per graph."""
+    def build():
+        ei = to_tensor(graph.edge_index()).long()
+        rows, cols = ei[1], ei[0]
+        csc = layout == torch.sparse_csc
+        major, minor = (cols, rows) if csc else (rows, cols)
+        n, m = (graph.num_src, graph.num_dst) if csc else (graph.num_dst, graph.num_src)
+        order = torch.argsort(major * m + minor, stable=True)
+        ptr = torch.zeros(n + 1, dtype=torch.long, device=ei.device)
+        torch.cumsum(torch.bincount(major, minlength=n), 0, out=ptr[1:])
+        return order, ptr, minor[order], torch.stack([rows, cols])[:, order]
+    order, ptr, minor, indices = graph.cached(("fastgnn.torch", "sparse_weights", str(layout)),
+                                              build)
+    values = alpha[order]
+    size = (graph.num_dst, graph.num_src) + tuple(alpha.shape[1:])
+    if layout == torch.sparse_coo:
+        return torch.sparse_coo_tensor(indices, values, size, is_coalesced=True), values
+    make = torch.sparse_csr_tensor if layout == torch.sparse_csr else torch.sparse_csc_tensor
+    return make(ptr, minor, values, size), values
 
 
 def _finish_heads(out, concat, H, C):
@@ -365,9 +393,15 @@ def _set_gat_options(layer, kwargs, **options):
     (after refusing unknown keyword arguments and any aggr but "add")."""
     layer.aggr = _pop_aggr(type(layer).__name__, kwargs)
     layer.deterministic = _pop_deterministic(type(layer).__name__, kwargs)
-    _check_kwargs(type(layer).__name__, kwargs)
+    layer.flow = _check_kwargs(type(layer).__name__, kwargs)
+    _oriented(layer, None, unsupported=_GAT_FLOW)
     for name, value in options.items():
         setattr(layer, name, value)
+
+
+# why GATConv and GATv2Conv refuse flow="target_to_source" (at construction and per call)
+_GAT_FLOW = ("in GATConv and GATv2Conv (PyG then swaps the roles of the source and target "
+             "projections, not only the edges' direction)")
 
 
 def _add_residual_and_bias(layer, target_channels, residual, bias):
@@ -413,8 +447,8 @@ def _gat_family_output(layer, graph, score, tensors, H, C, res, ei_out, edge_ind
     alpha = None
     if want:
         out, alpha = out
-        ei_out, alpha = _returned(ei_out, edge_index), _dropped(alpha, p, seed, offset,
-                                                                  layer.training)
+        ei_out, alpha = _returned(ei_out, edge_index, graph,
+                                  _dropped(alpha, p, seed, offset, layer.training))
     return _gat_family_tail(layer, out, alpha, ei_out, H, C, res, fuse_bias, want)
 
 
@@ -483,12 +517,14 @@ class GATConv(torch.nn.Module):
     inplace operation" error (use the out-of-place form there). The same
     holds for GATv2Conv and for TransformerConv with root_weight=False.
     forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t] or None),
-            edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
+            edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], edge_attr [E, edge_dim] = None,
             size = None, return_attention_weights = None)
         -> out [Nt, heads * out_channels] (concat) or [Nt, out_channels],
            and with return_attention_weights (truthy) also
            (edge_index' [2, E'], alpha [E', heads]): edge_index' includes the
            added self-loops in PyG's order; alpha is after dropout, as PyG's.
+           For an adj_t, edge_index' is the (looped) adj_t in its layout
+           with alpha as its values, alpha in its storage order, as PyG's.
 
     Parameters `lin.weight` (or `lin_src.weight`, `lin_dst.weight`),
     `att_src`, `att_dst` [1, heads, C], with edge_dim `lin_edge.weight` and
@@ -547,7 +583,7 @@ class GATConv(torch.nn.Module):
 
     def forward(self, x, edge_index, edge_attr: Tensor | None = None, size=None,
                 return_attention_weights=None):
-        _check_graph_input(type(self).__name__, edge_index)
+        _oriented(self, edge_index, unsupported=_GAT_FLOW)
         H, C = self.heads, self.out_channels
         res = None
         if isinstance(x, Tensor):
@@ -572,6 +608,8 @@ class GATConv(torch.nn.Module):
             if x_dst is not None:
                 x_dst = lin_d(x_dst).view(-1, H, C)
         num_src, num_dst = _graph_sizes(x_src, x_dst, size, edge_index)
+        if num_dst is None:
+            num_dst = int(edge_index.shape[0])      # a sparse adj_t's own targets
         if x_dst is None:
             a_src, = _head_logits(x_src, self.att_src)
             a_dst = a_src.new_zeros((num_dst, H))
@@ -580,11 +618,8 @@ class GATConv(torch.nn.Module):
         else:
             (a_src,), (a_dst,) = _head_logits(x_src, self.att_src), _head_logits(x_dst,
                                                                                 self.att_dst)
-        num_loops = None
-        if self.add_self_loops:
-            num_loops = num_src if x_dst is None else min(num_src, int(x_dst.shape[0]))
-            if size is not None:
-                num_loops = min(size)
+        # PyG loops min(size), else min(rows of x_src, of x_dst or of a sparse adj_t)
+        num_loops = min(num_src, num_dst) if self.add_self_loops else None
         use_edge = edge_attr is not None and self.lin_edge is not None
         graph, ei_out, edge_attr = _attention_graph(type(self).__name__, edge_index, edge_attr,
                                                     num_src, num_dst, num_loops,
@@ -614,10 +649,11 @@ class GATv2Conv(torch.nn.Module):
     lin_l), residual: as in PyG. deterministic (fastgnn only, keyword): False
     lets the GPU backward use float atomics (faster, not bitwise repeatable).
     forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t]),
-            edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
+            edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], edge_attr [E, edge_dim] = None,
             return_attention_weights = None)
         -> out, and with return_attention_weights (truthy) also
-           (edge_index' [2, E'], alpha [E', heads]) (alpha after dropout, as PyG's).
+           (edge_index' [2, E'], alpha [E', heads]) (alpha after dropout, as
+           PyG's; for an adj_t as in GATConv).
 
     Parameters `lin_l`, `lin_r` (the same module with share_weights; both
     appear in the state_dict, as in PyG), `att` [1, heads, C], `lin_edge`
@@ -662,6 +698,7 @@ class GATv2Conv(torch.nn.Module):
 
     def forward(self, x, edge_index, edge_attr: Tensor | None = None,
                 return_attention_weights=None):
+        _oriented(self, edge_index, unsupported=_GAT_FLOW)
         H, C = self.heads, self.out_channels
         res = None
         x_res = x if isinstance(x, Tensor) else _pair(x)[1]
@@ -725,10 +762,12 @@ class TransformerConv(torch.nn.Module):
     dropout, edge_dim, bias, root_weight: as in PyG. deterministic (fastgnn
     only, keyword): False lets the GPU backward use float atomics.
     forward(x [N, F] | (x_src [Ns, F_s], x_dst [Nt, F_t]),
-            edge_index [2, E] | EdgeIndex, edge_attr [E, edge_dim] = None,
+            edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], edge_attr [E, edge_dim] = None,
             return_attention_weights = None)
         -> out, and with return_attention_weights a bool (True or False, as
-           PyG) also (edge_index, alpha [E, heads]) (alpha before dropout, as PyG's).
+           PyG) also (edge_index, alpha [E, heads]) (alpha before dropout, as
+           PyG's; for an adj_t in its storage order). flow="target_to_source"
+           (also set after construction) reads queries at edge_index[0].
 
     Parameters `lin_key`, `lin_query`, `lin_value`, `lin_edge` (edge_dim),
     `lin_skip`, `lin_beta` (beta). The op receives q, k, v and
@@ -741,7 +780,7 @@ class TransformerConv(torch.nn.Module):
         super().__init__()
         self.aggr = _pop_aggr(type(self).__name__, kwargs)
         self.deterministic = _pop_deterministic(type(self).__name__, kwargs)
-        _check_kwargs(type(self).__name__, kwargs)
+        self.flow = _check_kwargs(type(self).__name__, kwargs)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -804,7 +843,8 @@ class TransformerConv(torch.nn.Module):
             raise NotImplementedError(
                 f"'{type(self).__name__}' without edge_dim got edge_attr (PyG adds it to the "
                 "messages unprojected); build the layer with edge_dim")
-        graph, _, _ = _attention_graph(type(self).__name__, edge_index, None,
+        # query i at edge_index[1] (edge_index[0] under flow="target_to_source"), key j at the other
+        graph, _, _ = _attention_graph(type(self).__name__, _oriented(self, edge_index)[0], None,
                                        int(k.shape[0]), int(q.shape[0]), None, None, False)
         want = isinstance(return_attention_weights, bool)
         if isinstance(graph, CompiledGraph):
@@ -830,6 +870,8 @@ class TransformerConv(torch.nn.Module):
             else:
                 out = out + x_r
         if want:
+            if _is_sparse(edge_index) and edge_index.layout == torch.sparse_coo:
+                edge_index = edge_index.coalesce()  # the order alpha is in (self if coalesced)
             return out, (edge_index, alpha)
         return out
 

@@ -119,6 +119,7 @@ def clear_graph_cache():
     """Forget every cached Graph (they are rebuilt on next use)."""
     _GRAPHS.clear()
     _ONES.clear()
+    _REVERSED.clear()
 
 
 def _tkey(t: torch.Tensor):
@@ -176,6 +177,7 @@ def resolve(adj, num_nodes=None):
         num_src = _agree(ss[0], num_src, "num_src", "EdgeIndex.sparse_size()[0]")
         num_dst = _agree(ss[1], num_dst, "num_dst", "EdgeIndex.sparse_size()[1]")
         adj = adj.as_tensor()
+    _check_edge_index(adj)
     key = ("edge_index", num_src, num_dst, _tkey(adj))
 
     def build():
@@ -229,6 +231,44 @@ def graph_input(adj, num_nodes=None):
     if adj.dim() != 2 or adj.shape[0] != 2:
         raise ValueError(f"edge_index must have shape [2, E], got {tuple(adj.shape)}")
     return adj, [num_src, num_dst]
+
+
+def _check_edge_index(ei):
+    """Refuse an edge_index that is not a [2, E] integer tensor, as PyG does
+    (a float one would be truncated by a later .long() and silently name
+    other nodes). Every edge_index tensor a graph is built from passes here."""
+    if ei.dtype.is_floating_point or ei.dtype.is_complex or ei.dtype == torch.bool:
+        raise TypeError(f"edge_index must hold integers, got dtype {ei.dtype}")
+    if ei.dim() != 2 or ei.shape[0] != 2:
+        raise ValueError(f"edge_index must have shape [2, E], got {tuple(ei.shape)}")
+
+
+_REVERSED = _LRU(8)     # edge_index -> its rows swapped (flow="target_to_source")
+
+
+def reversed_input(adj):
+    """The graph input with every edge turned around, for PyG's
+    flow="target_to_source" (messages from edge_index[1] to edge_index[0]):
+    an edge_index tensor or EdgeIndex gives its rows swapped ([2, E], edge ids
+    unchanged), made once per tensor so that the Graph built from it is
+    cached like any other; a fastgnn.Graph gives its reverse (cached on it).
+    A torch sparse adj_t raises ValueError, as in PyG (pass adj_t.t())."""
+    if isinstance(adj, Graph):
+        def build():
+            ei = adj.edge_index()
+            return Graph.from_edge_index(adj.xp.stack([ei[1], ei[0]]), num_src=adj.num_dst,
+                                         num_dst=adj.num_src)
+        return adj.cached(("fastgnn.torch", "reversed"), build)
+    if isinstance(adj, torch.Tensor) and adj.layout in _SPARSE_LAYOUTS:
+        raise ValueError("flow='target_to_source' takes an edge_index, not a torch sparse "
+                         "adj_t (as in PyG): pass adj_t.t() with flow='source_to_target'")
+    if not isinstance(adj, torch.Tensor) or adj.layout != torch.strided:
+        return adj                  # resolve names what is wrong with it
+    ei = adj.as_tensor() if _is_edge_index_type(adj) else adj
+    _check_edge_index(ei)
+    if torch.compiler.is_compiling():
+        return ei.flip(0)           # no cache lookups by address inside a traced program
+    return _REVERSED.get(_tkey(ei), adj, lambda: ei.detach().flip(0))
 
 
 def _agree(known, given, name, what):

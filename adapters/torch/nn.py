@@ -5,7 +5,10 @@ Same constructor arguments, parameter names (a PyG `state_dict` loads with
 adj_t, `(x_src, x_dst)` pairs where PyG takes them) and the same function; the
 aggregation runs through fastgnn's SpMM (sum, mean) or segment reductions
 (SAGEConv's max, min, var, std, multi), with the graph built once and cached
-(`fastgnn.torch.to_graph`).
+(`fastgnn.torch.to_graph`). `flow` (MessagePassing's keyword, also when set
+on the layer after construction) is read per call: "target_to_source" runs
+the reversed graph, and raises NotImplementedError where PyG's result is not
+that (pairs of features, SAGEConv's project).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from . import custom_ops
 from . import functional as _functional
 from .gemm import g_w, x_wt
 from .functional import _norm_dtype, bias_grad, gcn_norm, segment_reduce_linear, spmm
-from .graph_cache import graph_input, resolve, to_graph
+from .graph_cache import graph_input, resolve, reversed_input, to_graph
 
 __all__ = ["GCNConv", "SAGEConv", "GINConv", "Linear"]
 
@@ -109,17 +112,46 @@ def _pop_deterministic(layer, kwargs):
     return check_deterministic(kwargs.pop("deterministic", True), f"{layer}: ")
 
 
+def _check_flow(layer, flow):
+    if flow not in ("source_to_target", "target_to_source"):
+        raise ValueError(f"{layer}: flow must be 'source_to_target' or 'target_to_source', "
+                         f"got {flow!r}")
+    return flow
+
+
 def _check_kwargs(layer, kwargs):
-    flow = kwargs.pop("flow", "source_to_target")
-    if flow != "source_to_target":
-        raise NotImplementedError(f"{layer}: only flow='source_to_target' is supported, "
-                                  f"got {flow!r}")
+    """Refuse the MessagePassing keywords fastgnn does not honour and unknown
+    ones; returns the validated `flow`, for the layer to keep as PyG does."""
+    flow = _check_flow(layer, kwargs.pop("flow", "source_to_target"))
     node_dim = kwargs.pop("node_dim", -2)
     if node_dim not in (-2, 0):
         raise NotImplementedError(f"{layer}: only node_dim=-2 is supported, got {node_dim}")
     kwargs.pop("decomposed_layers", None)     # a PyG memory knob; nothing to decompose here
     if kwargs:
         raise TypeError(f"{layer} got unexpected keyword arguments {sorted(kwargs)}")
+    return flow
+
+
+# why a layer cannot honour flow="target_to_source" with an (x_src, x_dst) pair
+_PAIR_FLOW = "with an (x_src, x_dst) pair (PyG then reads the messages from x_dst)"
+
+
+def _oriented(layer, edge_index, size=None, unsupported=None):
+    """(edge_index, size) as the layer's `flow` reads them, checked per call
+    (PyG lets flow be set after construction). "target_to_source" sends
+    messages from edge_index[1] to edge_index[0]: the graph input comes back
+    turned around (`reversed_input`, made once per edge_index) and size,
+    PyG's (rows at edge_index[0], rows at edge_index[1]), swapped into the
+    reverse's (num_src, num_dst), so every later step takes them as a
+    source-to-target input. unsupported: what keeps this call from honouring
+    "target_to_source" (NotImplementedError then), or None."""
+    name = type(layer).__name__
+    if _check_flow(name, layer.flow) == "source_to_target":
+        return edge_index, size
+    if unsupported:
+        raise NotImplementedError(f"{name}: flow='target_to_source' {unsupported} is not "
+                                  "supported by fastgnn.torch")
+    return reversed_input(edge_index), (None if size is None else (size[1], size[0]))
 
 
 def _pair(x):
@@ -131,17 +163,17 @@ def _pair(x):
     raise TypeError(f"x must be a tensor or a pair (x_src, x_dst), got {type(x).__name__}")
 
 
-def _graph_sizes(x_src, x_dst, size, edge_index):
+def _graph_sizes(x_src, x_dst, size, edge_index, node_dim=0):
     """(num_src, num_dst) as PyG infers them: explicit `size` first, else the
-    rows of x_src and x_dst; without x_dst, a sparse adj_t's own size or, for
-    an edge_index, as many targets as sources."""
+    rows of x_src and x_dst (along node_dim); without x_dst, a sparse adj_t's
+    own size or, for an edge_index, as many targets as sources."""
     num_src = num_dst = None
     if size is not None:
         num_src, num_dst = size
     if num_src is None:
-        num_src = int(x_src.shape[0])
+        num_src = int(x_src.shape[node_dim])
     if num_dst is None and x_dst is not None:
-        num_dst = int(x_dst.shape[0])
+        num_dst = int(x_dst.shape[node_dim])
     if num_dst is None and not _is_sparse(edge_index):
         num_dst = num_src
     return num_src, num_dst
@@ -171,7 +203,8 @@ class GCNConv(torch.nn.Module):
     bias:           learnable additive bias.
     forward(x [N, in], edge_index [2, E] | EdgeIndex | adj_t [N, N], edge_weight [E] = None)
         -> [N, out]. With a sparse adj_t its values are the weights and
-        edge_weight is ignored, as in PyG.
+        edge_weight is ignored, as in PyG. x may be [*, N, in] (a static
+        graph: the same graph for every leading index) -> [*, N, out].
 
     Parameters `lin.weight` [out, in] and `bias` [out]. The linear map is applied
     before aggregation, as in PyG; the bias is added in the SpMM kernel's store
@@ -188,7 +221,7 @@ class GCNConv(torch.nn.Module):
         super().__init__()
         self.aggr = kwargs.pop("aggr", "add")
         self._reduce = _aggr(self.aggr, type(self).__name__)
-        _check_kwargs(type(self).__name__, kwargs)
+        self.flow = _check_kwargs(type(self).__name__, kwargs)
         if add_self_loops is None:
             add_self_loops = normalize
         if add_self_loops and not normalize:
@@ -221,6 +254,7 @@ class GCNConv(torch.nn.Module):
             raise ValueError(f"'{type(self).__name__}' received a tuple of node features as "
                              "input while this layer does not support bipartite message "
                              "passing. Please try other layers such as 'SAGEConv' instead")
+        edge_index, _ = _oriented(self, edge_index)
         n = int(x.shape[-2])
         if custom_ops.compiling():
             # the normalised graph is built and cached inside the op
@@ -287,7 +321,14 @@ def _is_sparse(adj):
 def _spmm_bias(graph, x, weight, bias, **kw):
     """spmm(graph, x, weight, **kw) + bias, the bias added in the kernel's store
     when it has x's dtype (else, e.g. under autocast, by a separate add that
-    promotes as torch does)."""
+    promotes as torch does). x may be [*, N, F], PyG's static graphs (the
+    graph applied to every leading index): the leading dimensions are folded
+    into the features, [N, * F], so that one SpMM serves them all."""
+    if x.dim() > 2:
+        lead, n, f = x.shape[:-2], x.shape[-2], x.shape[-1]
+        out = spmm(graph, x.movedim(-2, 0).reshape(n, -1), weight, **kw)
+        out = out.reshape(out.shape[0], *lead, f).movedim(0, -2)
+        return out if bias is None else out + bias
     if bias is None or bias.dtype == x.dtype:
         return spmm(graph, x, weight, bias=bias, **kw)
     return spmm(graph, x, weight, **kw) + bias
@@ -342,7 +383,7 @@ class SAGEConv(torch.nn.Module):
         self.project = project
         aggr_kwargs = kwargs.pop("aggr_kwargs", None) or {}
         self.deterministic = _pop_deterministic(type(self).__name__, kwargs)
-        _check_kwargs(type(self).__name__, kwargs)
+        self.flow = _check_kwargs(type(self).__name__, kwargs)
         # PyG's string form of aggr (kept for repr and code that reads it)
         if isinstance(aggr, str):
             self.aggr = aggr
@@ -388,6 +429,9 @@ class SAGEConv(torch.nn.Module):
             self.lin_r.reset_parameters()
 
     def forward(self, x, edge_index, size=None) -> Tensor:
+        edge_index, size = _oriented(
+            self, edge_index, size, _PAIR_FLOW if not isinstance(x, Tensor) else
+            "with project=True (PyG then aggregates the unprojected x)" if self.project else None)
         x_src, x_dst = _pair(x)
         if self.project:
             x_src = self.lin(x_src).relu()
@@ -560,13 +604,14 @@ class GINConv(torch.nn.Module):
                buffer (both appear in the state_dict as `eps`, as in PyG).
     forward(x [N, F] | (x_src [Ns, F], x_dst [Nt, F] or None),
             edge_index [2, E] | EdgeIndex | adj_t [Nt, Ns], size=None) -> nn output [Nt, *]
+        Features may carry leading dimensions ([*, N, F], a static graph).
     """
 
     def __init__(self, nn, eps: float = 0.0, train_eps: bool = False, **kwargs):
         super().__init__()
         self.aggr = kwargs.pop("aggr", "add")
         self._reduce = _aggr(self.aggr, type(self).__name__)
-        _check_kwargs(type(self).__name__, kwargs)
+        self.flow = _check_kwargs(type(self).__name__, kwargs)
         self.nn = nn
         self.initial_eps = eps
         if train_eps:
@@ -581,9 +626,12 @@ class GINConv(torch.nn.Module):
             self.eps.fill_(self.initial_eps)
 
     def forward(self, x, edge_index, size=None) -> Tensor:
+        edge_index, size = _oriented(self, edge_index, size,
+                                     None if isinstance(x, Tensor) else _PAIR_FLOW)
         x_src, x_dst = _pair(x)
-        graph, weight = resolve(edge_index, _graph_sizes(x_src, x_dst, size, edge_index))
-        out = spmm(graph, x_src, weight, reduce=self._reduce)
+        graph, weight = resolve(edge_index, _graph_sizes(x_src, x_dst, size, edge_index,
+                                                         node_dim=-2))
+        out = _spmm_bias(graph, x_src, weight, None, reduce=self._reduce)
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst
         return self.nn(out)
