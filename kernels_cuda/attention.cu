@@ -66,19 +66,14 @@
 // Blocks per multiprocessor (of 256 threads) the one-chunk kernels without
 // an edge term ask ptxas to fit (__launch_bounds__; 1 = no register cap;
 // the edge-term variants keep no cap). The forward of 32- and 16-bit types
-// defaults to 3 (<= 80 registers, spill-free); the backward kernels to none:
-// on persistent grids a cap of 3 gains nothing (rmat20, 4 heads x 32, fp32
-// backward: gatv2 8.70 vs 8.60 ms without, dot 9.01 vs 8.99, gat 7.30 vs
-// 5.99; sweep_attention_rmat20_h200_session10.log), and the atomic target
-// pass spills under 80 registers. Tuning knobs for experiments:
-// FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_MIN_BLOCKS=4 -DATTN_MIN_BLOCKS=3"
-// (fastgnn/backends/cuda/loader.py); the compile check catches spills.
-#ifndef ATTN_FWD_MIN_BLOCKS
+// asks for ATTN_FWD_MIN_BLOCKS = 3 (<= 80 registers, spill-free); the
+// backward kernels for none (ATTN_MIN_BLOCKS = 1): on persistent grids a cap
+// of 3 gains nothing (H200, rmat20, 4 heads x 32, fp32 backward: gatv2 8.70
+// vs 8.60 ms without, dot 9.01 vs 8.99, gat 7.30 vs 5.99), and the atomic
+// target pass spills under 80 registers. The compile check fails on any
+// spill, so a cap that does not fit shows there.
 #define ATTN_FWD_MIN_BLOCKS 3
-#endif
-#ifndef ATTN_MIN_BLOCKS
 #define ATTN_MIN_BLOCKS 1
-#endif
 #define ATTN_FWD_BOUNDS \
     __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
 #define ATTN_BWD_MIN_BLOCKS ((NCH == 1 && sizeof(T) == 4 && !HAS_E) ? ATTN_MIN_BLOCKS : 1)
@@ -216,18 +211,17 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // starts its next one at once, where a grid of one group per (task, head)
 // left it idle until its block's longest task ended (rmat20: 47% of the
 // gatv2 target pass's warp cycles waited at the block's grad_att barrier,
-// and the source pass ran at 23% achieved occupancy of a possible 37.5%;
-// benchmarks/results/ncu_attention_bwd_rmat20_h200_session10.txt). A group's
+// and the source pass ran at 23% achieved occupancy of a possible 37.5%,
+// by ncu on an H200). A group's
 // head and tasks are fixed by the launch shape, so sums carried across its
 // tasks (gatv2's block grad_att) are bitwise repeatable for one grid size;
 // the grid follows the device's multiprocessor count and the kernel's
 // occupancy, so another GPU model (or MIG slice, or build) may round
-// grad_att differently. rmat20, 4 heads x
-// 32, fp32, forward / backward ms, one group per pair before the loop ->
-// persistent: gatv2 3.15 / 11.55 -> 2.97 / 8.44, dot 3.19 / 9.78 -> 2.84 /
-// 9.00, gat 2.47 / 6.91 -> 1.99 / 5.91 (probe_attention_rmat20_h200_session10.log,
-// sweep_attention_rmat20_h200_session10b.log; the looped kernels on a grid of
-// one group per pair, its "grid=full" row, are slower still). slot_begin null:
+// grad_att differently. H200, rmat20, 4 heads x 32, fp32, forward / backward
+// ms, kernels of one group per (task, head) without the loop -> persistent:
+// gatv2 3.15 / 11.55 -> 2.97 / 8.44, dot 3.19 / 9.78 -> 2.84 / 9.00, gat
+// 2.47 / 6.91 -> 1.99 / 5.91 (the looped kernels on a grid of one group per
+// pair, the launcher's PERSISTENT = False, are slower still). slot_begin null:
 // slot s holds task s alone (the grid has a slot for every task). Groups
 // past the last whole slot have no task.
 // FOR_EACH_GROUP_TASK opens the loop over the group's tasks t (lane layout L
@@ -259,48 +253,28 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 
 // Edges handled per step of a task's loop: U edges' gathers are issued
 // before any of their arithmetic, so U rows per lane are in flight. Several
-// channel chunks per lane: U = 1 (registers). One chunk, chosen per score on
-// an H200 sweep (rmat20, 4 heads x 32; benchmarks/sweep_attention.py, logs
-// benchmarks/results/sweep_attention_rmat20_h200_session4*.log), where the
-// 16-bit types used VEC = 8 and fp32 VEC = 4 (since session 10 every type
-// runs VEC = 4 at most: loader.ATTENTION_MAX_VEC; the VEC 8 choices below
-// serve a larger cap):
-//   forward   gat U = 1 (fp32 2.86 -> 2.38 ms, bf16 2.30 -> 2.10; 2 below
-//             VEC 4), gatv2 U = 2 (fp32 3.62 -> 3.23; 4 below VEC 4),
-//             dot U = 4 (2 at VEC 8): fewer is slower (fp32 3.65 -> 4.35 at 1);
-//   backward  gat U = 1 (fp32 8.8 -> 7.0 ms, bf16 6.5 -> 5.5; 2 below VEC 4),
-//             gatv2 and dot U = 2 (fp32 gatv2 13.2 -> 10.5, dot 12.8 -> 9.9
-//             against 4; 1 is slower). The backward holds more state per row.
-// Re-swept on persistent grids at VEC 4 for every type (session 11,
-// sweep_attention_rmat20_h200_session11.log; fwd / bwd ms, U = 2 -> 4):
-// gatv2 forward fp32 2.98 -> 2.50, bf16 2.90 -> 2.44 (8: 2.92, 2.88); dot
-// backward fp32 8.91 -> 8.41, bf16 8.48 -> 7.58; gatv2 backward bf16 9.09 ->
-// 8.61 but fp32 8.46 -> 8.72 (so 4 for 16-bit types only); gat keeps 1 (4:
-// fwd 1.98 -> 2.03, bwd 5.90 -> 6.20 in fp32). Rows of 16-bit types are half
-// as many bytes, so more of them in flight pay where fp32's do not.
-// FASTGNN_NVRTC_OPTIONS="-DATTN_FWD_UNROLL=n" / "-DATTN_BWD_UNROLL=n"
-// override U for one-chunk heads (experiment knobs).
-#ifndef ATTN_FWD_UNROLL
-#define ATTN_FWD_UNROLL 0
-#endif
-#ifndef ATTN_BWD_UNROLL
-#define ATTN_BWD_UNROLL 0
-#endif
-// The atomic target pass (deterministic=False) takes the backward's U except
-// gatv2 at VEC = 4, U = 4: fp32 10.17 -> 8.57 ms on rmat20, H = 4 x 32,
-// while bf16 at VEC 8 was slower at 4 (9.08 -> 12.65) and gat and dot gain
-// nothing (sweep_attention_rmat20_h200_session5.log); bf16 now runs VEC = 4
-// too, where U = 4 gives 5.61 ms (sweep_attention_rmat20_h200_session10c.log,
-// maxvec=4), and only gatv2 takes the atomic pass (ATOMIC_SCORES). Knob for a sweep of
-// the atomic pass alone: -DATTN_BWD_ATOMIC_UNROLL=n.
-#ifndef ATTN_BWD_ATOMIC_UNROLL
-#define ATTN_BWD_ATOMIC_UNROLL 0
-#endif
+// channel chunks per lane: U = 1 (registers). One chunk: U per score, pass
+// and type, each the fastest measured on an H200 (rmat20, 4 heads x 32,
+// persistent grids, every type at VEC = 4: loader.ATTENTION_MAX_VEC; ms):
+//   forward   gat U = 1 (4: fp32 1.98 -> 2.03), gatv2 and dot U = 4 (gatv2
+//             fp32 2.98 -> 2.50, bf16 2.90 -> 2.44 against U = 2; 8 gains
+//             nothing: 2.92, 2.88);
+//   backward  gat U = 1 (4: fp32 5.90 -> 6.20), dot U = 4 (fp32 8.91 ->
+//             8.41, bf16 8.48 -> 7.58 against 2), gatv2 U = 4 for 16-bit
+//             types (bf16 9.09 -> 8.61) and 2 for fp32 (4: 8.46 -> 8.72).
+// Rows of 16-bit types are half as many bytes, so more of them in flight pay
+// where fp32's do not; the backward holds more state per row than the
+// forward. The VEC = 8 choices (U = 2) and those below VEC 4 apply only to
+// other vector widths (a cap above 4 values, odd or unaligned heads) and are
+// not tuned on persistent grids.
+// The atomic target pass (deterministic=False; only gatv2 takes it,
+// ATOMIC_SCORES) runs U = 4 at VEC = 4 for every type: fp32 10.17 -> 8.57 ms
+// against U = 2 on rmat20, H = 4 x 32.
 template <int KIND, int VEC, int NCH>
 struct Unroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
                                : (VEC >= 8 ? 2 : 4);     // gatv2 and dot
-    static constexpr int U = NCH > 1 ? 1 : ATTN_FWD_UNROLL > 0 ? ATTN_FWD_UNROLL : tuned;
+    static constexpr int U = NCH > 1 ? 1 : tuned;
 };
 
 template <int KIND, typename T, int VEC, int NCH, bool ATOMIC = false>
@@ -308,9 +282,7 @@ struct BwdUnroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
                                : VEC != 4 ? 2
                                : KIND == KIND_DOT || ATOMIC || sizeof(T) == 2 ? 4 : 2;
-    static constexpr int knob = ATOMIC && ATTN_BWD_ATOMIC_UNROLL > 0 ? ATTN_BWD_ATOMIC_UNROLL
-                                                                      : ATTN_BWD_UNROLL;
-    static constexpr int U = NCH > 1 ? 1 : knob > 0 ? knob : tuned;
+    static constexpr int U = NCH > 1 ? 1 : tuned;
 };
 
 // One lane's values of one head of one row: NCH chunks of VEC channels

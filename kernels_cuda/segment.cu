@@ -21,8 +21,8 @@
 // asked for (inference: no positions tracked, fp32 VEC 4 max 46 -> 40
 // registers, mean+max+min+std 64 -> 56; H200 rmat20 F=128 inference forward
 // max fp32 1.62 -> 1.41 ms, mean+max+min+std 2.87 -> 2.50, bf16 1.48 -> 1.28
-// and 3.00 -> 2.42, sweep_segment_rmat20_h200_session8b.log; max/min by
-// max.NaN / min.NaN where faster, SEG_NAN_OP below); the epilogue
+// and 3.00 -> 2.42; max/min by max.NaN / min.NaN where faster, SEG_NAN_OP
+// below); the epilogue
 // writes only the requested reductions (`codes`) as VEC-wide stores into their blocks of the
 // [num_rows, R*F] output, the args when asked (training), and the mean / std
 // residuals of the backward (acc_t) when asked.
@@ -58,9 +58,8 @@
 #define STAT_PROD 32
 #define STAT_BITS(STATS) ((STATS) & ~STAT_NOARG)
 
-// Occupancy and edges in flight, chosen on an H200 sweep (rmat20, F = 128,
-// benchmarks/sweep_segment.py, log
-// benchmarks/results/sweep_segment_rmat20_h200_session7*.log; fwd / bwd ms):
+// Occupancy and edges in flight: fixed at the values that were fastest on an
+// H200 (rmat20, F = 128; fwd / bwd ms against the alternatives):
 //   segment_fwd of several statistics asks for SEG_FWD_MIN_BLOCKS = 4 blocks
 //     of 256 threads per multiprocessor (<= 64 registers, spill-free) with
 //     4-byte accumulators and indices and VEC <= 4 (mean+max+min+std fp32
@@ -71,35 +70,25 @@
 //   segment_fwd starts each task's statistics from its first edge
 //     (seg_state::add<true>), so later edges need no "no value yet" test
 //     (beats_max/beats_min: two compares): mean+max+min+std fp32 fwd 4.10
-//     -> 2.90 ms, bf16 3.78 -> 3.02, max 1.85 -> 1.78 (sweep ...session7f);
-//   segment_bwd steps one edge at a time (SEG_BWD_UNROLL = 1; it was 2-4 by
-//     registers): max fp32 2.81 -> 2.07, bf16 2.70 -> 1.93, the 4-reduction
-//     backward fp32 11.9 -> 7.7; its several-term instantiations (LIN + NARG
-//     > 1) run as segment_bwd_capped, which asks for SEG_BWD_MIN_BLOCKS = 4
-//     blocks where SEG_CAPPED holds (fp32 4-reduction 7.70 -> 7.63), while a
-//     single term stays without launch bounds (with them max fp32 is 2.44).
-// Override for sweeps: FASTGNN_NVRTC_OPTIONS="-DSEG_FWD_MIN_BLOCKS=3
-// -DSEG_BWD_UNROLL=2 ..." (loader.py); SEG_FWD_UNROLL: edges gathered per
-// step of segment_fwd (4).
-#ifndef SEG_FWD_MIN_BLOCKS
+//     -> 2.90 ms, bf16 3.78 -> 3.02, max 1.85 -> 1.78;
+//   segment_fwd keeps SEG_FWD_UNROLL = 4 row gathers in flight per lane
+//     (max fp32 fwd 5.0 -> 3.8 ms against one at a time);
+//   segment_bwd steps one edge at a time (SEG_BWD_UNROLL = 1, against 2-4
+//     edges in flight as registers allowed): max fp32 2.81 -> 2.07,
+//     bf16 2.70 -> 1.93, the 4-reduction backward fp32 11.9 -> 7.7; its
+//     several-term instantiations (LIN + NARG > 1) run as
+//     segment_bwd_capped, which asks for SEG_BWD_MIN_BLOCKS = 4 blocks where
+//     SEG_CAPPED holds (fp32 4-reduction 7.70 -> 7.63), while a single term
+//     stays without launch bounds (with them max fp32 is 2.44).
 #define SEG_FWD_MIN_BLOCKS 4
-#endif
-#ifndef SEG_BWD_MIN_BLOCKS
 #define SEG_BWD_MIN_BLOCKS 4
-#endif
-#ifndef SEG_FWD_UNROLL
 #define SEG_FWD_UNROLL 4
-#endif
-#ifndef SEG_BWD_UNROLL
 #define SEG_BWD_UNROLL 1
-#endif
 // (the cap only where it fits without spills: 4-byte accumulators and
 // indices, VEC <= 4; the compile check guards it)
 #define SEG_CAPPED(T, I, VEC) \
     (sizeof(typename value_traits<T>::acc_t) == 4 && sizeof(I) == 4 && VEC <= 4)
-#ifndef SEG_FWD_MIN_BLOCKS_ONE
 #define SEG_FWD_MIN_BLOCKS_ONE 5
-#endif
 // STATS holds a single statistic (one bit of sum, sum of squares, max, min)
 #define SEG_ONE_STAT(STATS) ((STAT_BITS(STATS) & (STAT_BITS(STATS) - 1)) == 0)
 #define SEG_FWD_BOUNDS                                                                      \
@@ -133,22 +122,18 @@ __device__ __forceinline__ bool beats_min(A v, A m) {
 // min.NaN instruction (sm_80+) for fp32 accumulators, where beats_max and a
 // select take three; a NaN result is the canonical NaN. Ties need no rule
 // without positions. Used where it is faster (SEG_NAN_OP; H200 rmat20 F=128
-// inference forward, sweep_segment_rmat20_h200_session9.log, compares ->
-// max.NaN): mean+max+min+std fp32 2.68 -> 2.24 ms, bf16 2.59 -> 2.06, max
-// bf16 1.36 -> 1.22 (those at 4 blocks per SM); a single statistic of fp32
-// values keeps the compares, which fit 40 registers and 5 blocks where the
-// max.NaN form takes 59 and 4 (max fp32 1.51 against 1.64 ms).
-// SEG_NAN_MINMAX=0 (a sweep knob) keeps the compares everywhere.
-#ifndef SEG_NAN_MINMAX
-#define SEG_NAN_MINMAX 1
-#endif
+// inference forward, compares -> max.NaN): mean+max+min+std fp32 2.68 ->
+// 2.24 ms, bf16 2.59 -> 2.06, max bf16 1.36 -> 1.22 (those at 4 blocks per
+// SM); a single statistic of fp32 values keeps the compares, which fit 40
+// registers and 5 blocks where the max.NaN form takes 59 and 4 (max fp32
+// 1.51 against 1.64 ms).
 #define SEG_NAN_OP(T, STATS)                                                             \
-    (SEG_NAN_MINMAX && ((STATS) & STAT_NOARG) && (!SEG_ONE_STAT(STATS) || sizeof(T) < 4))
+    (((STATS) & STAT_NOARG) && (!SEG_ONE_STAT(STATS) || sizeof(T) < 4))
 template <typename A>
 __device__ __forceinline__ A max_nan(A m, A v) { return beats_max(v, m) ? v : m; }
 template <typename A>
 __device__ __forceinline__ A min_nan(A m, A v) { return beats_min(v, m) ? v : m; }
-#if SEG_NAN_MINMAX && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 template <>
 __device__ __forceinline__ float max_nan<float>(float m, float v) {
     float r;
@@ -592,7 +577,7 @@ __global__ void segment_coef(const I* __restrict__ indptr,
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     typedef typename value_traits<T>::acc_t A;
-    constexpr int UNROLL = SEG_BWD_UNROLL;     // edges in flight (see the knobs above)
+    constexpr int UNROLL = SEG_BWD_UNROLL;     // edges in flight (see SEG_BWD_UNROLL above)
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
     const int lane = group_lane(group);

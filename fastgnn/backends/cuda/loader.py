@@ -76,8 +76,8 @@ def segment_position_type(itype, ptype, needed):
 
 # Values per lane and load in the reduction kernels: at most 4, so 16-bit
 # rows of F = 128 span 32 lanes of 8-byte loads instead of 16 lanes of 16
-# bytes (H200 sweep, rmat20, bf16: max fwd 2.61 -> 1.92 ms, mean+max+min+std
-# fwd 6.90 -> 3.92; benchmarks/results/sweep_segment_rmat20_h200_session7b.log).
+# bytes (H200, rmat20, bf16: max fwd 2.61 -> 1.92 ms, mean+max+min+std
+# fwd 6.90 -> 3.92).
 # fp32 and fp64 are unaffected (their widest vectors are 4 and 2).
 SEGMENT_MAX_VEC = 4
 
@@ -112,7 +112,7 @@ def attention_nchs(vec):
 # instead of 4 lanes of 8: fewer registers per lane (occupancy) and shorter
 # per-lane chains; on persistent grids (rmat20, 4 x 32, bf16, fwd / bwd ms)
 # gatv2 3.35 / 11.45 -> 2.88 / 9.05, dot 3.39 / 9.79 -> 2.62 / 8.46, gat 2.15 /
-# 5.71 -> 1.99 / 5.52 (benchmarks/results/sweep_attention_rmat20_h200_session10c.log).
+# 5.71 -> 1.99 / 5.52 (H200).
 ATTENTION_MAX_VEC = 4
 
 
@@ -179,10 +179,11 @@ def source(family: str) -> str:
 
 
 def options():
-    """NVRTC options; FASTGNN_NVRTC_OPTIONS (space-separated, e.g.
-    "-DATTN_MIN_BLOCKS=3") adds tuning defines for experiments."""
-    extra = tuple(os.environ.get("FASTGNN_NVRTC_OPTIONS", "").split())
-    return COMPILE_OPTIONS + (f"-I{kernels_dir()}",) + extra
+    """NVRTC options of every module. They are fixed (the kernels' tuning
+    constants live in kernels_cuda/*.cu), so the source alone decides what a
+    module holds, and CuPy's kernel cache (keyed by source, options and
+    architecture) never serves a module built another way."""
+    return COMPILE_OPTIONS + (f"-I{kernels_dir()}",)
 
 
 def instantiations():
@@ -202,10 +203,9 @@ ON_CLEAR: list = []
 
 
 def clear_compiled():
-    """Forget every compiled module, so the next launch recompiles with the
-    current options() (FASTGNN_NVRTC_OPTIONS is read at compile time only;
-    benchmarks/sweep_attention.py uses this between knob settings), and
-    whatever was cached per compiled kernel (ON_CLEAR)."""
+    """Forget every compiled module in this process, and whatever was cached
+    per compiled kernel (ON_CLEAR); the next launch loads its module again
+    (from CuPy's disk cache when it holds it)."""
     _modules.clear()
     _functions.clear()
     for clear in ON_CLEAR:

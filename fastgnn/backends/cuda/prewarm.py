@@ -1,7 +1,7 @@
 """Compile the CUDA kernel modules ahead of use, on every core, so that
 CuPy's on-disk kernel cache (~/.cupy/kernel_cache, or CUPY_CACHE_DIR) serves
 the processes that run them next: a test run with pytest-xdist workers, a
-benchmark, a tuning sweep. Kernels otherwise compile lazily, one module per
+benchmark. Kernels otherwise compile lazily, one module per
 (family, value type, index type) and process, on first use.
 
 Needs a GPU (CuPy compiles for the current device's architecture); the
@@ -24,34 +24,25 @@ from .loader import C_INDEX, C_VALUE, KERNELS
 __all__ = ["modules", "prewarm"]
 
 
-def modules(families=None, vtypes=None, itypes=None, defines=("",)):
-    """Jobs [(family, vtype, itype, defines)] for the named families, value
-    and index types (None: all) and NVRTC define strings (the tuning knobs of
-    FASTGNN_NVRTC_OPTIONS; "" = the defaults). ValueError for unknown names."""
+def modules(families=None, vtypes=None, itypes=None):
+    """Jobs [(family, vtype, itype)] for the named families, value and index
+    types (None: all). ValueError for unknown names."""
     for given, known, what in ((families, KERNELS, "family"), (vtypes, C_VALUE, "vtype"),
                                (itypes, C_INDEX, "itype")):
         bad = sorted(set(given or ()) - set(known))
         if bad:
             raise ValueError(f"unknown {what} {bad}; choose from {sorted(known)}")
-    return [(f, v, i, d) for d in defines for f in (families or KERNELS)
+    return [(f, v, i) for f in (families or KERNELS)
             for v in (vtypes or C_VALUE) for i in (itypes or C_INDEX)]
 
 
 def compile_module(job):
-    """Compile one module with the job's NVRTC defines: (job, seconds)."""
+    """Compile one module: (job, seconds)."""
     from .loader import get_function
-    family, vtype, itype, defines = job
-    before = os.environ.get("FASTGNN_NVRTC_OPTIONS")
-    os.environ["FASTGNN_NVRTC_OPTIONS"] = defines     # read by loader.options() at compile time
-    try:
-        t0 = time.perf_counter()
-        get_function(family, vtype, itype, KERNELS[family](vtype, itype)[0])
-        return job, time.perf_counter() - t0
-    finally:
-        if before is None:
-            del os.environ["FASTGNN_NVRTC_OPTIONS"]
-        else:
-            os.environ["FASTGNN_NVRTC_OPTIONS"] = before
+    family, vtype, itype = job
+    t0 = time.perf_counter()
+    get_function(family, vtype, itype, KERNELS[family](vtype, itype)[0])
+    return job, time.perf_counter() - t0
 
 
 def prewarm(jobs, workers=None, compile_fn=compile_module):
@@ -75,13 +66,12 @@ def main(argv=None):
                     help="worker processes (default: one per core)")
     args = ap.parse_args(argv)
     try:
-        jobs = modules(args.family, args.vtypes, args.itypes,
-                       (os.environ.get("FASTGNN_NVRTC_OPTIONS", ""),))
+        jobs = modules(args.family, args.vtypes, args.itypes)
     except ValueError as exc:
         ap.error(str(exc))
     t0 = time.perf_counter()
     done = prewarm(jobs, args.workers)
-    for (family, vtype, itype, _), seconds in done:
+    for (family, vtype, itype), seconds in done:
         print(f"{family:9s} {vtype:9s} {itype:6s} {seconds:6.1f} s")
     print(f"compiled {len(done)} modules in {time.perf_counter() - t0:.1f} s "
           "(CuPy's kernel cache now serves them)")

@@ -156,8 +156,7 @@ class FwdPlan:
         has_args = bool(stats & (STAT_MAX | STAT_MIN))     # the kernel's, maybe more than asked
         # inference (no residuals) wants no positions: the kernel tracks none and
         # split rows' partial positions are only a uint16 "has a value" mark
-        # (STAT_NOARG = 0: benchmarks/sweep_segment.py's args-always variant)
-        if has_args and not residuals and STAT_NOARG:
+        if has_args and not residuals:
             stats, pos = stats | STAT_NOARG, np.dtype(np.uint16)
         else:
             pos = graph.position_dtype if has_args else np.dtype(graph.index_dtype)
