@@ -370,7 +370,7 @@ def attention_summary(records):
             "peak memory as a fraction of that baseline's (GPU runs only); peak/needed: "
             "fastgnn's peak over what must exist anyway (memory live before the call: "
             "inputs, parameters, cotangent, graph with its cached transpose; plus the "
-            "output and the gradients; issue 4 asks <= 1.2).", ""] + lines + [""]
+            "output and the gradients; the target is <= 1.2).", ""] + lines + [""]
 
 
 report.SUMMARIES.append(attention_summary)
