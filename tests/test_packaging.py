@@ -269,10 +269,25 @@ def test_setup_commands_name_real_extras_and_modules():
         assert importlib.util.find_spec(module) is not None, f"{module} does not exist"
 
 
-def test_readme_numpy_example_runs():
+def _readme_tested_blocks():
+    """The python blocks README.md marks with `<!-- test: ... -->` above them."""
     text = README.read_text()
-    marker = text.find("<!-- test:")
-    assert marker >= 0, "README lost its tested usage example"
-    info, body, _ = next(b for b in _fenced_blocks(text[marker:]))
-    assert info == "python"
-    exec(compile(body, "README.md example", "exec"), {"__name__": "readme_example"})
+    blocks = []
+    start = text.find("<!-- test:")
+    while start >= 0:
+        info, body, _ = next(b for b in _fenced_blocks(text[start:]))
+        assert info == "python", "a README block marked as tested must be python"
+        blocks.append(body)
+        start = text.find("<!-- test:", start + 1)
+    return blocks
+
+
+def test_readme_examples_run():
+    """Every marked README example runs as written: the arrays one, the PyG
+    swap and the torch.compile one (the last two need torch and PyG)."""
+    blocks = _readme_tested_blocks()
+    assert len(blocks) >= 3, "README lost one of its tested usage examples"
+    for i, body in enumerate(blocks):
+        if "torch" in body:
+            pytest.importorskip("torch_geometric")
+        exec(compile(body, f"README.md example {i + 1}", "exec"), {"__name__": "readme_example"})
