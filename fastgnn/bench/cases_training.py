@@ -546,7 +546,6 @@ def _names(given, default, known, what):
 
 def run(args, argv, torch, device, cuda, quick):
     """The training suite (the bench CLI's entry for --suite training)."""
-    import datetime as dt
     import shlex
 
     from . import __main__ as cli
@@ -569,10 +568,7 @@ def run(args, argv, torch, device, cuda, quick):
                          f"{max(steps.values())} warm-up epochs")
 
     gpu = cli._device_label(torch, device)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_path = args.out or os.path.join(
-        "benchmarks", "results",
-        f"training{'-quick' if quick else ''}-{cli._slug(gpu)}-{stamp}.json")
+    out_path = cli.results_path(args.out, "training-quick" if quick else "training", gpu)
     command = "python -m fastgnn.bench " + shlex.join(argv)
     meta = {"gpu": gpu, "command": command, "versions": cli._versions(torch, cuda),
             "skipped": skipped,
