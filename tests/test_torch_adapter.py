@@ -130,6 +130,8 @@ def test_spmm_matches_pyg_spmm(reduce, layout, weighted):
     tol = "float32" if dtype == torch.float32 else "float64"
     assert_close(_np(out), _np(ref_out), tol)
     assert not out[71 - 71 // 10:].any(), "empty rows must give 0"
+    if layout == "edge_index_type":         # its own sizes serve segment_reduce too
+        assert_close(_np(ft.segment_reduce(ours_adj, x, reduce)), _np(out), tol)
     cot = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
     wrt = [x] + ([leaf] if weighted else [])
     want = torch.autograd.grad(ref_out, wrt, cot, retain_graph=True)

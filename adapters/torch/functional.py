@@ -306,8 +306,8 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
                  float16/bfloat16 on CUDA), on the graph's device.
     reduce:      "sum" (or "add"), "mean", "max", "min", "var", "std", "mul", or a
                  list of distinct ones, computed in one pass over the neighbours.
-    num_nodes:   None (square graph with x.size(0) nodes), an int (square), or
-                 (num_src, num_dst) for a bipartite graph.
+    num_nodes:   as in `spmm` (None: x.size(0) sources and as many targets,
+                 unless a sparse adj_t or an EdgeIndex gives its own).
     deterministic: True (default) keeps the backward bitwise repeatable (no
                  float atomics). False (CUDA only; ignored on the CPU) adds the
                  max/min gradients with float atomics, one per (target,
