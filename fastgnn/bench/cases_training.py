@@ -78,8 +78,9 @@ DATASETS = OrderedDict([
 QUICK_DATASETS = ("Cora", "minesweeper")
 RANDOM_FEATURES = 128          # width of random features for other data sets without any
 GENERATED_CLASSES = 4          # label classes on generated graphs (tests, smoke runs)
-MODES = ("eager", "compile", "cudagraph")
-MIN_WARMUP = {"eager": 0, "compile": 1, "cudagraph": 3}
+MODES = ("eager", "compile", "cudagraph", "capture")
+MIN_WARMUP = {"eager": 0, "compile": 1, "cudagraph": 3, "capture": 1}
+CUDA_ONLY = ("cudagraph", "capture")
 
 HIDDEN, EPOCHS, WARMUP = 64, 100, 5
 QUICK_EPOCHS, QUICK_WARMUP = 8, 2
@@ -101,8 +102,15 @@ def add_arguments(p):
                    help=f"training epochs per row, warm-up included (default {EPOCHS}; "
                         f"--quick {QUICK_EPOCHS})")
     g.add_argument("--modes", nargs="+", metavar="MODE",
-                   help="eager, compile, cudagraph (comma or space separated; default all three "
-                        "on CUDA, eager,compile on the CPU; --quick: eager)")
+                   help="eager, compile, cudagraph (torch.compile mode='reduce-overhead'), "
+                        "capture (the whole step, optimizer included, captured once in a "
+                        "torch.cuda.CUDAGraph and replayed); comma or space separated; default "
+                        "eager, compile, cudagraph on CUDA, eager, compile on the CPU; --quick: "
+                        "eager")
+    g.add_argument("--pyg-modes", nargs="+", metavar="MODE",
+                   help="the modes PyG's rows run in (default: every --modes entry); e.g. "
+                        "'--modes eager capture --pyg-modes eager' compares fastgnn captured "
+                        "with PyG eager without paying for PyG's compilation")
 
 
 # ------------------------------------------------------------------ models
@@ -336,6 +344,8 @@ def train(torch, model, data, *, mode, epochs, warmup, seed, cuda):
     """Train `model` (its eager module; compiled per mode) for `epochs` epochs;
     returns the measurements. Raises whatever the framework raises."""
     import torch.nn.functional as F
+    if mode == "capture":
+        return train_captured(torch, model, data, epochs=epochs, warmup=warmup, seed=seed)
     runner = model
     if mode == "compile":
         runner = torch.compile(model)
@@ -367,6 +377,12 @@ def train(torch, model, data, *, mode, epochs, warmup, seed, cuda):
         torch.cuda.synchronize()
     first_ms = (time.perf_counter() - t0) * 1e3
     med, best = core.time_calls(torch, epoch, repeats=epochs - warmup, warmup=warmup - 1, cuda=cuda)
+    return _measurements(torch, model, data, med, best, first_ms, losses, cuda)
+
+
+def _measurements(torch, model, data, med, best, first_ms, losses, cuda):
+    """A row's fields: epoch times, first-epoch overhead, peak memory, losses
+    and the val/test metric of the trained model."""
     res = {"ms_per_epoch": round(med, 4), "ms_per_epoch_min": round(best, 4),
            "first_epoch_s": round(max(first_ms - med, 0.0) / 1e3, 3)}
     if cuda:
@@ -376,6 +392,51 @@ def train(torch, model, data, *, mode, epochs, warmup, seed, cuda):
                 "losses_finite": all(math.isfinite(v) for v in vals)})
     metric = evaluate(torch, model, data)
     res.update({"val_metric": metric["val"], "test_metric": metric["test"]})
+    return res
+
+
+def train_captured(torch, model, data, *, epochs, warmup, seed):
+    """Mode "capture": one training step (forward, loss, backward, capturable
+    Adam) recorded once in a torch.cuda.CUDAGraph after `warmup` eager steps
+    on a side stream, then replayed per epoch: no host work per epoch at all."""
+    import torch.nn.functional as F
+    opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                           capturable=True)
+    model.train()
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        out = model(data.x, data.edge_index)
+        loss = F.cross_entropy(out.index_select(0, data.train_idx), data.train_y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    torch.manual_seed(seed + 1)
+    torch.cuda.manual_seed_all(seed + 1)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    losses = []
+    t0 = time.perf_counter()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):         # fills the layers' caches before capture
+            losses.append(step().clone())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    torch.cuda.synchronize()
+    first_ms = (time.perf_counter() - t0) * 1e3
+
+    def epoch():
+        graph.replay()
+        losses.append(static_loss.clone())
+    med, best = core.time_calls(torch, epoch, repeats=epochs - max(warmup, 1), warmup=0,
+                                cuda=True)
+    res = _measurements(torch, model, data, med, best, first_ms, losses, True)
+    del graph
     return res
 
 
@@ -558,10 +619,12 @@ def run(args, argv, torch, device, cuda, quick):
     warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP if quick else WARMUP)
     hidden = (args.width or [HIDDEN])[0]
     heads = getattr(args, "heads", 4) or 4
+    pyg_modes = set(_names(args.pyg_modes, modes, MODES, "mode") if args.pyg_modes else modes)
     skipped = []
-    if not cuda and "cudagraph" in modes:
-        modes.remove("cudagraph")
-        skipped.append("mode cudagraph: CUDA only")
+    for m in CUDA_ONLY:
+        if not cuda and m in modes:
+            modes.remove(m)
+            skipped.append(f"mode {m}: CUDA only")
     steps = {m: max(warmup, MIN_WARMUP[m], 1) for m in modes}
     if epochs <= max(steps.values()):
         raise SystemExit(f"fastgnn bench: --epochs {epochs} leaves no timed epoch after "
@@ -597,6 +660,9 @@ def run(args, argv, torch, device, cuda, quick):
                 state = master_state(torch, model_name, data, hidden, heads, args.seed)
                 for mode in modes:
                     for framework in ("pyg", "fastgnn"):
+                        if framework == "pyg" and mode not in pyg_modes:
+                            bar.update(1)
+                            continue
                         bar.set_description_str(f"{dname} {model_name} {mode} {framework}")
                         if (args.budget_minutes is not None
                                 and time.perf_counter() - start > 60 * args.budget_minutes):
