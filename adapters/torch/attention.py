@@ -583,7 +583,7 @@ class GATConv(torch.nn.Module):
 
     def forward(self, x, edge_index, edge_attr: Tensor | None = None, size=None,
                 return_attention_weights=None):
-        _oriented(self, edge_index, unsupported=_GAT_FLOW)
+        _oriented(self, edge_index, unsupported=_GAT_FLOW)     # refuses target_to_source
         H, C = self.heads, self.out_channels
         res = None
         if isinstance(x, Tensor):
@@ -698,7 +698,7 @@ class GATv2Conv(torch.nn.Module):
 
     def forward(self, x, edge_index, edge_attr: Tensor | None = None,
                 return_attention_weights=None):
-        _oriented(self, edge_index, unsupported=_GAT_FLOW)
+        _oriented(self, edge_index, unsupported=_GAT_FLOW)     # refuses target_to_source
         H, C = self.heads, self.out_channels
         res = None
         x_res = x if isinstance(x, Tensor) else _pair(x)[1]
