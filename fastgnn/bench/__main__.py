@@ -35,11 +35,7 @@ docs/benchmarks.md for the method and the baselines.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
-import platform
-import re
 import shlex
 import sys
 import textwrap
@@ -49,6 +45,7 @@ from . import core
 from ..datasets import ENV_VAR as DATASETS_ENV
 from .core import CASES
 from .graphs import GRAPH_NAMES
+from .runinfo import OUT_DIR, device_label, progress, results_path, versions, write_json
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
@@ -83,7 +80,6 @@ EST_FILE_EDGES = 1_000_000       # a real graph of unknown size (the shared ones
 # Without CUDA: a graph above this many edges takes minutes per case on a few
 # cores (rmat20: 16 M edges), so naming one on the CPU gets a warning.
 CPU_LARGE_EDGES = 2_000_000
-OUT_DIR = "fastgnn-bench"        # default results folder, in the working directory
 
 
 def _load_cases():
@@ -187,56 +183,6 @@ def _select(names, kind, default_all=False, family="all"):
             raise SystemExit(f"fastgnn bench: unknown {kind} {n!r}; known: {', '.join(c.name for c in pool)}")
         out.append(by[n.lower()])
     return out
-
-
-def _versions(torch, cuda):
-    v = {"python": platform.python_version(), "torch": torch.__version__}
-    try:
-        import torch_geometric
-        v["pyg"] = torch_geometric.__version__
-    except Exception:  # noqa: BLE001
-        v["pyg"] = None
-    try:
-        import cupy
-        v["cupy"] = cupy.__version__
-    except Exception:  # noqa: BLE001
-        v["cupy"] = None
-    import fastgnn
-    v["fastgnn"] = fastgnn.__version__
-    if cuda:
-        v["cuda"] = torch.version.cuda
-        try:
-            import turbo_gnn
-            v["turbo_gnn"] = getattr(turbo_gnn, "__version__", "installed")
-        except Exception:  # noqa: BLE001
-            pass
-    return v
-
-
-def _device_label(torch, device):
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
-           f"{torch.get_num_threads()} torch threads)"
-
-
-def _slug(text):
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "device"
-
-
-def _progress(total, disable):
-    try:
-        from tqdm import tqdm
-        return tqdm(total=total, disable=disable, file=sys.stderr, mininterval=0.5,
-                    dynamic_ncols=True, leave=False,
-                    bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, "
-                               "~{remaining} left")
-    except Exception:  # noqa: BLE001
-        class _Null:
-            def update(self, n=1): pass
-            def set_description_str(self, s): pass
-            def close(self): pass
-        return _Null()
 
 
 def main(argv=None):
@@ -358,10 +304,10 @@ def _run(args, argv, torch, device, cuda, quick):
     bandwidth = args.bandwidth if args.bandwidth is not None else (H200_BANDWIDTH_GBS if cuda else None)
 
     command = "python -m fastgnn.bench " + shlex.join(argv)
-    gpu = _device_label(torch, device)
+    gpu = device_label(torch, device)
     prefix = "quick" if quick else (args.suite or ("bench" if args.family == "all" else args.family))
     out_path = results_path(args.out, prefix, gpu)
-    meta = {"gpu": gpu, "command": command, "versions": _versions(torch, cuda),
+    meta = {"gpu": gpu, "command": command, "versions": versions(torch, cuda),
             "bandwidth_gbs": bandwidth, "skipped": skipped,
             "timing": (f"median of {repeats} calls after {warmup} warm-up calls, "
                        + ("CUDA events" if cuda else "time.perf_counter")
@@ -391,7 +337,7 @@ def _run(args, argv, torch, device, cuda, quick):
         print(f"fastgnn bench: {len(graph_specs)} graphs x {len(dtype_names)} dtypes x "
               f"{len(widths)} widths x {len(cases)} cases; rough H200 estimate "
               f"{total_s / 60:.1f} min (docs/benchmarks.md, 'Run time')", file=sys.stderr)
-    bar = _progress(sum(len(widths) * len(cases) * sum(v) for v in est.values()),
+    bar = progress(sum(len(widths) * len(cases) * sum(v) for v in est.values()),
                     args.no_progress)
     start = time.perf_counter()
 
@@ -445,13 +391,13 @@ def _run(args, argv, torch, device, cuda, quick):
                         bar.update(case_s)
             del g
             core.free_memory(torch)
-            _write_json(out_path, records)      # a run cut short keeps what it measured
+            write_json(out_path, records)      # a run cut short keeps what it measured
     finally:
         bar.close()
 
     from . import report
     report.add_speedups(records)
-    _write_json(out_path, records)
+    write_json(out_path, records)
     md_path = os.path.splitext(out_path)[0] + ".md"
     report.render(records, md_path, meta, with_plots=not args.no_plots)
     print(report.table(records, compact=True) if records else "(no measurements)")
@@ -461,26 +407,6 @@ def _run(args, argv, torch, device, cuda, quick):
         print(nothing_measured(skipped, records, md_path), file=sys.stderr)
         return 1
     return 0
-
-
-def results_path(out, prefix, device_label):
-    """The JSON path of a run: `out` itself when it ends in .json, else
-    <out or ./fastgnn-bench>/<prefix>-<device>-<date-time>.json. Refuses a
-    path inside the installed fastgnn package."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = f"{prefix}-{_slug(device_label)}-{stamp}.json"
-    if out is None:
-        path = os.path.join(OUT_DIR, name)
-    elif out.lower().endswith(".json"):
-        path = out
-    else:
-        path = os.path.join(out, name)
-    package = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    where = os.path.realpath(os.path.abspath(path))
-    if os.path.commonpath([package, where]) == package:
-        raise SystemExit(f"fastgnn bench: {path} is inside the fastgnn package ({package}); "
-                         "run from another folder or pass --out DIR")
-    return path
 
 
 def nothing_measured(skipped, records, md_path):
@@ -495,13 +421,6 @@ def nothing_measured(skipped, records, md_path):
     elif len(lines) == 1:
         lines.append("  no case ran: check --ops, --layers, --impls and --budget-minutes")
     return "\n".join(lines)
-
-
-def _write_json(path, records):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1, default=str)
-    os.replace(tmp, path)
 
 
 def _estimate_case_s(spec, dtype_name, lean_above):

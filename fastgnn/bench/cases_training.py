@@ -609,7 +609,7 @@ def run(args, argv, torch, device, cuda, quick):
     """The training suite (the bench CLI's entry for --suite training)."""
     import shlex
 
-    from . import __main__ as cli
+    from . import runinfo
     models = _names(args.models, MODELS, MODELS, "model")
     dnames = _names(args.datasets_names, QUICK_DATASETS if quick else DATASETS, None, "data set")
     dnames = [next((k for k in DATASETS if k.lower() == n.lower()), n) for n in dnames]
@@ -630,10 +630,10 @@ def run(args, argv, torch, device, cuda, quick):
         raise SystemExit(f"fastgnn bench: --epochs {epochs} leaves no timed epoch after "
                          f"{max(steps.values())} warm-up epochs")
 
-    gpu = cli._device_label(torch, device)
-    out_path = cli.results_path(args.out, "training-quick" if quick else "training", gpu)
+    gpu = runinfo.device_label(torch, device)
+    out_path = runinfo.results_path(args.out, "training-quick" if quick else "training", gpu)
     command = "python -m fastgnn.bench " + shlex.join(argv)
-    meta = {"gpu": gpu, "command": command, "versions": cli._versions(torch, cuda),
+    meta = {"gpu": gpu, "command": command, "versions": runinfo.versions(torch, cuda),
             "skipped": skipped,
             "timing": (f"{epochs} epochs per row; median ms of the epochs after the first "
                        f"{warmup} (compile >= 1, cudagraph >= 3), "
@@ -644,7 +644,7 @@ def run(args, argv, torch, device, cuda, quick):
     if d:
         os.makedirs(d, exist_ok=True)
     records = []
-    bar = cli._progress(len(dnames) * len(models) * len(modes) * 2, args.no_progress)
+    bar = runinfo.progress(len(dnames) * len(models) * len(modes) * 2, args.no_progress)
     start, over = time.perf_counter(), False
     try:
         for dname in dnames:
@@ -688,13 +688,13 @@ def run(args, argv, torch, device, cuda, quick):
                                            warmup=steps[mode], seed=args.seed, cuda=cuda))
                         records.append(rec)
                         bar.update(1)
-                cli._write_json(out_path, records)      # a run cut short keeps what it measured
+                runinfo.write_json(out_path, records)      # a run cut short keeps what it measured
             del data
             core.free_memory(torch)
     finally:
         bar.close()
     add_speedups(records)
-    cli._write_json(out_path, records)
+    runinfo.write_json(out_path, records)
     md_path = os.path.splitext(out_path)[0] + ".md"
     with open(md_path, "w") as f:
         f.write(markdown(records, meta))

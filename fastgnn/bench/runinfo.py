@@ -1,0 +1,96 @@
+"""What every bench run shares: where its results go, its device and
+version stamp, its progress bar and its JSON writer (the op / layer suite in
+__main__ and the training suite in cases_training)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import sys
+
+OUT_DIR = "fastgnn-bench"        # default results folder, in the working directory
+
+
+def results_path(out, prefix, device):
+    """The JSON path of a run: `out` itself when it ends in .json, else
+    <out or ./fastgnn-bench>/<prefix>-<device>-<date-time>.json. Refuses a
+    path inside the installed fastgnn package."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = f"{prefix}-{slug(device)}-{stamp}.json"
+    if out is None:
+        path = os.path.join(OUT_DIR, name)
+    elif out.lower().endswith(".json"):
+        path = out
+    else:
+        path = os.path.join(out, name)
+    package = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    where = os.path.realpath(os.path.abspath(path))
+    if os.path.commonpath([package, where]) == package:
+        raise SystemExit(f"fastgnn bench: {path} is inside the fastgnn package ({package}); "
+                         "run from another folder or pass --out DIR")
+    return path
+
+
+def versions(torch, cuda):
+    """Versions of Python, torch, PyG, CuPy, fastgnn (and CUDA, turbo-gnn on a GPU)."""
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import torch_geometric
+        v["pyg"] = torch_geometric.__version__
+    except Exception:  # noqa: BLE001
+        v["pyg"] = None
+    try:
+        import cupy
+        v["cupy"] = cupy.__version__
+    except Exception:  # noqa: BLE001
+        v["cupy"] = None
+    import fastgnn
+    v["fastgnn"] = fastgnn.__version__
+    if cuda:
+        v["cuda"] = torch.version.cuda
+        try:
+            import turbo_gnn
+            v["turbo_gnn"] = getattr(turbo_gnn, "__version__", "installed")
+        except Exception:  # noqa: BLE001
+            pass
+    return v
+
+
+def device_label(torch, device):
+    """The GPU's name, or the CPU with its cores and torch threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
+           f"{torch.get_num_threads()} torch threads)"
+
+
+def slug(text):
+    """A file-name-safe short form of a device label."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "device"
+
+
+def progress(total, disable):
+    """A tqdm bar on stderr (percent and time left), or a silent stand-in
+    without tqdm."""
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, disable=disable, file=sys.stderr, mininterval=0.5,
+                    dynamic_ncols=True, leave=False,
+                    bar_format="{desc} {percentage:3.0f}%|{bar}| {elapsed} elapsed, "
+                               "~{remaining} left")
+    except Exception:  # noqa: BLE001
+        class _Null:
+            def update(self, n=1): pass
+            def set_description_str(self, s): pass
+            def close(self): pass
+        return _Null()
+
+
+def write_json(path, records):
+    """Write the records atomically (a run cut short keeps a readable file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1, default=str)
+    os.replace(tmp, path)
