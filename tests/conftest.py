@@ -11,6 +11,14 @@ seed comes from FASTGNN_TEST_SEED:
 
 A failing test's report carries a "fastgnn test seed" section with the seed
 and the command that repeats the run.
+
+The quick loop: `pytest -m "not slow"` (about a minute on 2 cores once numba
+has cached the CPU kernels; the first run compiles them). Besides the
+tests marked slow in their files, the long ones listed in SLOW below are
+marked here (measured with `pytest --durations=0`), and so is the tail of
+every large parameter matrix: a parametrized test keeps its first
+QUICK_PARAMS runnable cases in the quick loop. A plain `pytest` (as CI runs
+it) runs everything.
 """
 import importlib.util
 import os
@@ -87,6 +95,58 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("fastgnn test seed", (
             f"seed {value}; repeat with: {SEED_ENV}={value} python -m pytest '{item.nodeid}'")))
     return report
+
+
+# Test files and functions of several seconds each on 2 cores.
+SLOW = (
+    "tests/test_torch_compile.py",                  # torch.compile: seconds per test
+    "tests/test_torch_attention.py::test_dropout_expected_value",     # many dropout draws
+    "tests/test_attention.py::test_attention_dropout_expected_value",
+    "tests/test_packaging.py::test_importing_every_module_compiles_nothing_and_touches_no_gpu",
+    "tests/test_packaging.py::test_fastgnn_works_on_the_cpu_without_cupy",    # subprocesses
+    "tests/test_imports.py::test_the_cpu_path_and_the_cuda_loader_need_no_cupy",
+    "tests/test_prewarm.py::test_prewarm_runs_every_job_in_order",
+    "tests/test_segment.py::test_reference_vjp_by_finite_differences",
+    "tests/test_torch_adapter.py::test_spmm_gradcheck",                       # gradchecks
+    "tests/test_torch_adapter.py::test_spmm_bias_gradcheck_and_reference",
+    "tests/test_torch_aggr.py::test_functional_gradcheck_and_aliases",
+    "tests/test_bench.py::test_bench_failures_are_recorded",                  # bench runs
+    "tests/test_bench.py::test_bench_new_graphs_plots_and_failures",
+    "tests/test_bench.py::test_bench_baselines_absent_and_reasons",
+    "tests/test_bench.py::test_bench_segment_family_cpu",
+    "tests/test_datasets.py::test_real_graphs",                               # real files
+    "tests/test_datasets.py::test_real_tu_and_graph_sets",
+)
+QUICK_PARAMS = 3
+
+
+def _listed_slow(nodeid):
+    return any(nodeid == key or nodeid.startswith((key + "::", key + "["))
+               for key in SLOW)
+
+
+def _skipped_at_collection(item):
+    """True when a skip / skipif mark with a true condition skips the item."""
+    for mark in item.iter_markers():
+        if mark.name == "skip" or (mark.name == "skipif" and mark.args and
+                                   all(isinstance(c, bool) and c for c in mark.args)):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    runnable = {}
+    for item in items:
+        if _listed_slow(item.nodeid):
+            item.add_marker(slow)
+            continue
+        if getattr(item, "callspec", None) is None or _skipped_at_collection(item):
+            continue
+        key = item.nodeid.split("[", 1)[0]
+        runnable[key] = runnable.get(key, 0) + 1
+        if runnable[key] > QUICK_PARAMS:
+            item.add_marker(slow)
 
 
 @pytest.fixture(autouse=True)
