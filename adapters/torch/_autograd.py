@@ -263,12 +263,36 @@ def to_array(t: torch.Tensor):
     return _to_array(t, _shared_device(t.device))
 
 
+_TORCH_DTYPES = {np.dtype(k): getattr(torch, v) for k, v in (
+    (np.float32, "float32"), (np.float64, "float64"), (np.float16, "float16"),
+    (np.int16, "int16"), (np.uint16, "uint16"), (np.int32, "int32"), (np.int64, "int64"),
+    (np.uint8, "uint8"), (np.int8, "int8"), (np.bool_, "bool")) if hasattr(torch, v)}
+
+
+def _owner_view(a):
+    """The C-contiguous CuPy array `a` as a view of the PyTorch buffer it was
+    allocated in (`_torch_malloc`), or None when it was not. Such a tensor
+    has PyTorch's own storage and deleter, which CUDA graph trees
+    (torch.compile mode="reduce-overhead") need to manage their memory pool;
+    a DLPack tensor carries a foreign deleter."""
+    data = a.data
+    owner = getattr(data.mem, "_owner", None)
+    dtype = _TORCH_DTYPES.get(a.dtype)
+    if not isinstance(owner, torch.Tensor) or dtype is None or not a.flags.c_contiguous:
+        return None
+    offset = data.ptr - owner.data_ptr()
+    if offset % a.itemsize or offset < 0 or offset + a.nbytes > owner.numel():
+        return None
+    return owner[offset:offset + a.nbytes].view(dtype).view(a.shape)
+
+
 def _to_tensor(a, bf16: bool, shared):
     """to_tensor; `shared` is `_shared_device(...)` when the caller knows it."""
-    if shared is not None and is_cupy(a) and a.device.id == shared:
+    t = _owner_view(a) if is_cupy(a) and a.size else None
+    if t is None and shared is not None and is_cupy(a) and a.device.id == shared:
         # one stream on both sides: stream=-1 asks CuPy for no handshake
         t = _from_capsule(a.__dlpack__(stream=-1))
-    else:
+    elif t is None:
         t = torch.from_dlpack(a)
     if bf16 and t.dtype in (torch.int16, torch.uint16):
         t = t.view(torch.bfloat16)

@@ -483,9 +483,10 @@ def _head_logits(x3: Tensor, *atts: Tensor) -> tuple:
     temporaries in both directions (H200, rmat20, H x C = 4 x 32, fp32: 4.7 ms
     of GATConv's 16.5 ms fwd+bwd under torch.profiler). The elementwise form
     stays for fp32 CUDA tensors while TF32 is allowed for matmuls (a TF32
-    GEMM would round x3) and for attention vectors of another dtype."""
+    GEMM would round x3), for attention vectors of another dtype, and inside
+    a compiled program (Inductor fuses the products and sums itself)."""
     H, C = x3.shape[1], x3.shape[2]
-    if (any(att.dtype != x3.dtype for att in atts)
+    if (custom_ops.compiling() or any(att.dtype != x3.dtype for att in atts)
             or (x3.is_cuda and x3.dtype == torch.float32 and tf32_allowed())):
         return tuple((x3 * att).sum(dim=-1) for att in atts)
     eye = torch.eye(H, dtype=x3.dtype, device=x3.device).view(H, 1, H)

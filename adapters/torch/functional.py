@@ -106,9 +106,10 @@ class _AddBias(torch.autograd.Function):
 
 def add_bias(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x [N, F] + b [F] (broadcast over rows), with the bias gradient of
-    `bias_grad`; other shapes, and x below FUSED_MIN_NUMEL, fall back to x + b."""
+    `bias_grad`; other shapes, x below FUSED_MIN_NUMEL and compiled programs
+    fall back to x + b."""
     if (x.dim() != 2 or b.dim() != 1 or b.shape[0] != x.shape[1] or b.dtype != x.dtype
-            or x.numel() < FUSED_MIN_NUMEL):
+            or x.numel() < FUSED_MIN_NUMEL or custom_ops.compiling()):
         return x + b
     return _AddBias.apply(x, b)
 

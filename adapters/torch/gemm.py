@@ -46,8 +46,11 @@ def tf32_allowed() -> bool:
 
 
 def _eligible(a: torch.Tensor, w: torch.Tensor) -> bool:
-    return (a.is_cuda and a.dim() == 2 and a.numel() >= MIN_NUMEL and a.dtype == w.dtype
-            and a.is_contiguous() and not torch.cuda.is_current_stream_capturing())
+    # inside a compiled program Inductor picks its own GEMMs (and the timing
+    # below could not run there)
+    return (not torch.compiler.is_compiling() and a.is_cuda and a.dim() == 2
+            and a.numel() >= MIN_NUMEL and a.dtype == w.dtype and a.is_contiguous()
+            and not torch.cuda.is_current_stream_capturing())
 
 
 def _median_ms(fn) -> float:

@@ -583,8 +583,10 @@ def shared_input_linears(x, lins):
     lin is plain (`_plain_linear`) for x's dtype and x is 2-D outside
     autocast, with at least FUSED_MIN_NUMEL elements (functional.py: below
     that, a Python autograd node costs more than the passes it saves); else
-    the modules are called one by one."""
-    plain = (x.dim() == 2 and len(lins) >= 1 and not _autocast_on(x.device.type)
+    the modules are called one by one, as they are inside a compiled program
+    (Inductor fuses the gradient sum itself)."""
+    plain = (x.dim() == 2 and len(lins) >= 1 and not custom_ops.compiling()
+             and not _autocast_on(x.device.type)
              and x.numel() >= _functional.FUSED_MIN_NUMEL
              and all(_plain_linear(lin, x.dtype) for lin in lins))
     if not plain:
