@@ -615,6 +615,14 @@ def test_cpu_plan_picks_cpu_sizes_or_says_what_to_run(capsys):
     assert not args.quick                           # explicit graphs: as asked
     args = build_parser().parse_args(["--suite", "full", "--graphs", "grid4"])
     _plan_for_the_cpu(args)
+    from fastgnn.bench.__main__ import _warn_cpu_size
+    capsys.readouterr()
+    _warn_cpu_size("rmat20", 16_000_000, True, args)
+    _warn_cpu_size("rmat14", 250_000, False, build_parser().parse_args([]))
+    _warn_cpu_size("rmat14", 250_000, True, args)
+    _warn_cpu_size("rmat10", 16_000, False, args)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "rmat20 has ~16 M edges" in err[0] and "--quick" in err[1]
     with pytest.raises(SystemExit, match=r"sized for an H200(.|\n)*fastgnn bench --quick"):
         main(["--suite", "full", "--device", "cpu"])
 

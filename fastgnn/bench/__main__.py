@@ -77,8 +77,11 @@ SUITES = {
 # edges, smaller when the per-edge baselines are skipped; plus start-up.
 EST_CASE_S, EST_PER_MEDGE_S, EST_PER_MEDGE_LEAN_S, EST_START_S = 0.4, 0.22, 0.06, 40.0
 EST_FILE_EDGES = 1_000_000       # a real graph of unknown size (the shared ones are <= 1 M)
-# Without CUDA: a graph above this many edges takes minutes per case on a few
-# cores (rmat20: 16 M edges), so naming one on the CPU gets a warning.
+# Without CUDA, naming large graphs gets a warning. Measured on 2 cores: the
+# default settings (F=128, 20 timed calls) on rmat14 + clustered14 (250 k +
+# 440 k edges) took ~14 minutes at F=64, --quick's (F=32, 3 calls, 1 thread)
+# ~2 minutes; above 2 M edges (rmat20: 16 M) a single case takes minutes.
+CPU_DEFAULT_SETTINGS_EDGES = 100_000
 CPU_LARGE_EDGES = 2_000_000
 
 
@@ -251,13 +254,28 @@ def _plan_for_the_cpu(args):
             f"minutes there; hours on a CPU) and {where}. On this machine run\n"
             f"    fastgnn bench --quick                 (five small graphs, 1-3 minutes on 2 "
             f"cores)\n"
-            f"    fastgnn bench --graphs rmat14 clustered14 --width 64   (larger, still CPU-sized)\n"
+            f"    fastgnn bench --quick --graphs rmat14 clustered14   (larger graphs, ~2 "
+            f"minutes)\n"
             f"or run --suite full on a CUDA machine.")
     if not (args.graphs or args.suite or args.quick):
         args.quick = True
         print(f"fastgnn bench: {where}: running the CPU preset --quick ({' '.join(QUICK_GRAPHS)}, "
               f"F=32). The default graphs ({' '.join(FULL_GRAPHS)}) are sized for a GPU; choose "
               "sizes with --graphs.", file=sys.stderr)
+
+
+def _warn_cpu_size(spec, edges, quick, args):
+    """Say when a graph named for a CPU run will take long (see CPU_*_EDGES)."""
+    if not edges:
+        return
+    if edges > CPU_LARGE_EDGES:
+        print(f"fastgnn bench: {spec} has ~{edges / 1e6:.0f} M edges: on the CPU a single case "
+              "takes minutes; graphs up to a few 100 k edges (rmat14, clustered14) with --quick "
+              "take ~2 minutes in all", file=sys.stderr)
+    elif edges > CPU_DEFAULT_SETTINGS_EDGES and not quick and not (args.width or args.repeats):
+        print(f"fastgnn bench: {spec} has ~{edges / 1e3:.0f} k edges: at the default settings "
+              "(F=128, 20 timed calls) a CPU run takes many minutes per graph; --quick (F=32, 3 "
+              "calls) takes ~1 minute per graph of this size", file=sys.stderr)
 
 
 def _set_threads(torch, n, n_numba=None):
@@ -322,11 +340,8 @@ def _run(args, argv, torch, device, cuda, quick):
             pass                                # recorded as skipped below
         except ValueError as exc:
             raise SystemExit(f"fastgnn bench: {exc}")
-        edges = bgraphs.nominal_edges(spec)
-        if not cuda and edges and edges > CPU_LARGE_EDGES:
-            print(f"fastgnn bench: {spec} has ~{edges / 1e6:.0f} M edges: on the CPU each case "
-                  f"takes minutes (graphs up to ~1 M edges, e.g. rmat16, clustered15, take "
-                  f"seconds)", file=sys.stderr)
+        if not cuda:
+            _warn_cpu_size(spec, bgraphs.nominal_edges(spec), quick, args)
 
     records = []
     est = {spec: [_estimate_case_s(spec, d, args.lean_above) for d in dtype_names]
