@@ -23,6 +23,7 @@ caching allocator; nothing touches the GPU at import time.
 """
 from ._autograd import FastgnnFunction, Op, apply, device_scope
 from .functional import gcn_norm, segment_csr, segment_reduce, segment_reduce_linear, spmm
+from .custom_ops import warm_up
 from .graph_cache import clear_graph_cache, to_graph
 from .attention import GATConv, GATv2Conv, TransformerConv, edge_attention, edge_softmax
 from .nn import GCNConv, GINConv, SAGEConv
@@ -31,7 +32,7 @@ _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggr
                  "VarAggregation", "StdAggregation", "MulAggregation", "MultiAggregation")
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr", "to_graph",
-           "clear_graph_cache", "GCNConv", "SAGEConv", "GINConv", "edge_softmax", "edge_attention",
+           "clear_graph_cache", "warm_up", "GCNConv", "SAGEConv", "GINConv", "edge_softmax", "edge_attention",
            "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "apply", "Op",
            "FastgnnFunction", "device_scope"]
 

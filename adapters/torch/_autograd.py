@@ -270,11 +270,13 @@ _TORCH_DTYPES = {np.dtype(k): getattr(torch, v) for k, v in (
 
 
 def _owner_view(a):
-    """The C-contiguous CuPy array `a` as a view of the PyTorch buffer it was
-    allocated in (`_torch_malloc`), or None when it was not. Such a tensor
-    has PyTorch's own storage and deleter, which CUDA graph trees
-    (torch.compile mode="reduce-overhead") need to manage their memory pool;
-    a DLPack tensor carries a foreign deleter."""
+    """The C-contiguous CuPy array `a` as a tensor on the storage of the
+    PyTorch buffer it was allocated in (`_torch_malloc`), or None when it was
+    not. Such a tensor has PyTorch's own storage and deleter, which CUDA
+    graph trees (torch.compile mode="reduce-overhead") need to manage their
+    memory pool; a DLPack tensor carries a foreign deleter. It is set on the
+    storage rather than sliced from the buffer, so autograd does not see a
+    view (callers may edit results in place, as with DLPack tensors)."""
     data = a.data
     owner = getattr(data.mem, "_owner", None)
     dtype = _TORCH_DTYPES.get(a.dtype)
@@ -283,7 +285,9 @@ def _owner_view(a):
     offset = data.ptr - owner.data_ptr()
     if offset % a.itemsize or offset < 0 or offset + a.nbytes > owner.numel():
         return None
-    return owner[offset:offset + a.nbytes].view(dtype).view(a.shape)
+    t = torch.empty((0,), dtype=dtype, device=owner.device)
+    return t.set_(owner.untyped_storage(), offset // a.itemsize, a.shape,
+                  tuple(s // a.itemsize for s in a.strides))
 
 
 def _to_tensor(a, bf16: bool, shared):

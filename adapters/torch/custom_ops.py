@@ -49,7 +49,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["graph_op", "call", "compiling", "registered"]
+__all__ = ["graph_op", "call", "compiling", "registered", "warm_up"]
 
 _OPS: dict = {}          # name -> _GraphOp
 
@@ -211,3 +211,23 @@ def call(name: str, graph: Optional[torch.Tensor], *inputs, **static):
     outs = op.forward([] if graph is None else [graph], [t for t in inputs if t is not None],
                       _encode(static))
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def warm_up(model: torch.nn.Module, *args, **kwargs) -> None:
+    """Build, eagerly, every fastgnn cache that a compiled or captured run of
+    `model(*args, **kwargs)` will read: one forward under torch.no_grad (what
+    the compiled forward ops run) and one forward and backward (what the
+    recomputing backward ops run); the gradients are cleared afterwards and
+    no parameter changes. Call it before the first call of
+    torch.compile(model, mode="reduce-overhead") or a CUDA graph capture:
+    caches first built inside a CUDA graph's memory pool would be
+    allocations the graph does not own (docs/compile.md)."""
+    with torch.no_grad():
+        model(*args, **kwargs)
+    out = model(*args, **kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    loss = sum(o.float().sum() for o in outs
+               if isinstance(o, torch.Tensor) and o.requires_grad)
+    if isinstance(loss, torch.Tensor):
+        loss.backward()
+    model.zero_grad(set_to_none=True)
