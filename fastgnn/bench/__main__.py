@@ -247,11 +247,11 @@ def _plan_for_the_cpu(args):
     """Without CUDA: a plain run becomes --quick (the default graphs are
     GPU-sized); --suite full without --graphs stops at once, saying what to
     run instead."""
-    where = "torch sees no CUDA device" if args.device == "auto" else "--device cpu"
+    where = "torch sees no CUDA device" if args.device == "auto" else "--device cpu asks for the CPU"
     if args.suite == "full" and not args.graphs:
         raise SystemExit(
             f"fastgnn bench: --suite full is sized for an H200 (graphs up to 16 M edges, ~7 "
-            f"minutes there; hours on a CPU) and {where}. On this machine run\n"
+            f"minutes there; hours on a CPU), and {where}. On this machine run\n"
             f"    fastgnn bench --quick                 (five small graphs, 1-3 minutes on 2 "
             f"cores)\n"
             f"    fastgnn bench --quick --graphs rmat14 clustered14   (larger graphs, ~2 "
