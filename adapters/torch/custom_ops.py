@@ -54,12 +54,21 @@ __all__ = ["graph_op", "call", "compiling", "registered", "warm_up"]
 _OPS: dict = {}          # name -> _GraphOp
 
 
+# torch.library.custom_op and the compiler hooks below came with torch 2.4;
+# on older torch fastgnn runs eagerly only (nothing is registered)
+_SUPPORTED = hasattr(torch.library, "custom_op") and hasattr(torch.compiler, "is_compiling")
+
+
 def compiling() -> bool:
     """True while Dynamo traces (the layers then call the custom ops)."""
-    return torch.compiler.is_compiling()
+    return _SUPPORTED and torch.compiler.is_compiling()
 
 
-@torch.compiler.assume_constant_result
+def _constant_result(fn):
+    return torch.compiler.assume_constant_result(fn) if _SUPPORTED else fn
+
+
+@_constant_result
 def _encode(items: tuple) -> str:
     # a constant at trace time: Dynamo folds the call instead of tracing json
     return json.dumps(dict(items), sort_keys=True)
@@ -184,7 +193,8 @@ def graph_op(name: str, inputs, fake: Callable):
             outputs' shapes, dtypes and devices (it reads no data).
     The eager function returns a tensor or a tuple of tensors."""
     def register(eager):
-        _OPS[name] = _GraphOp(name, tuple(inputs), eager, fake)
+        if _SUPPORTED:
+            _OPS[name] = _GraphOp(name, tuple(inputs), eager, fake)
         return eager
     return register
 
