@@ -56,6 +56,7 @@ class Graph:
         self.num_dst = int(num_dst)
         self.num_edges = int(indices.shape[0])
         self.cache: dict = {}  # derived data and backend plans, keyed by name
+        self.permutation = None  # the fastgnn.reorder.Permutation of a reordered graph
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -233,6 +234,7 @@ class Graph:
             t = Graph(indptr, indices.astype(self.index_dtype), order.astype(self.index_dtype),
                       self.num_dst, self.num_src)
             t.cache["transpose"] = self
+            t.permutation = self.permutation
             return t
         return self.cached("transpose", build)
 
@@ -261,6 +263,39 @@ class Graph:
         out[:, self.edge_ids] = ei
         return out
 
+    def reorder(self, method_or_permutation="auto", *, seed=0, **options) -> "Graph":
+        """This graph with its nodes relabelled (see `fastgnn.reorder`).
+
+        method_or_permutation: a method name ("rcm", "degree", "cluster",
+            "metis", "random", "identity", "auto"; options and seed go to
+            `fastgnn.reorder.order`), a `Permutation`, or a new -> old id array.
+        The result remembers the order as `permutation` (perm new -> old,
+        inverse old -> new): move node arrays in with
+        `fastgnn.reorder.permute_nodes(x, g)` and outputs back with
+        `unpermute_nodes(y, g)`. Its edge ids are this graph's caller edge
+        positions, so per-edge arrays in the caller's edge order (edge
+        weights, edge features) are used unchanged. A graph that is already
+        reordered is reordered again from its current labels (the new
+        permutation is relative to them). Square graphs only."""
+        from . import reorder as _reorder
+        if self.num_src != self.num_dst:
+            raise ValueError(f"reorder needs a square graph, got num_src={self.num_src}, "
+                             f"num_dst={self.num_dst}")
+        p = method_or_permutation
+        if isinstance(p, str):
+            p = _reorder.order(self, p, seed=seed, **options)
+        elif options:
+            raise TypeError(f"options {sorted(options)} apply only with a method name")
+        elif not isinstance(p, _reorder.Permutation):
+            if p is None or isinstance(p, (bool, int, float)):
+                raise TypeError("method_or_permutation must be a method name, a Permutation "
+                                f"or an id array, got {type(p).__name__}")
+            p = _reorder.Permutation.from_perm(p, self.num_dst, name="method_or_permutation")
+        if p.num_nodes != self.num_dst:
+            raise ValueError(f"method_or_permutation has {p.num_nodes} nodes, the graph "
+                             f"{self.num_dst}")
+        return _reorder.apply_to_graph(self, p)
+
     def to(self, device: str) -> "Graph":
         """A copy of the graph's structure on "cpu" or "cuda[:k]" (caches are not copied)."""
         if device == "cpu":
@@ -274,7 +309,9 @@ class Graph:
         else:
             raise ValueError(f"device must be 'cpu' or 'cuda[:k]', got {device!r}")
         ids = None if self.edge_ids is None else conv(self.edge_ids)
-        return Graph(conv(self.indptr), conv(self.indices), ids, self.num_src, self.num_dst)
+        g = Graph(conv(self.indptr), conv(self.indices), ids, self.num_src, self.num_dst)
+        g.permutation = self.permutation
+        return g
 
     def __repr__(self):
         shape = (f"num_nodes={self.num_dst}" if self.num_src == self.num_dst
