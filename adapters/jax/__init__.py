@@ -1,0 +1,23 @@
+"""fastgnn for JAX: the kernels as differentiable, jit-able JAX functions.
+
+    import jax, jax.numpy as jnp
+    import fastgnn.jax as fj
+
+    graph = fj.Graph.from_edge_index(edge_index)          # once, on the host
+    out = jax.jit(fj.spmm, static_argnames="reduce")(graph, x, reduce="mean")
+
+Functions: `spmm`, `gcn_norm`, `segment_reduce`, `edge_softmax`,
+`edge_attention` (fastgnn.jax.ops), all driven by one `jax.custom_vjp`
+bridge over the core's forward/backward pairs (fastgnn.jax._bridge: how
+they run, residuals, vmap). Layers as plain functions of (params, graph, x)
+with `init` functions: `fastgnn.jax.nn`.
+
+On the CPU the Numba kernels run through host callbacks
+(`jax.pure_callback`); float32, and float64 with `jax_enable_x64`.
+"""
+from ._graph import Graph
+from .ops import edge_attention, edge_softmax, gcn_norm, segment_reduce, spmm
+from . import nn
+
+__all__ = ["Graph", "spmm", "gcn_norm", "segment_reduce", "edge_softmax", "edge_attention",
+           "nn"]

@@ -1,0 +1,201 @@
+"""One generic bridge from fastgnn forward/backward pairs to `jax.custom_vjp`.
+
+Every fastgnn op is a pure pair `out, res = fwd(graph, *arrays, **static)` /
+`grads = bwd(graph, res, *cotangents)` on NumPy (CPU) or CuPy (GPU) arrays.
+An `Op` record says how to call one pair and what shapes it returns;
+`apply(op, graph, *arrays, **static)` runs it through the single custom_vjp
+function `_bridge`, so no op has a hand-written JAX wrapper of its own.
+
+How it runs (CPU):
+
+- the forward and the backward are host callbacks (`jax.pure_callback`):
+  JAX hands the callback NumPy views of its CPU buffers, the Numba kernels
+  run on them, the results come back as new buffers (never written into the
+  inputs, so donated or aliased inputs are safe). Result shapes and dtypes
+  come from the op's shape rule (`Op.outputs`), evaluated at trace time;
+- residuals: the backward recomputes the forward inside its callback (the
+  custom_vjp keeps only the inputs). The cost is one extra forward pass per
+  backward; in exchange nothing op-specific (argmax positions, lse, the
+  CSR-ordered weights) has to be described to JAX, and no residual memory is
+  held between the forward and the backward beyond the inputs;
+- `jax.vmap` is defined through pure_callback's sequential rule: a batch of
+  B calls the kernels B times, one example after the other (correct, not
+  vectorised);
+- integer inputs (a dropout seed) and absent inputs (None) get no cotangent.
+
+A device path slots in at `_callback`: a GPU build would lower the same Op
+records to an FFI call on JAX's buffers and stream (no host round trip); the
+records, the shape rules and the custom_vjp are shared.
+"""
+from __future__ import annotations
+
+import inspect
+from functools import partial
+from typing import Callable, NamedTuple
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+from ._graph import Graph
+
+__all__ = ["Op", "apply"]
+
+
+class Op:
+    """How to call one fastgnn forward/backward pair from JAX.
+
+    fwd(core_graph, *arrays, **static, **scalars) -> (out | tuple of outs, residuals)
+    bwd(core_graph, residuals, *cotangents) -> one gradient (or None) per array input
+
+    inputs:   names of the array inputs, in call order
+    features: inputs that carry the op's value type (all of one float dtype)
+    scalars:  integer scalar inputs (a dropout seed): a Python int is passed
+              to fwd as a static keyword, a (traced) integer array is sent to
+              the callback and passed to fwd as int(value) under its name;
+              they are not array arguments of fwd
+    outputs:  the shape rule, outputs(core_graph, shapes, static) -> a tuple of
+              (shape, dtype) per output, with shapes = {input name: (shape,
+              dtype) or None}
+    """
+
+    def __init__(self, name: str, fwd: Callable, bwd: Callable, inputs, *, outputs: Callable,
+                 features=(), scalars=()):
+        self.name = name
+        self.fwd = fwd
+        self.bwd = bwd
+        self.inputs = tuple(inputs)
+        self.features = tuple(features)
+        self.scalars = tuple(scalars)
+        self.outputs = outputs
+        for n in (*self.features, *self.scalars):
+            if n not in self.inputs:
+                raise ValueError(f"Op {name}: {n!r} is not one of its inputs {self.inputs}")
+
+    def __repr__(self):
+        return f"Op({self.name}, inputs={self.inputs})"
+
+
+class _Call(NamedTuple):
+    """Everything static about one call: hashable (op and graph by identity)."""
+    op: Op
+    graph: Graph
+    static: tuple            # sorted (keyword, value) pairs
+    outs: tuple              # ((shape, dtype), ...) from the shape rule
+    present: tuple           # per input: given (an array) or not
+    grads: tuple             # per input: takes a gradient (float array)
+
+
+if "vmap_method" in inspect.signature(jax.pure_callback).parameters:
+    _VMAP = {"vmap_method": "sequential"}
+else:                                               # older JAX
+    _VMAP = {"vectorized": False}
+
+
+def _callback(fn, specs, *args):
+    """Run fn(*numpy arrays) -> tuple of arrays on the host, results `specs`."""
+    shapes = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
+    return jax.pure_callback(fn, shapes, *args, **_VMAP)
+
+
+def _host_forward(call: _Call, arrays):
+    """op.fwd on host arrays (None where absent): (outs tuple, residuals)."""
+    op = call.op
+    kw = dict(call.static)
+    positional = []
+    for name, a in zip(op.inputs, arrays):
+        if name in op.scalars:
+            if a is not None:
+                kw[name] = int(a)
+        else:
+            positional.append(a)
+    out, res = op.fwd(call.graph.core, *positional, **kw)
+    return (out if isinstance(out, tuple) else (out,)), res
+
+
+def _fill(call: _Call, given):
+    it = iter(given)
+    return [next(it) if p else None for p in call.present]
+
+
+def _as_result(a, spec, what):
+    shape, dtype = spec
+    a = np.asarray(a)
+    if a.shape != tuple(shape):
+        raise RuntimeError(f"{what}: the kernel returned shape {a.shape}, the shape rule "
+                           f"says {tuple(shape)}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _forward_callback(call: _Call):
+    def fn(*given):
+        outs, _ = _host_forward(call, _fill(call, given))
+        return tuple(_as_result(o, s, call.op.name) for o, s in zip(outs, call.outs))
+    return fn
+
+
+def _backward_callback(call: _Call, specs):
+    n = sum(call.present)
+
+    def fn(*given):
+        arrays = _fill(call, given[:n])
+        _, res = _host_forward(call, arrays)          # recompute (see module docstring)
+        grads = call.op.bwd(call.graph.core, res, *given[n:])
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        if len(grads) != len(call.op.inputs):
+            raise RuntimeError(f"{call.op.name}: bwd returned {len(grads)} gradients for "
+                               f"{len(call.op.inputs)} inputs")
+        wanted = [g for g, w in zip(grads, call.grads) if w]
+        return tuple(np.zeros(s, d) if g is None else _as_result(g, (s, d), call.op.name)
+                     for g, (s, d) in zip(wanted, specs))
+    return fn
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bridge(call: _Call, arrays: tuple):
+    given = [a for a in arrays if a is not None]
+    return _callback(_forward_callback(call), call.outs, *given)
+
+
+def _bridge_fwd(call, arrays):
+    return _bridge(call, arrays), arrays
+
+
+def _bridge_bwd(call, arrays, cts):
+    given = [a for a in arrays if a is not None]
+    specs = [(a.shape, a.dtype) for a, w in zip(arrays, call.grads) if w]
+    grads = iter(_callback(_backward_callback(call, specs), specs, *given, *cts)
+                 if specs else ())
+    return (tuple(next(grads) if w else None for w in call.grads),)
+
+
+_bridge.defvjp(_bridge_fwd, _bridge_bwd)
+
+
+def apply(op: Op, graph, *arrays, **static):
+    """Run `op` on JAX (or NumPy) arrays, differentiable in every float array
+    input: `op.fwd(graph.core, *arrays, **static)` forward, `op.bwd` backward.
+    `arrays` are the op's inputs in order (None allowed); `static` its
+    non-array keywords (hashable values)."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a fastgnn.jax.Graph, got {type(graph).__name__}; "
+                        "build one with fastgnn.jax.Graph.from_edge_index(edge_index)")
+    if len(arrays) != len(op.inputs):
+        raise TypeError(f"{op.name} takes {len(op.inputs)} array inputs {op.inputs}, "
+                        f"got {len(arrays)}")
+    vals = []
+    for name, a in zip(op.inputs, arrays):
+        if name in op.scalars and isinstance(a, (int, np.integer)):
+            static[name] = int(a)
+            a = None
+        vals.append(None if a is None else jnp.asarray(a))
+    shapes = {n: None if v is None else (tuple(v.shape), v.dtype)
+              for n, v in zip(op.inputs, vals)}
+    outs = tuple((tuple(int(d) for d in s), jnp.dtype(dt))
+                 for s, dt in op.outputs(graph.core, shapes, static))
+    grads = tuple(v is not None and n not in op.scalars and jnp.issubdtype(v.dtype, jnp.inexact)
+                  for n, v in zip(op.inputs, vals))
+    call = _Call(op, graph, tuple(sorted(static.items())), outs,
+                 tuple(v is not None for v in vals), grads)
+    result = _bridge(call, tuple(vals))
+    return result[0] if len(result) == 1 else tuple(result)
