@@ -555,11 +555,13 @@ def permute_edge_index(edge_index, p):
 
 
 def permute_edges(edge_index, p, *edge_arrays, sort=True):
-    """Relabel an edge index and (sort=True) sort its columns by new target,
-    then new source (stable), gathering each per-edge array [E, ...] into
-    the same column order. Returns (edge_index', *edge_arrays'). The sorted
-    layout is the CSR order fastgnn builds, so per-edge arrays are then read
-    in order too; with sort=False the arrays come back unchanged."""
+    """Relabel an edge index and (sort=True) sort its columns by new target
+    (stable: edges into one target keep their relative order), gathering
+    each per-edge array [E, ...] into the same column order. Returns
+    (edge_index', *edge_arrays'). The sorted layout is exactly the CSR order
+    of `Graph.reorder`'s graph, so per-edge arrays are read in order and
+    every op gives bitwise the results of the unsorted edges; with
+    sort=False the arrays come back unchanged."""
     ei = permute_edge_index(edge_index, p)
     E = int(ei.shape[1])
     for i, a in enumerate(edge_arrays):
@@ -569,10 +571,7 @@ def permute_edges(edge_index, p, *edge_arrays, sort=True):
     if not sort:
         return (ei, *edge_arrays)
     mod = type(ei).__module__
-    if mod.startswith("torch"):
-        key = ei[1].long().cpu().numpy() * max(p.num_nodes, 1) + ei[0].long().cpu().numpy()
-    else:
-        key = _host(ei[1]).astype(np.int64) * max(p.num_nodes, 1) + _host(ei[0]).astype(np.int64)
+    key = ei[1].cpu().numpy() if mod.startswith("torch") else _host(ei[1])
     cols = np.argsort(key, kind="stable")
     out = [_take(ei.T, cols, "edge_index").T]
     out += [_take(a, cols, f"edge_arrays[{i}]") for i, a in enumerate(edge_arrays)]

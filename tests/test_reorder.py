@@ -1,0 +1,290 @@
+"""Node orders (fastgnn.reorder): valid permutations, results unchanged in
+the caller's order, the locality they buy, and the auto rule."""
+import sys
+
+import numpy as np
+import pytest
+
+import fastgnn
+from fastgnn import Graph, generators
+from fastgnn.reorder import (METHODS, Permutation, locality, order, permute_edge_index,
+                             permute_edges, permute_nodes, unpermute_nodes)
+
+HOST_METHODS = ("rcm", "degree", "cluster", "random", "identity", "auto")
+
+
+def messy_edges(rng, n=150):
+    """A graph with everything awkward: isolated nodes (the last 20), rows
+    without in-edges, self-loops, duplicate edges, an in-hub and an out-hub;
+    columns shuffled."""
+    body = rng.integers(0, n - 20, (2, 400))
+    body[1, body[1] % 7 == 0] += 1          # some targets never hit -> empty rows
+    body[1] = np.minimum(body[1], n - 21)
+    hub_in = np.stack([rng.integers(0, n - 20, 60), np.full(60, 3)])
+    hub_out = np.stack([np.full(50, 5), rng.integers(0, n - 20, 50)])
+    loops = np.stack([np.arange(10, 20)] * 2)
+    ei = np.concatenate([body, hub_in, hub_out, loops], axis=1)
+    ei = np.concatenate([ei, ei[:, :25]], axis=1)                   # duplicates
+    return ei[:, rng.permutation(ei.shape[1])], n
+
+
+def shuffled(ei, n, rng):
+    return rng.permutation(n)[ei], n
+
+
+def check_permutation(p, n):
+    assert isinstance(p, Permutation)
+    assert p.perm.dtype == np.int64 and p.inverse.dtype == np.int64
+    assert p.perm.shape == (n,) and p.inverse.shape == (n,)
+    assert np.array_equal(np.sort(p.perm), np.arange(n))
+    assert np.array_equal(p.inverse[p.perm], np.arange(n))
+    assert np.array_equal(p.perm[p.inverse], np.arange(n))
+    assert p.time_s >= 0
+
+
+# ------------------------------------------------------------ permutations
+@pytest.mark.parametrize("method", HOST_METHODS)
+def test_every_order_is_a_permutation(method, rng):
+    ei, n = messy_edges(rng)
+    g = Graph.from_edge_index(ei, num_nodes=n)
+    from_graph = order(g, method, seed=3)
+    from_edges = order(ei, method, seed=3, num_nodes=n)
+    check_permutation(from_graph, n)
+    check_permutation(from_edges, n)
+    assert from_graph.method == method
+    # the same graph gives the same order whichever form it comes in
+    assert np.array_equal(from_graph.perm, from_edges.perm)
+    # degenerate graphs: no edges, no nodes
+    check_permutation(order(np.zeros((2, 0), dtype=np.int64), method, num_nodes=7), 7)
+    check_permutation(order(np.zeros((2, 0), dtype=np.int64), method), 0)
+
+
+@pytest.mark.parametrize("method", ("rcm", "cluster", "degree"))
+def test_orders_on_larger_graphs_are_permutations(method, seed):
+    for ei, n in (generators.rmat(12, seed=seed), generators.clustered(4096, seed=seed),
+                  generators.molecules(40, seed=seed)):
+        check_permutation(order(ei, method, num_nodes=n, seed=seed), n)
+
+
+def test_seeded_methods_repeat(rng):
+    ei, n = messy_edges(rng)
+    for m in ("random", "cluster"):
+        assert np.array_equal(order(ei, m, seed=5).perm, order(ei, m, seed=5).perm)
+    assert not np.array_equal(order(ei, "random", seed=5).perm, order(ei, "random", seed=6).perm)
+
+
+def test_degree_order_is_descending_and_stable(rng):
+    ei, n = messy_edges(rng)
+    p = order(ei, "degree", num_nodes=n)
+    d = np.bincount(ei[1], minlength=n)[p.perm]
+    assert (np.diff(d) <= 0).all()
+    assert p.perm[0] == 3                               # the in-hub first
+    for deg in np.unique(d):                            # ties keep the old order
+        assert (np.diff(p.perm[d == deg]) > 0).all()
+    assert order(ei, "degree", num_nodes=n, degree="out").perm[0] == 5
+
+
+def test_cluster_finds_planted_blocks(seed):
+    ei, n = generators.clustered(4096, block=64, random_per_node=0, seed=seed)
+    ei, n = shuffled(ei, n, np.random.default_rng(seed))
+    p = order(ei, "cluster", seed=seed)
+    assert locality(ei[0], ei[1], p.inverse)["window_fraction"] > 0.7
+    assert p.info["clusters"] >= n // 64 // 2
+
+
+def test_metis_needs_the_extra(rng, monkeypatch):
+    ei, n = messy_edges(rng)
+    monkeypatch.setitem(sys.modules, "pymetis", None)
+    with pytest.raises(ImportError, match=r"fastgnn\[metis\]"):
+        order(ei, "metis")
+
+
+def test_metis_order(rng):
+    pytest.importorskip("pymetis")
+    ei, n = messy_edges(rng)
+    check_permutation(order(ei, "metis", parts=4), n)
+    check_permutation(order(ei, "metis", part_size=1000), n)
+
+
+def test_validation(rng):
+    ei, n = messy_edges(rng)
+    g = Graph.from_edge_index(ei, num_nodes=n)
+    with pytest.raises(ValueError, match="method must be one of"):
+        order(ei, "rabbit")
+    with pytest.raises(TypeError, match="method must be a string"):
+        order(ei, 3)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['window'\]"):
+        order(ei, "rcm", window=3)
+    with pytest.raises(ValueError, match="degree must be"):
+        order(ei, "degree", degree="sideways")
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        order(ei, "random", seed=1.5)
+    with pytest.raises(ValueError, match="shape"):
+        order(ei[0], "rcm")
+    with pytest.raises(TypeError, match="graph_or_edge_index"):
+        order("edges", "rcm")
+    with pytest.raises(ValueError, match="num_nodes"):
+        order(ei, "rcm", num_nodes=10)
+    with pytest.raises(ValueError, match="num_nodes is taken from the graph"):
+        order(g, "rcm", num_nodes=n)
+    with pytest.raises(ValueError, match="candidates"):
+        order(ei, "auto", candidates=("metis",))
+    bip = Graph.from_edge_index(np.array([[0, 1], [0, 2]]), num_src=2, num_dst=3)
+    with pytest.raises(ValueError, match="bipartite"):
+        order(bip, "rcm")
+    with pytest.raises(ValueError, match="square"):
+        bip.reorder("rcm")
+    with pytest.raises(ValueError, match="not a permutation"):
+        g.reorder(np.zeros(n, dtype=np.int64))
+    with pytest.raises(ValueError, match="nodes"):
+        g.reorder(np.arange(n - 1))
+    with pytest.raises(TypeError, match="method_or_permutation"):
+        g.reorder(None)
+    with pytest.raises(TypeError, match="apply only with a method name"):
+        g.reorder(np.arange(n), degree="in")
+    with pytest.raises(ValueError, match="rows"):
+        permute_nodes(np.zeros((n + 1, 2)), g.reorder("rcm"))
+    with pytest.raises(ValueError, match="without a permutation"):
+        permute_nodes(np.zeros((n, 2)), g)
+
+
+# ------------------------------------------------------------ applying orders
+def test_reordered_graph_structure(rng):
+    ei, n = messy_edges(rng)
+    g = Graph.from_edge_index(ei, num_nodes=n)
+    g2 = g.reorder("rcm")
+    p = g2.permutation
+    assert g.permutation is None and g2.transpose().permutation is p
+    assert g2.to("cpu").permutation is p
+    # caller edge order kept: its edge index is the relabelled one, column for column
+    assert np.array_equal(g2.edge_index(), p.inverse[ei])
+    assert np.array_equal(g2.edge_index(), permute_edge_index(ei, p))
+    # the same order given as a Permutation or as an array
+    assert np.array_equal(g.reorder(p).edge_index(), g2.edge_index())
+    assert np.array_equal(g.reorder(list(p.perm)).edge_index(), g2.edge_index())
+    # permute_edges(sort=True) gives the CSR order of the reordered graph
+    w = rng.random(ei.shape[1])
+    ei_s, w_s = permute_edges(ei, p, w)
+    assert np.array_equal(ei_s[1], g2.csr_rows) and np.array_equal(ei_s[0], g2.indices)
+    assert np.array_equal(w_s, g2.to_csr_order(w))
+    ei_u, w_u = permute_edges(ei, p, w, sort=False)
+    assert np.array_equal(ei_u, p.inverse[ei]) and w_u is w
+    # a graph from CSR arrays (no edge ids): its caller order is the CSR order
+    gc = Graph.from_csr(g.indptr, g.indices, num_src=n)
+    assert np.array_equal(gc.reorder(p).edge_index(), p.inverse[gc.edge_index()])
+    x = rng.standard_normal((n, 3))
+    assert np.array_equal(unpermute_nodes(permute_nodes(x, p), p), x)
+    assert np.array_equal(permute_nodes(x, g2), x[p.perm])
+
+
+@pytest.mark.parametrize("method", ("rcm", "cluster", "random", "degree"))
+def test_ops_unchanged_in_the_callers_order(method, rng):
+    ei, n = messy_edges(rng)
+    E = ei.shape[1]
+    g = Graph.from_edge_index(ei, num_nodes=n)
+    g2 = g.reorder(method, seed=1)
+    x = rng.standard_normal((n, 6)).astype(np.float32)
+    w = rng.random(E).astype(np.float32)
+    px = permute_nodes(x, g2)
+    back = lambda y: unpermute_nodes(y, g2)     # noqa: E731
+    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # noqa: E731
+    # per-edge arrays in the caller's edge order are used unchanged
+    for reduce in ("sum", "mean"):
+        close(back(fastgnn.spmm(g2, px, w, reduce)), fastgnn.spmm(g, x, w, reduce))
+    close(back(fastgnn.segment_reduce(g2, px, "max")), fastgnn.segment_reduce(g, x, "max"))
+    close(back(fastgnn.segment_reduce(g2, px, ["min", "std"])),
+          fastgnn.segment_reduce(g, x, ["min", "std"]))
+    H, C = 2, 3
+    a_src = rng.standard_normal((n, H)).astype(np.float32)
+    a_dst = rng.standard_normal((n, H)).astype(np.float32)
+    a_edge = rng.standard_normal((E, H)).astype(np.float32)
+    v = rng.standard_normal((n, H, C)).astype(np.float32)
+    ref, alpha = fastgnn.edge_attention(g, "gat", a_src=a_src, a_dst=a_dst, a_edge=a_edge, v=v,
+                                        return_attention_weights=True)
+    out2, alpha2 = fastgnn.edge_attention(g2, "gat", a_src=permute_nodes(a_src, g2),
+                                          a_dst=permute_nodes(a_dst, g2), a_edge=a_edge,
+                                          v=permute_nodes(v, g2), return_attention_weights=True)
+    close(back(out2), ref)
+    close(alpha2, alpha)
+    # backward of the numpy pair: gradients come back in the caller's order too
+    gy = rng.standard_normal((n, 6)).astype(np.float32)
+    _, res = fastgnn.spmm_fwd(g, x, w)
+    _, res2 = fastgnn.spmm_fwd(g2, px, w)
+    gx, gw = fastgnn.spmm_bwd(g, res, gy)[:2]
+    gx2, gw2 = fastgnn.spmm_bwd(g2, res2, permute_nodes(gy, g2))[:2]
+    close(back(gx2), gx)
+    close(gw2, gw)
+
+
+def _torch_layer_case(layer_cls, make, rng, **call):
+    torch = pytest.importorskip("torch")
+    import fastgnn.torch as ft
+    ei_np, n = messy_edges(rng)
+    p = order(ei_np, "cluster", seed=2, num_nodes=n)
+    ei = torch.from_numpy(ei_np)
+    x = torch.from_numpy(rng.standard_normal((n, 5)).astype(np.float32)).requires_grad_()
+    edge_attr = torch.from_numpy(rng.standard_normal((ei.shape[1], 3)).astype(np.float32))
+    layer = make(ft)
+    out = layer(x, ei, **({"edge_attr": edge_attr} if call.get("edges") else {}))
+    gy = torch.from_numpy(rng.standard_normal(tuple(out.shape)).astype(np.float32))
+    gx, *gp = torch.autograd.grad((out * gy).sum(), [x, *layer.parameters()])
+    # sorted edges (permute_edges gathers the edge features along) and unsorted
+    for sort in (True, False):
+        ei2, ea2 = permute_edges(ei, p, edge_attr, sort=sort)
+        x2 = permute_nodes(x, p)
+        out2 = unpermute_nodes(layer(x2, ei2, **({"edge_attr": ea2} if call.get("edges") else {})),
+                               p)
+        torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
+        gx2, *gp2 = torch.autograd.grad((out2 * gy).sum(), [x, *layer.parameters()])
+        torch.testing.assert_close(gx2, gx, rtol=1e-5, atol=1e-5)
+        for a, b in zip(gp2, gp):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_gcnconv_gradients_unchanged(rng):
+    _torch_layer_case("GCNConv", lambda ft: ft.GCNConv(5, 4), rng)
+
+
+def test_gatconv_gradients_unchanged(rng):
+    _torch_layer_case("GATConv", lambda ft: ft.GATConv(5, 4, heads=2, edge_dim=3), rng,
+                      edges=True)
+
+
+# ------------------------------------------------------------ locality and auto
+def bandwidth(ei, inverse=None):
+    s, d = (ei if inverse is None else inverse[ei])
+    return int(np.abs(s - d).max())
+
+
+def test_rcm_reduces_the_bandwidth_of_a_shuffled_grid(rng):
+    side = 40
+    ei, n = shuffled(*generators.grid(side), rng)
+    p = order(ei, "rcm", num_nodes=n)
+    assert bandwidth(ei) > n // 2
+    assert bandwidth(ei, p.inverse) <= 2 * side + 2
+
+
+@pytest.mark.parametrize("build", (lambda: generators.grid(128), lambda: generators.mesh3d(24),
+                                   lambda: generators.mesh3d(20, k=26)))
+def test_auto_keeps_a_local_mesh_order(build):
+    ei, n = build()
+    p = order(ei, "auto", num_nodes=n)
+    assert p.is_identity and p.info["chosen"] == "identity"
+    assert p.info["reason"] == "already local"
+    g = Graph.from_edge_index(ei, num_nodes=n)
+    assert np.array_equal(g.reorder("auto").edge_index(), g.edge_index())
+
+
+def test_auto_reorders_a_shuffled_mesh_and_keeps_small_graphs(rng):
+    ei, n = shuffled(*generators.grid(128), rng)
+    p = order(ei, "auto", num_nodes=n, seed=1)
+    assert p.info["chosen"] in ("rcm", "cluster")
+    before, after = locality(ei[0], ei[1]), locality(ei[0], ei[1], p.inverse)
+    assert after["gap_bits"] < 0.85 * before["gap_bits"]
+    assert order(ei, "auto", num_nodes=n, candidates="rcm").info["chosen"] == "rcm"
+    small, m = shuffled(*generators.grid(20), rng)
+    assert order(small, "auto", num_nodes=m).is_identity
+
+
+def test_methods_table_is_complete():
+    assert set(METHODS) == {"rcm", "degree", "cluster", "metis", "random", "identity", "auto"}
