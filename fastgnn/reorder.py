@@ -36,8 +36,10 @@ O(E log E)):
                random half of the nodes (seeded) takes the label most common
                among its neighbours and itself (ties broken at random), until
                fewer than tol * n labels change or `iterations` rounds
-               (default 8). Counting is one sparse-matrix build per round
-               (SciPy, O(E) plus per-row sorts), no Python loop over nodes.
+               (default 8). A round is one parallel Numba pass over the
+               pattern (fastgnn.backends.cpu.reorder; each node sorts its
+               neighbours' labels, O(E log d) in all), no Python loop over
+               nodes.
                Clusters are then laid out by their first position in the RCM
                sweep (cluster_order="sweep", default: neighbouring clusters
                stay near) or by decreasing size (cluster_order="size"), and
@@ -289,31 +291,18 @@ def _group(inp, labels, cluster_order):
 
 
 def _label_propagation(inp, seed, iterations, tol):
-    from scipy.sparse import csr_matrix
+    from .backends.cpu.reorder import label_propagation_round
     indptr, indices = inp.pattern()
     n = inp.n
     rng = np.random.default_rng(seed)
     labels = np.arange(n, dtype=np.int64)
-    deg = np.diff(indptr)
-    rows = np.repeat(np.arange(n, dtype=np.int64), deg)
-    rows = np.concatenate([rows, np.arange(n, dtype=np.int64)])      # each node votes for itself
-    cols_of = np.concatenate([indices.astype(np.int64), np.arange(n, dtype=np.int64)])
-    ones = np.ones(rows.shape[0], dtype=np.float32)
+    out = np.empty_like(labels)
     rounds = 0
     for rounds in range(1, iterations + 1):
-        votes = csr_matrix((ones, (rows, labels[cols_of])), shape=(n, n))
-        votes.sum_duplicates()
-        data = votes.data + rng.random(votes.data.shape[0], dtype=np.float32) * 0.5
-        vptr = votes.indptr
-        row_of = np.repeat(np.arange(n), np.diff(vptr))
-        best = np.maximum.reduceat(data, vptr[:-1])     # every row holds its own vote
-        hit = np.flatnonzero(data == best[row_of])
-        winner = np.empty(n, dtype=np.int64)
-        winner[row_of[hit[::-1]]] = votes.indices[hit[::-1]]   # first maximum of each row
-        move = rng.random(n) < 0.5
-        new = np.where(move, winner, labels)
-        changed = int((new != labels).sum())
-        labels = new
+        move = rng.random(n) < 0.5                  # a random half moves: no oscillation
+        salt = int(rng.integers(0, 2**63))
+        changed = label_propagation_round(indptr, indices, labels, move, salt, out)
+        labels, out = out, labels
         if changed <= tol * n:
             break
     return labels, rounds
@@ -354,10 +343,16 @@ def _metis(inp, seed, *, parts=None, part_size=1024):
         labels = np.zeros(n, dtype=np.int64)
     else:
         indptr, indices = inp.pattern()
-        opts = pymetis.Options(seed=int(seed) % 2**31) if hasattr(pymetis, "Options") else None
-        kw = {"options": opts} if opts is not None else {}
-        _, membership = pymetis.part_graph(int(parts), xadj=indptr, adjncy=indices, **kw)
+        indptr = indptr.astype(indices.dtype)           # METIS wants one index type
+        kw = {"options": pymetis.Options(seed=int(seed) % 2**31)}
+        if hasattr(pymetis, "CSRAdjacency"):
+            kw["adjacency"] = pymetis.CSRAdjacency(indptr, indices)
+        else:
+            kw.update(xadj=indptr, adjncy=indices)
+        _, membership = pymetis.part_graph(int(parts), **kw)
         labels = np.asarray(membership, dtype=np.int64)
+        if labels.shape != (n,):
+            raise RuntimeError(f"pymetis returned {labels.shape[0]} part labels for {n} nodes")
     return _group(inp, labels, "label"), {"parts": int(parts)}
 
 

@@ -102,8 +102,9 @@ def test_metis_needs_the_extra(rng, monkeypatch):
 def test_metis_order(rng):
     pytest.importorskip("pymetis")
     ei, n = messy_edges(rng)
-    check_permutation(order(ei, "metis", parts=4), n)
-    check_permutation(order(ei, "metis", part_size=1000), n)
+    check_permutation(order(ei, "metis", parts=4, num_nodes=n), n)
+    check_permutation(order(ei, "metis", part_size=1000, num_nodes=n), n)
+    check_permutation(order(ei, "metis", part_size=16, num_nodes=n, seed=2), n)
 
 
 def test_validation(rng):
