@@ -294,7 +294,12 @@ class Graph:
         if p.num_nodes != self.num_dst:
             raise ValueError(f"method_or_permutation has {p.num_nodes} nodes, the graph "
                              f"{self.num_dst}")
-        return _reorder.apply_to_graph(self, p)
+        # built from the relabelled edge index in caller edge order: edge ids stay
+        inv = p.inverse if self.xp is np else self.xp.asarray(p.inverse)
+        new = Graph.from_edge_index(inv[self.edge_index()], num_nodes=self.num_dst,
+                                    index_dtype=self.index_dtype)
+        new.permutation = p
+        return new
 
     def to(self, device: str) -> "Graph":
         """A copy of the graph's structure on "cpu" or "cuda[:k]" (caches are not copied)."""

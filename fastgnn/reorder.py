@@ -213,9 +213,13 @@ def _host(a):
     return a.get() if is_cupy(a) else np.asarray(a)
 
 
+def _is_graph(obj):
+    """A fastgnn.Graph (by its attributes: this module sits below graph.py)."""
+    return all(hasattr(obj, a) for a in ("indptr", "indices", "csr_rows", "num_src", "num_dst"))
+
+
 def _read_input(graph_or_edge_index, num_nodes):
-    from .graph import Graph
-    if isinstance(graph_or_edge_index, Graph):
+    if _is_graph(graph_or_edge_index):
         g = graph_or_edge_index
         if num_nodes is not None:
             raise ValueError("num_nodes is taken from the graph; give it only with an edge index")
@@ -481,10 +485,9 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
 
 
 def _perm_of(p, name="p"):
-    from .graph import Graph
     if isinstance(p, Permutation):
         return p
-    if isinstance(p, Graph):
+    if _is_graph(p):
         if getattr(p, "permutation", None) is None:
             raise ValueError(f"{name} is a Graph without a permutation; use Graph.reorder first")
         return p.permutation
@@ -575,19 +578,6 @@ def permute_edges(edge_index, p, *edge_arrays, sort=True):
     elif mod.startswith("torch"):
         out[0] = out[0].contiguous()
     return tuple(out)
-
-
-def apply_to_graph(graph, p):
-    """The graph relabelled by p (Graph.reorder's work): built from the
-    relabelled edge index in the caller's edge order, so its edge ids (and
-    every per-edge array in caller order) are those of `graph`."""
-    from .graph import Graph
-    n = graph.num_dst
-    ei = graph.edge_index()
-    inv = p.inverse if graph.xp is np else graph.xp.asarray(p.inverse)
-    new = Graph.from_edge_index(inv[ei], num_nodes=n, index_dtype=graph.index_dtype)
-    new.permutation = p
-    return new
 
 
 def _timing_table(graphs=None, methods=("rcm", "degree", "cluster", "random", "auto")):
