@@ -58,7 +58,8 @@ O(E log E)):
     "identity" keep the order (arange); what "auto" returns when it keeps.
     "auto"     a rule from cheap statistics (see `auto_rule` and
                docs/reordering.md): keep an order that is already local,
-               else RCM when it improves locality enough, else keep. The
+               else the better of RCM and cluster when it improves
+               locality enough, else keep. The
                thresholds were set from CPU-side locality measures only and
                still need the GPU study to confirm them.
 
@@ -70,17 +71,17 @@ copy the permutation back to the device as needed. Bipartite graphs
 (num_src != num_dst) are refused: one permutation cannot relabel two node
 sets.
 
-Host timings (2 CPU cores, NumPy 2.4, SciPy 1.17; seconds, `time_s`; the
-graphs from fastgnn.generators, rmat/uniform node ids shuffled):
+Host timings (2 CPU cores, NumPy 2.4, SciPy 1.17, Numba kernels cached;
+seconds, `time_s`; graphs from fastgnn.generators, rmat/uniform ids
+shuffled; `python -m fastgnn.reorder` prints this table on the machine at
+hand; docs/reordering.md has the locality each order buys):
 
-    | graph (n, E)                       | rcm  | degree | cluster | random | auto |
+    | graph (n, E)                        | rcm  | degree | cluster | random | auto |
     |---|---|---|---|---|---|
-    | rmat(16) shuffled (65 k, 0.96 M)   | 0.20 | 0.01   | 0.79    | 0.002  | 0.21 |
-    | grid(1024) (1.05 M, 4.2 M)         | 1.20 | 0.03   | 2.93    | 0.03   | 0.06 |
-    | uniform(19) shuffled (524 k, 8.4 M)| 2.36 | 0.05   | 6.94    | 0.02   | 2.38 |
-    | rmat(20) shuffled (1.05 M, 16.1 M) | 4.51 | 0.08   | 16.1    | 0.04   | 4.66 |
-
-(`python -m fastgnn.reorder` prints this table on the machine at hand.)
+    | rmat(16) shuffled (65 k, 0.96 M)    | 0.91 | 0.015  | 1.6     | 0.016  | 0.97 |
+    | grid(1024) (1.05 M, 4.2 M)          | 1.7  | 0.08   | 5.3     | 0.22   | 0.19 (keeps) |
+    | uniform(19) shuffled (524 k, 8.4 M) | 5.0  | 0.28   | 13.6    | 0.17   | 12.8 |
+    | rmat(20) shuffled (1.05 M, 16.1 M)  | 5.9  | 0.24   | 22      | 0.31   | 24.6 |
 
 Applying an order: `Graph.reorder(method_or_permutation)` returns the
 relabelled graph, which remembers its `permutation`; `permute_nodes` moves
@@ -587,6 +588,7 @@ def _timing_table(graphs=None, methods=("rcm", "degree", "cluster", "random", "a
                   ("grid(1024)", lambda: gen.grid(1024)),
                   ("uniform(19) shuffled", lambda: _shuffled(*gen.uniform(19))),
                   ("rmat(20) shuffled", lambda: _shuffled(*gen.rmat(20)))]
+    order(np.array([[0, 1], [1, 2]]), "cluster")      # load the Numba kernel before timing
     print("| graph (n, E) | " + " | ".join(methods) + " |")
     print("|---" * (len(methods) + 1) + "|")
     for name, build in graphs:

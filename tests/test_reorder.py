@@ -289,3 +289,13 @@ def test_auto_reorders_a_shuffled_mesh_and_keeps_small_graphs(rng):
 
 def test_methods_table_is_complete():
     assert set(METHODS) == {"rcm", "degree", "cluster", "metis", "random", "identity", "auto"}
+
+
+def test_bench_graphs_take_an_order():
+    torch = pytest.importorskip("torch")
+    from fastgnn.bench import graphs as bgraphs
+    plain = bgraphs.make("rmat10", torch, torch.device("cpu"), 0)
+    re = bgraphs.make("rmat10", torch, torch.device("cpu"), 0, reorder="rcm")
+    assert re.name == plain.name + "+rcm" and "reordered by rcm" in re.source
+    p = order(plain.edge_index.numpy(), "rcm", num_nodes=plain.num_nodes)
+    assert np.array_equal(re.edge_index.numpy(), p.inverse[plain.edge_index.numpy()])

@@ -150,6 +150,10 @@ def build_parser():
                         "implementation, so backward runs on the calling thread instead of "
                         "autograd's CUDA device thread (default: torch's own setting; see "
                         "docs/benchmarks.md, 'Small graphs and autograd's device threads')")
+    from ..reorder import METHODS as _ORDERS
+    p.add_argument("--reorder", metavar="METHOD", choices=sorted(_ORDERS),
+                   help="relabel each graph's nodes by this fastgnn.reorder method before timing "
+                        f"({', '.join(sorted(_ORDERS))}; docs/reordering.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bandwidth", type=float, default=None,
                    help=f"GB/s for the bytes floor (default {H200_BANDWIDTH_GBS:g} on CUDA, "
@@ -376,7 +380,7 @@ def _run(args, argv, torch, device, cuda, quick):
                 bar.update(len(widths) * len(cases) * sum(est[spec]))
                 continue
             try:
-                g = bgraphs.make(spec, torch, device, args.seed)
+                g = bgraphs.make(spec, torch, device, args.seed, reorder=args.reorder)
             except bgraphs.GraphUnavailable as exc:
                 skipped.append(f"graph {spec}: {exc}")
                 print(f"fastgnn bench: skipping graph {spec}: {exc}", file=sys.stderr)

@@ -189,9 +189,11 @@ def nominal_edges(spec: str) -> int | None:
     return None
 
 
-def make(spec: str, torch, device, seed: int = 0) -> BenchGraph:
+def make(spec: str, torch, device, seed: int = 0, reorder: str | None = None) -> BenchGraph:
     """Build the named graph on `device` (a torch.device). Raises
-    GraphUnavailable for a missing dataset, ValueError for a bad name."""
+    GraphUnavailable for a missing dataset, ValueError for a bad name.
+    reorder: a fastgnn.reorder method applied to the node ids first (the
+    graph's name gets "+METHOD", its source the method's time)."""
     name, desc, build = parse(spec)
     xp = np
     if device.type == "cuda" and not spec.startswith(("npz:", "file:")):
@@ -203,6 +205,12 @@ def make(spec: str, torch, device, seed: int = 0) -> BenchGraph:
     ei, n = built[0], built[1]
     if len(built) > 2:                          # a file: the loader's name for it
         name = built[2]
+    if reorder is not None:
+        from .. import reorder as _reorder
+        p = _reorder.order(ei, reorder, num_nodes=n, seed=seed)
+        ei = p.to(xp)[1][ei]
+        name = f"{name}+{reorder}"
+        desc = f"{desc}, reordered by {reorder} ({p.info.get('chosen', reorder)}, {p.time_s:.3g} s)"
     stats = gen.graph_stats(ei, n, xp)
     if xp is np:
         t = torch.from_numpy(np.ascontiguousarray(ei)).to(device)
