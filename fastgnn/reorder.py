@@ -5,9 +5,10 @@ A node order is a permutation of the node ids. Gather-dominated kernels
 source neighbour of a target; when neighbours have nearby ids those reads
 hit the same cache lines and pages, when ids are shuffled every read is a
 miss. Reordering relabels the nodes so that neighbours get nearby ids; the
-results are the same up to the permutation (and float rounding of sums taken
-in a different order of edges within a row: none, since fastgnn keeps the
-caller's edge order inside a row).
+results are the same up to the permutation: forward results bitwise (the
+reordered graph keeps the caller's edge order inside each target's row),
+gradients that sum over a node's out-edges to rounding (the transpose lists
+them by target id, which the order changes).
 
     order(graph_or_edge_index, method, *, seed=0, **options) -> Permutation
 
@@ -108,7 +109,7 @@ __all__ = ["Permutation", "order", "METHODS", "auto_rule", "locality",
 # ---------------------------------------------------------------- the result
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Permutation:
     """A node order: perm[new] = old id, inverse[old] = new position (int64,
     NumPy). method names how it was made, time_s how long that took, info
@@ -559,8 +560,8 @@ def permute_edges(edge_index, p, *edge_arrays, sort=True):
     each per-edge array [E, ...] into the same column order. Returns
     (edge_index', *edge_arrays'). The sorted layout is exactly the CSR order
     of `Graph.reorder`'s graph, so per-edge arrays are read in order and
-    every op gives bitwise the results of the unsorted edges; with
-    sort=False the arrays come back unchanged."""
+    the forward of every op gives bitwise the results of the unsorted
+    edges; with sort=False the arrays come back unchanged."""
     ei = permute_edge_index(edge_index, p)
     E = int(ei.shape[1])
     for i, a in enumerate(edge_arrays):

@@ -188,7 +188,8 @@ def test_ops_unchanged_in_the_callers_order(method, rng):
     w = rng.random(E).astype(np.float32)
     px = permute_nodes(x, g2)
     back = lambda y: unpermute_nodes(y, g2)     # noqa: E731
-    close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # noqa: E731
+    # forward bitwise: the reordered graph adds the same terms in the same order per row
+    close = np.testing.assert_array_equal
     # per-edge arrays in the caller's edge order are used unchanged
     for reduce in ("sum", "mean"):
         close(back(fastgnn.spmm(g2, px, w, reduce)), fastgnn.spmm(g, x, w, reduce))
@@ -213,7 +214,9 @@ def test_ops_unchanged_in_the_callers_order(method, rng):
     _, res2 = fastgnn.spmm_fwd(g2, px, w)
     gx, gw = fastgnn.spmm_bwd(g, res, gy)[:2]
     gx2, gw2 = fastgnn.spmm_bwd(g2, res2, permute_nodes(gy, g2))[:2]
-    close(back(gx2), gx)
+    # the transpose lists a source's out-edges by target id, which the order
+    # changes: the x gradient agrees to rounding, the per-edge one bitwise
+    np.testing.assert_allclose(back(gx2), gx, rtol=1e-5, atol=1e-6)
     close(gw2, gw)
 
 
