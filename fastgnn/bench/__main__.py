@@ -9,6 +9,7 @@ Examples
     python -m fastgnn.bench --family attention --graphs rmat20 clustered  # GAT/GATv2/Transformer
     python -m fastgnn.bench --graphs mesh3d64k26 molecules20 knn18 file:planetoid/cora \
         --datasets ~/graphs                               # real graphs by name under ~/graphs
+    python -m fastgnn.bench --graphs rmat20 grid --reorder rcm   # node ids relabelled first (docs/reordering.md)
     python -m fastgnn.bench --list                        # the registered cases
     python -m fastgnn.bench --suite full --datasets DIR --out $OUT   # H200 suite, ~7 min
     python -m fastgnn.bench --graphs rmat17 --dtypes fp32 --compile   # + PyG under torch.compile
