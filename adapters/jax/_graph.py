@@ -91,8 +91,9 @@ class Graph:
     @property
     def edge_index(self):
         """[2, E] int32 JAX array in the caller's edge order (a constant)."""
-        return self.core.cached(("fastgnn.jax", "edge_index"),
-                                lambda: jnp.asarray(self.core.edge_index().astype(np.int32)))
+        ei = self.core.cached(("fastgnn.jax", "edge_index"),
+                              lambda: self.core.edge_index().astype(np.int32))
+        return jnp.asarray(ei)          # cached on the host: never a tracer kept across calls
 
     def with_self_loops(self) -> "Graph":
         """The graph with existing self-loops removed and one loop per node

@@ -69,11 +69,9 @@ def gcn_norm(graph: Graph, edge_weight=None, *, add_self_loops=True, improved=Fa
         raise TypeError(f"graph must be a fastgnn.jax.Graph, got {type(graph).__name__}")
     core = graph.core
     if edge_weight is None:
-        def build():
-            g2, w = _core_gcn_norm(core, None, add_self_loops=add_self_loops,
-                                   improved=improved)
-            return Graph.of(g2), jnp.asarray(w)
-        return core.cached(("fastgnn.jax", "gcn_norm", add_self_loops, improved), build)
+        # the core caches (graph', w' as NumPy); w' enters JAX per call, as a constant
+        g2, w = _core_gcn_norm(core, None, add_self_loops=add_self_loops, improved=improved)
+        return Graph.of(g2), jnp.asarray(w)
     w = jnp.asarray(edge_weight)
     if w.ndim == 2 and w.shape[1] == 1:
         w = w[:, 0]

@@ -1,0 +1,343 @@
+"""fastgnn.jax: every op's outputs and gradients against the float64 NumPy
+reference (fastgnn/backends/reference.py) eagerly, under jit, grad and vmap,
+on seeded awkward graphs (empty rows, self-loops, duplicates, a hub), odd
+widths, float32 and float64; check_grads in float64; the graph argument,
+scan, traced dropout seeds and the layers."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+import fastgnn.jax as fj  # noqa: E402
+from fastgnn.backends import reference as ref  # noqa: E402
+from fastgnn.testing import assert_close, awkward_edge_index  # noqa: E402
+
+N, E_BASE, F, H, C = 37, 150, 5, 3, 3
+MODES = ("eager", "jit", "vmap")
+
+
+def _value_type(name):
+    """The value type `name`; float64 runs with jax_enable_x64 on (restored after)."""
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", name == "float64")
+    yield name
+    jax.config.update("jax_enable_x64", before)
+
+
+@pytest.fixture(params=["float32", "float64"])
+def vtype(request):
+    yield from _value_type(request.param)
+
+
+@pytest.fixture
+def op_vtype(mode):
+    """float32 eagerly, float64 (tight tolerances) under jit and vmap. Each
+    XLA compilation costs about a quarter of a second on 2 CPU cores, so the
+    matrix is kept to what adds coverage."""
+    yield from _value_type("float32" if mode == "eager" else "float64")
+
+
+@pytest.fixture
+def x64():
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+@pytest.fixture
+def graph_ei(seed):
+    ei = awkward_edge_index(N, E_BASE, seed=seed)
+    return fj.Graph.from_edge_index(ei, N), ei
+
+
+def _arr(rng, shape, vtype):
+    return jnp.asarray(rng.standard_normal(shape), dtype=vtype)
+
+
+# ---------------------------------------------------------------- cases
+# A case: (inputs {name: array}, fn(graph, **inputs) -> tuple of outputs,
+# reference(ei, inputs, cotangents) -> (outputs tuple, {name: gradient})).
+def _spmm_case(rng, ei, vtype, reduce):
+    E = ei.shape[1]
+    inputs = {"x": _arr(rng, (N, F), vtype), "edge_weight": _arr(rng, (E,), vtype),
+              "bias": _arr(rng, (F,), vtype)}
+
+    def fn(g, x, edge_weight, bias):
+        return (fj.spmm(g, x, edge_weight, reduce, bias=bias),)
+
+    def reference(ei, a, cts):
+        out = ref.spmm(ei, a["x"], a["edge_weight"], reduce, N, bias=a["bias"])
+        gx, gw = ref.spmm_vjp(ei, a["x"], a["edge_weight"], reduce, cts[0])
+        return (out,), {"x": gx, "edge_weight": gw, "bias": ref.column_sum(cts[0])}
+    return inputs, fn, reference
+
+
+def _segment_case(rng, ei, vtype, reduce):
+    inputs = {"x": _arr(rng, (N, F), vtype)}
+
+    def fn(g, x):
+        return (fj.segment_reduce(g, x, reduce),)
+
+    def reference(ei, a, cts):
+        out = ref.segment_reduce(ei, a["x"], reduce, N)
+        return (out,), {"x": ref.segment_reduce_vjp(ei, a["x"], reduce, N, cts[0])}
+    return inputs, fn, reference
+
+
+DROP = dict(dropout=0.25, seed=1234, offset=7)
+
+
+def _softmax_case(rng, ei, vtype):
+    inputs = {"scores": _arr(rng, (ei.shape[1], H), vtype)}
+
+    def fn(g, scores):
+        return (fj.edge_softmax(g, scores, **DROP),)
+
+    def reference(ei, a, cts):
+        out = ref.edge_softmax(ei, a["scores"], N, **DROP)
+        return (out,), {"scores": ref.edge_softmax_vjp(ei, a["scores"], N, cts[0], **DROP)}
+    return inputs, fn, reference
+
+
+def _attention_inputs(rng, E, score, vtype):
+    if score == "gat":
+        shapes = {"a_src": (N, H), "a_dst": (N, H), "a_edge": (E, H), "v": (N, H, C)}
+    elif score == "gatv2":
+        shapes = {"xl": (N, H, C), "xr": (N, H, C), "att": (H, C), "xe": (E, H, C)}
+    else:
+        shapes = {"q": (N, H, C), "k": (N, H, C), "v": (N, H, C), "ee": (E, H, C)}
+    shapes["bias"] = (H, C)
+    return {n: _arr(rng, s, vtype) for n, s in shapes.items()}
+
+
+def _attention_case(rng, ei, vtype, score):
+    inputs = _attention_inputs(rng, ei.shape[1], score, vtype)
+
+    def fn(g, **a):
+        return fj.edge_attention(g, score, **a, return_attention_weights=True, **DROP)
+
+    def reference(ei, a, cts):
+        out, alpha = ref.edge_attention(ei, score, N, a, **DROP)
+        grads = ref.edge_attention_vjp(ei, score, N, a, cts[0], cts[1], **DROP)
+        return (out, alpha), grads
+    return inputs, fn, reference
+
+
+CASES = {
+    **{f"spmm-{r}": (_spmm_case, r) for r in ("sum", "mean")},
+    **{f"segment-{r}": (_segment_case, r)
+       for r in ("sum", "mean", "max", "min", "var", "std", "mul")},
+    "segment-list": (_segment_case, ["min", "std", "sum"]),
+    "edge_softmax": (_softmax_case, None),
+    **{f"attention-{s}": (_attention_case, s) for s in ("gat", "gatv2", "dot")},
+}
+
+
+def _build(name, rng, ei, vtype):
+    make, arg = CASES[name]
+    return make(rng, ei, vtype) if arg is None else make(rng, ei, vtype, arg)
+
+
+def _loss(fn, g, cts):
+    """inputs -> (sum_k <out_k, ct_k>, outs): its gradient is the VJP with
+    cotangents cts, and the outputs come along (value_and_grad, has_aux)."""
+    def loss(inputs):
+        outs = fn(g, **inputs)
+        return sum(jnp.sum(o * c) for o, c in zip(outs, cts)), outs
+    return jax.value_and_grad(loss, has_aux=True)
+
+
+def _check(outs, grads, ref_outs, ref_grads, vtype, what):
+    for k, (o, r) in enumerate(zip(outs, ref_outs)):
+        assert o.dtype == jnp.dtype(vtype), f"{what}: output {k} has dtype {o.dtype}"
+        assert_close(np.asarray(o), r, vtype, f"{what}: output {k}")
+    for n, r in ref_grads.items():
+        assert grads[n].dtype == jnp.dtype(vtype)
+        assert_close(np.asarray(grads[n]), r, vtype, f"{what}: grad of {n}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_matches_reference(name, mode, op_vtype, graph_ei, rng):
+    g, ei = graph_ei
+    vtype = op_vtype
+    inputs, fn, reference = _build(name, rng, ei, vtype)
+    outs0 = fn(g, **inputs)
+    cts = tuple(_arr(rng, o.shape, vtype) for o in outs0)
+    both = _loss(fn, g, cts)
+
+    if mode == "eager":
+        (_, outs), grads = both(inputs)
+        ref_outs, ref_grads = reference(ei, inputs, cts)
+        _check(fn(g, **inputs), grads, ref_outs, ref_grads, vtype, "eager")
+        _check(outs, grads, ref_outs, ref_grads, vtype, "eager, under grad")
+    elif mode == "jit":
+        # the graph as a plain (leafless pytree) argument of the jitted function
+        (_, outs), grads = jax.jit(lambda a, g: _loss(fn, g, cts)(a))(inputs, g)
+        ref_outs, ref_grads = reference(ei, inputs, cts)
+        _check(outs, grads, ref_outs, ref_grads, vtype, "jit")
+    else:
+        # a batch of two: the inputs and a rescaled copy, outputs and gradients
+        batch = {n: jnp.stack([a, 0.5 * a]) for n, a in inputs.items()}
+        (_, outs), grads = jax.jit(jax.vmap(both))(batch)
+        for b in range(2):
+            one = {n: a[b] for n, a in batch.items()}
+            ref_outs, ref_grads = reference(ei, one, cts)
+            _check(tuple(o[b] for o in outs), {n: v[b] for n, v in grads.items()},
+                   ref_outs, ref_grads, vtype, f"vmap[{b}]")
+
+
+# ------------------------------------------------------------- gcn_norm
+def test_gcn_norm(vtype, graph_ei, rng):
+    g, ei = graph_ei
+    g2, w2 = fj.gcn_norm(g)
+    ei_ref, w_ref = ref.gcn_norm(ei, N)
+    np.testing.assert_array_equal(np.asarray(g2.edge_index), ei_ref)
+    assert_close(np.asarray(w2), w_ref, "float32")
+    assert fj.gcn_norm(g)[0] is g2                         # cached: one graph object
+    w = jnp.asarray(rng.uniform(0.5, 2.0, ei.shape[1]), dtype=vtype)
+    for improved in (False, True):
+        g3, w3 = jax.jit(lambda w: fj.gcn_norm(g, w, improved=improved))(w)
+        _, w3_ref = ref.gcn_norm(ei, N, np.asarray(w), improved=improved)
+        assert g3 is g2 and w3.dtype == jnp.dtype(vtype)
+        assert_close(np.asarray(w3), w3_ref, vtype)
+
+
+def test_check_grads_float64(x64, graph_ei, rng):
+    g, ei = graph_ei
+    E = ei.shape[1]
+    x, w, b = (_arr(rng, s, "float64") for s in ((N, F), (E,), (F,)))
+    # jitted: one compilation each instead of one per eager operation
+    check_grads(jax.jit(lambda x, w, b: fj.spmm(g, x, w, "mean", bias=b)), (x, w, b), order=1,
+                modes=["rev"])
+    a = _attention_inputs(rng, E, "dot", "float64")     # smooth (no LeakyReLU kinks)
+    check_grads(jax.jit(lambda *v: fj.edge_attention(g, "dot", **dict(zip(a, v)), dropout=0.2,
+                                                     seed=3)),
+                tuple(a.values()), order=1, modes=["rev"])
+    check_grads(jax.jit(lambda x: fj.segment_reduce(g, x, ["mean", "var"])), (x,), order=1,
+                modes=["rev"])
+    w_pos = jnp.asarray(rng.uniform(0.5, 2.0, E))
+    check_grads(jax.jit(lambda w: fj.gcn_norm(g, w)[1]), (w_pos,), order=1, modes=["rev"])
+
+
+# --------------------------------------------------- graph, jit, scan, seeds
+def test_graph_is_built_once_and_jit_reuses_it(graph_ei, rng):
+    g, ei = graph_ei
+    traces = []
+
+    def f(g, x):
+        traces.append(1)
+        return fj.spmm(g, x, reduce="mean")
+    x = _arr(rng, (N, F), "float32")
+    jf = jax.jit(f)
+    first = jf(g, x)
+    jf(g, x + 1)
+    assert len(traces) == 1                       # one trace for one graph object
+    static = jax.jit(f, static_argnums=0)
+    np.testing.assert_array_equal(static(g, x), first)
+    np.testing.assert_array_equal(jax.jit(lambda x: fj.spmm(g, x, reduce="mean"))(x), first)
+    assert hash(g) == id(g) or hash(g) == hash(id(g)) or isinstance(hash(g), int)
+    assert jax.tree_util.tree_leaves(g) == []
+    # CSR built from JAX arrays gives the same aggregation (edges in CSR order)
+    core = g.core
+    g_csr = fj.Graph.from_csr(jnp.asarray(core.indptr), jnp.asarray(core.indices), N)
+    np.testing.assert_allclose(fj.spmm(g_csr, x, reduce="mean"), first, rtol=1e-6)
+    with pytest.raises(TypeError, match="traced"):
+        jax.jit(lambda e: fj.Graph.from_edge_index(e, N))(jnp.asarray(ei))
+
+
+def test_scan_and_grad_through_scan(graph_ei, rng):
+    g, ei = graph_ei
+    x = _arr(rng, (N, F), "float32")
+
+    def run(x):
+        def body(h, _):
+            return jnp.tanh(fj.spmm(g, h, reduce="mean") + h), None
+        return jax.lax.scan(body, x, None, length=3)[0].sum()
+
+    def run_ref(x):
+        h = np.asarray(x, np.float64)
+        for _ in range(3):
+            h = np.tanh(ref.spmm(ei, h, reduce="mean") + h)
+        return h.sum()
+    val, grad = jax.jit(jax.value_and_grad(run))(x)
+    assert_close(float(val), run_ref(x), "float32")
+    eps = 1e-3
+    d = rng.standard_normal((N, F)).astype(np.float32)
+    fd = (run_ref(x + eps * d) - run_ref(x - eps * d)) / (2 * eps)
+    assert abs(float(jnp.sum(grad * d)) - fd) <= 1e-3 * max(1.0, abs(fd))
+
+
+def test_traced_seed_matches_int_seed_without_recompiling(graph_ei, rng):
+    g, ei = graph_ei
+    s = _arr(rng, (ei.shape[1], H), "float32")
+    traces = []
+
+    def f(s, seed):
+        traces.append(1)
+        return fj.edge_softmax(g, s, dropout=0.5, seed=seed)
+    jf = jax.jit(f)
+    for seed in (3, 4, 2**32 - 1):
+        out = jf(s, jnp.uint32(seed))
+        assert_close(np.asarray(out), ref.edge_softmax(ei, s, N, dropout=0.5, seed=seed))
+        np.testing.assert_array_equal(out, fj.edge_softmax(g, s, dropout=0.5, seed=seed))
+    assert len(traces) == 1
+    # integer inputs get a zero (float0) cotangent
+    _, vjp = jax.vjp(lambda s, seed: fj.edge_softmax(g, s, dropout=0.5, seed=seed), s,
+                     jnp.uint32(3))
+    gs, gseed = vjp(jnp.ones_like(s))
+    assert gs.shape == s.shape and gseed.dtype == jax.dtypes.float0
+
+
+def test_core_validation_reaches_the_caller(graph_ei, rng):
+    g, _ = graph_ei
+    with pytest.raises(Exception, match="rows but the graph has"):
+        jax.block_until_ready(fj.spmm(g, _arr(rng, (N + 1, F), "float32")))
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        fj.segment_reduce(g, _arr(rng, (N, F), "float32"), "median")
+    with pytest.raises(TypeError, match="fastgnn.jax.Graph"):
+        fj.spmm(g.core, _arr(rng, (N, F), "float32"))
+
+
+# ---------------------------------------------------------------- layers
+def test_layers(graph_ei, rng):
+    """Every layer's forward and gradient in one jitted program (one
+    compilation); GCN and mean-SAGE against the reference."""
+    g, ei = graph_ei
+    nn = fj.nn
+    x = _arr(rng, (N, 6), "float32")
+    layers = [  # (init, apply, output width)
+        (lambda k: nn.gcn_init(k, 6, 4), lambda p, x: nn.gcn(p, g, x), 4),
+        (lambda k: nn.sage_init(k, 6, 4), lambda p, x: nn.sage(p, g, x), 4),
+        (lambda k: nn.sage_init(k, 6, 4), lambda p, x: nn.sage(p, g, x, aggr="max"), 4),
+        (lambda k: nn.gin_init(k, 6, 4, hidden=7), lambda p, x: nn.gin(p, g, x), 4),
+        (lambda k: nn.gat_init(k, 6, 4, heads=3),
+         lambda p, x: nn.gat(p, g, x, dropout=0.1, seed=5), 12),
+        (lambda k: nn.gat_init(k, 6, 4, heads=3, concat=False),
+         lambda p, x: nn.gat(p, g, x, concat=False), 4),
+        (lambda k: nn.gatv2_init(k, 6, 4, heads=2), lambda p, x: nn.gatv2(p, g, x), 8),
+        (lambda k: nn.gatv2_init(k, 6, 4, heads=2, share_weights=True),
+         lambda p, x: nn.gatv2(p, g, x), 8),
+        (lambda k: nn.transformer_init(k, 6, 4, heads=2),
+         lambda p, x: nn.transformer(p, g, x, heads=2), 8)]
+    params = jax.jit(lambda k: [init(k) for init, _, _ in layers])(jax.random.PRNGKey(0))
+
+    def loss(params):
+        outs = [f(p, x) for p, (_, f, _) in zip(params, layers)]
+        return sum((o ** 2).sum() for o in outs), outs
+    (_, outs), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    for out, (_, _, width) in zip(outs, layers):
+        assert out.shape == (N, width) and bool(jnp.isfinite(out).all())
+    assert all(bool(jnp.isfinite(v).all()) for v in jax.tree_util.tree_leaves(grads))
+
+    xd = np.asarray(x, np.float64)
+    p = {k: np.asarray(v, np.float64) for k, v in params[0].items()}
+    ei2, w2 = ref.gcn_norm(ei, N)
+    assert_close(np.asarray(outs[0]), ref.spmm(ei2, xd @ p["weight"], w2, num_dst=N) + p["bias"],
+                 "float32")
+    p = {k: np.asarray(v, np.float64) for k, v in params[1].items()}
+    want = ref.spmm(ei, xd, reduce="mean") @ p["lin_l"] + p["bias"] + xd @ p["lin_r"]
+    assert_close(np.asarray(outs[1]), want, "float32")
