@@ -201,6 +201,12 @@ def test_importing_every_module_compiles_nothing_and_touches_no_gpu():
         except ModuleNotFoundError as e:
             if e.name != "torch":
                 raise
+        try:
+            import fastgnn.jax
+            packages.append(fastgnn.jax)
+        except ModuleNotFoundError as e:
+            if e.name not in ("jax", "jaxlib"):
+                raise
         for pkg in list(packages):
             for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".",
                                               onerror=lambda n: None):
@@ -284,10 +290,13 @@ def _readme_tested_blocks():
 
 def test_readme_examples_run():
     """Every marked README example runs as written: the arrays one, the PyG
-    swap and the torch.compile one (the last two need torch and PyG)."""
+    swap and the torch.compile one (the last two need torch and PyG), and
+    the JAX one (needs jax)."""
     blocks = _readme_tested_blocks()
     assert len(blocks) >= 3, "README lost one of its tested usage examples"
     for i, body in enumerate(blocks):
         if "torch" in body:
             pytest.importorskip("torch_geometric")
+        if "jax" in body:
+            pytest.importorskip("jax")
         exec(compile(body, f"README.md example {i + 1}", "exec"), {"__name__": "readme_example"})
