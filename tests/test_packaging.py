@@ -30,7 +30,7 @@ TEST_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch=
             "&& pip install -e '.[test,compile-check]' "
             "&& python -m fastgnn.backends.cuda.compile_check && python -m pytest -q")
 
-OPTIONAL_THIRD_PARTY = ("jax", "jaxlib", "dgl")   # adapters whose framework CI may lack
+OPTIONAL_THIRD_PARTY = ("jax", "jaxlib", "flax", "dgl")   # adapters whose framework CI may lack
 
 
 def _run_python(code, cwd=ROOT, timeout=300):

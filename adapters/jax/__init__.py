@@ -10,7 +10,8 @@ Functions: `spmm`, `gcn_norm`, `segment_reduce`, `edge_softmax`,
 `edge_attention` (fastgnn.jax.ops), all driven by one `jax.custom_vjp`
 bridge over the core's forward/backward pairs (fastgnn.jax._bridge: how
 they run, residuals, vmap). Layers as plain functions of (params, graph, x)
-with `init` functions: `fastgnn.jax.nn`.
+with `init` functions: `fastgnn.jax.nn`; thin Flax NNX modules over them
+(where flax is installed): `fastgnn.jax.nnx`.
 
 On the CPU the Numba kernels run through host callbacks
 (`jax.pure_callback`); float32, and float64 with `jax_enable_x64`.
