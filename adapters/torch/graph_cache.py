@@ -172,12 +172,7 @@ def resolve(adj, num_nodes=None):
     if adj.layout != torch.strided:
         raise TypeError(f"edge_index has unsupported layout {adj.layout}")
     anchor = adj
-    if _is_edge_index_type(adj):
-        ss = adj.sparse_size()
-        num_src = _agree(ss[0], num_src, "num_src", "EdgeIndex.sparse_size()[0]")
-        num_dst = _agree(ss[1], num_dst, "num_dst", "EdgeIndex.sparse_size()[1]")
-        adj = adj.as_tensor()
-    _check_edge_index(adj)
+    adj, num_src, num_dst = _edge_index_parts(adj, num_src, num_dst)
     key = ("edge_index", num_src, num_dst, _tkey(adj))
 
     def build():
@@ -220,17 +215,20 @@ def graph_input(adj, num_nodes=None):
         raise NotImplementedError(
             "fastgnn under torch.compile takes an edge_index [2, E] or a PyG EdgeIndex; a "
             f"torch sparse adj_t ({adj.layout}) works in eager mode only")
-    num_src, num_dst = _sizes(num_nodes)
+    adj, num_src, num_dst = _edge_index_parts(adj, *_sizes(num_nodes))
+    return adj, [num_src, num_dst]
+
+
+def _edge_index_parts(adj, num_src, num_dst):
+    """(plain [2, E] integer tensor, num_src, num_dst) of a dense edge_index
+    or PyG EdgeIndex, sizes merged with an EdgeIndex's own and checked."""
     if _is_edge_index_type(adj):
         ss = adj.sparse_size()
         num_src = _agree(ss[0], num_src, "num_src", "EdgeIndex.sparse_size()[0]")
         num_dst = _agree(ss[1], num_dst, "num_dst", "EdgeIndex.sparse_size()[1]")
         adj = adj.as_tensor()
-    if adj.dtype.is_floating_point or adj.dtype.is_complex or adj.dtype == torch.bool:
-        raise TypeError(f"edge_index must hold integers, got dtype {adj.dtype}")
-    if adj.dim() != 2 or adj.shape[0] != 2:
-        raise ValueError(f"edge_index must have shape [2, E], got {tuple(adj.shape)}")
-    return adj, [num_src, num_dst]
+    _check_edge_index(adj)
+    return adj, num_src, num_dst
 
 
 def _check_edge_index(ei):
@@ -266,7 +264,7 @@ def reversed_input(adj):
         return adj                  # resolve names what is wrong with it
     ei = adj.as_tensor() if _is_edge_index_type(adj) else adj
     _check_edge_index(ei)
-    if torch.compiler.is_compiling():
+    if custom_ops.compiling():
         return ei.flip(0)           # no cache lookups by address inside a traced program
     return _REVERSED.get(_tkey(ei), adj, lambda: ei.detach().flip(0))
 
