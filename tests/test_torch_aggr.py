@@ -658,6 +658,19 @@ def test_segment_reduce_linear_matches_composition(reduce, bipartite, terms, dev
     assert_results_match(got, want, "float64" if dtype == torch.float64 else "float32")
 
 
+def _count_calls(monkeypatch, module, *names):
+    """{name: calls so far} of module's functions `names` (wrapped for the test)."""
+    counts = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(module, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            counts[_name] += 1
+            return _real(*a, **k)
+        monkeypatch.setattr(module, name, counted)
+    return counts
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("reduce", ["max", ["mean", "max", "min", "std"], "mul", ["sum", "var"]],
@@ -668,14 +681,14 @@ def test_segment_reduce_linear_matches_composition(reduce, bipartite, terms, dev
 @pytest.mark.parametrize("bipartite", [False, True])
 def test_segment_reduce_linear_cuda_fast_path_matches_generic(reduce, dtype, width, bipartite,
                                                               monkeypatch):
-    """On CUDA the node's reduction runs `segment_cuda`'s fast path (launch
-    plans on torch buffers, no DLPack bridge): the same kernels as the
+    """On CUDA the node's reduction runs its launch plans on torch buffers
+    (fastgnn.torch.plans, no DLPack bridge): the same kernels as the
     generic bridge, so the output and every gradient must be bitwise the
     generic path's. A hub of 700 in-edges (split over several tasks: the
     combine kernels run), empty rows, duplicates, a non-contiguous x, the
     inference forward, 16-bit types (x's gradient gets the root term as an
     fp32 addend)."""
-    from fastgnn.torch import functional, segment_cuda
+    from fastgnn.torch import _autograd, plans
     n, ns, m = 300, 200, 24
     ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=3,
                                              num_src=ns if bipartite else None)).cuda()
@@ -695,19 +708,17 @@ def test_segment_reduce_linear_cuda_fast_path_matches_generic(reduce, dtype, wid
         return ft.segment_reduce_linear(ei, leaves[0], reduce, *leaves[1:4], xr,
                                         num_nodes=(nsrc, n))
 
-    generic_calls = []
-    real_forward = functional._forward
-    monkeypatch.setattr(functional, "_forward",
-                        lambda *a, **k: generic_calls.append(1) or real_forward(*a, **k))
+    plan_calls = _count_calls(monkeypatch, plans, "segment_forward", "segment_backward")
     fast = _grads(run, inputs)
     with torch.no_grad():
         fast_inference = run(*inputs)
-    assert not generic_calls                      # the fast path served every call
-    monkeypatch.setattr(segment_cuda, "usable", lambda *a: False)
+    # the plans served every call: training forward, backward, inference forward
+    assert plan_calls == {"segment_forward": 2, "segment_backward": 1}, plan_calls
+    monkeypatch.setattr(_autograd, "PLANS", False)
     generic = _grads(run, inputs)
     with torch.no_grad():
         generic_inference = run(*inputs)
-    assert generic_calls
+    assert plan_calls == {"segment_forward": 2, "segment_backward": 1}, plan_calls
     def same_bits(a, b):                      # NaN where NaN (16-bit mul overflows)
         return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
     for key, want in generic.items():
@@ -721,16 +732,14 @@ def test_segment_reduce_linear_cuda_atomic_backward_stays_generic(monkeypatch):
     """deterministic=False with a max term is not the fast path's (its
     atomics live in the generic backend): the generic bridge serves it, and
     its gradients match the deterministic ones up to summation order."""
-    from fastgnn.torch import functional
+    from fastgnn.torch import _autograd, plans
     ei, x, _, t, (n, f, _, m) = _linear_case(False, 2, "cuda", torch.float32)
     w, b, wr = t(m, f), t(m), t(m, f)
-    calls = []
-    real_forward = functional._forward
-    monkeypatch.setattr(functional, "_forward",
-                        lambda *a, **k: calls.append(1) or real_forward(*a, **k))
+    plan_calls = _count_calls(monkeypatch, plans, "segment_forward")
+    bridge_calls = _count_calls(monkeypatch, _autograd, "device_scope")
     atomic = _grads(lambda x_, *v: ft.segment_reduce_linear(ei, x_, "max", *v,
                                                             deterministic=False), [x, w, b, wr])
-    assert calls
+    assert plan_calls == {"segment_forward": 0} and bridge_calls["device_scope"] >= 2
     det = _grads(lambda x_, *v: ft.segment_reduce_linear(ei, x_, "max", *v), [x, w, b, wr])
     assert_results_match(atomic, det, "float32")
 

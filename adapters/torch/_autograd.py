@@ -5,6 +5,12 @@ Every fastgnn op is a pure pair `out, res = fwd(graph, *arrays, **static)` /
 arrays. An `Op` record says how to call one pair; `apply(op, graph, *tensors,
 **static)` runs it under autograd through the single `FastgnnFunction`.
 
+On CUDA an op with a launch plan path (`Op.cuda`, adapters/torch/plans.py)
+runs its kernels' cached launch plans (fastgnn/backends/cuda/plan.py)
+directly on torch-allocated buffers on PyTorch's current stream: no DLPack
+exchange, no CuPy array and no device scope per call. The conversions below
+serve the other calls (CPU tensors, ops or requests without a plan).
+
 Conversion rules (the adapter converts, the core validates):
 
 - tensors reach the backend by DLPack without a copy (`numpy.from_dlpack` on
@@ -29,7 +35,12 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from fastgnn._array import data_ptr, is_cupy
 
-__all__ = ["Op", "FastgnnFunction", "apply", "device_scope", "to_array", "to_tensor"]
+__all__ = ["Op", "FastgnnFunction", "PlanResiduals", "apply", "device_scope", "to_array",
+           "to_tensor"]
+
+# False: every op takes the DLPack bridge, none its launch plans (tests and
+# probes compare the two paths)
+PLANS = True
 
 
 class Op:
@@ -43,11 +54,17 @@ class Op:
     fwd_flags: {keyword: input name}: the keyword is True when that input needs a gradient
     bwd_flags: the same for bwd
     vtype_arg: fwd's value-type keyword, passed only for bfloat16 (None: the op has none)
+    cuda:      the op's launch plan path on CUDA tensors, or None: an object with
+               forward(graph, static, tensors, needs) -> None (this call takes
+               the bridge) or (outputs tuple, single, PlanResiduals), and
+               backward(graph, res, grad_outs, needs, tensor_kw) -> one
+               gradient tensor or None per input (see adapters/torch/plans.py)
     """
 
     def __init__(self, name: str, fwd: Callable, bwd: Callable, inputs, *, features=(),
                  fwd_flags: Mapping[str, str] | None = None,
-                 bwd_flags: Mapping[str, str] | None = None, vtype_arg: str | None = "vtype"):
+                 bwd_flags: Mapping[str, str] | None = None, vtype_arg: str | None = "vtype",
+                 cuda=None):
         self.name = name
         self.fwd = fwd
         self.bwd = bwd
@@ -56,6 +73,7 @@ class Op:
         self.fwd_flags = dict(fwd_flags or {})
         self.bwd_flags = dict(bwd_flags or {})
         self.vtype_arg = vtype_arg
+        self.cuda = cuda
         for name_ in (*self.features, *self.fwd_flags.values(), *self.bwd_flags.values()):
             if name_ not in self.inputs:
                 raise ValueError(f"Op {name}: {name_!r} is not one of its inputs {self.inputs}")
@@ -347,13 +365,27 @@ def _device_of(tensors):
 
 
 # ---------------------------------------------------------------- autograd
+class PlanResiduals:
+    """Base of what an op's launch plan path keeps for its backward (torch
+    tensors and addresses). `aliased`: the input and output tensors whose
+    memory the residuals read, saved so that autograd's version check
+    catches in-place edits between forward and backward."""
+    __slots__ = ("aliased",)
+
+
 def _forward(op: Op, graph, static: dict, tensors, needs: dict):
     """op.fwd on the tensors' arrays, with each fwd flag set from `needs`
     (input name -> gradient wanted): (outputs as tensors, single output?,
-    residuals, bf16?, device)."""
+    residuals, bf16?, device). On CUDA, the op's launch plan path when it
+    serves the call."""
+    device = _device_of(tensors)
+    if device.type == "cuda" and op.cuda is not None and PLANS:
+        done = op.cuda.forward(graph, static, tensors, needs)
+        if done is not None:
+            outs, single, res = done
+            return outs, single, res, False, device
     bf16 = any(t is not None and t.dtype == torch.bfloat16
                for name, t in zip(op.inputs, tensors) if name in op.features)
-    device = _device_of(tensors)
     with device_scope(device):
         shared = _shared_device(device)
         arrays = [None if t is None else _to_array(t, shared) for t in tensors]
@@ -378,7 +410,10 @@ class FastgnnFunction(torch.autograd.Function):
         outs, single, res, bf16, device = _forward(op, graph, static, tensors, needs)
         ctx.op, ctx.graph, ctx.bf16, ctx.device = op, graph, bf16, device
         ctx.in_dtypes = [None if t is None else t.dtype for t in tensors]
-        if any(needs.values()):
+        if any(needs.values()) and isinstance(res, PlanResiduals):
+            ctx.res = res
+            ctx.save_for_backward(*res.aliased)
+        elif any(needs.values()):
             ctx.res = res
             # Residuals may alias input memory (DLPack views). Saving those
             # inputs makes autograd's version check catch in-place edits
@@ -413,7 +448,10 @@ def _backward(op: Op, graph, res, device, bf16: bool, in_dtypes, needs: dict, gr
     """op.bwd(graph, res, *cotangent arrays, **bwd flags, **tensor_kw as
     arrays) -> one gradient tensor (in its input's dtype) or None per input;
     the other half of `_forward`. A tensor given under several keywords is
-    converted once (one array object: the op may rely on their identity)."""
+    converted once (one array object: the op may rely on their identity).
+    Residuals of the op's launch plan path go back to that path."""
+    if isinstance(res, PlanResiduals):
+        return op.cuda.backward(graph, res, grad_outs, needs, tensor_kw or {})
     with device_scope(device):
         shared = _shared_device(device)
         garrs = [None if g is None else _to_array(g, shared) for g in grad_outs]

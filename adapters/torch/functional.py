@@ -9,16 +9,14 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 import fastgnn
-from fastgnn._array import check_deterministic
-from fastgnn.ops.segment import (parse_reduce, segment_csr_bwd, segment_csr_fwd,
-                                 segment_reduce_bwd, segment_reduce_fwd)
+from fastgnn.ops.segment import segment_csr_bwd, segment_csr_fwd, segment_reduce_bwd, segment_reduce_fwd
 from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
 from ._autograd import (Op, _backward, _forward, _torch_stream_ptr, apply, device_scope, to_array,
                         to_tensor)
-from . import custom_ops, segment_cuda
+from . import custom_ops, plans
 from .gemm import g_w, tf32_allowed, x_wt
-from .graph_cache import _is_edge_index_type, graph_input, resolve
+from .graph_cache import _is_edge_index_type, graph_input, is_dgl_graph, resolve
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr",
            "add_bias", "bias_grad", "SPMM",
@@ -131,11 +129,12 @@ def _rows(x):
 def _node_sizes(edge_index_or_graph, x, num_nodes):
     """num_nodes for `resolve`: the caller's, else x.size(0) sources and as
     many targets, unless the input carries its own target count (a sparse
-    adj_t's rows, an EdgeIndex's sparse_size()[1]), which then stands."""
+    adj_t's rows, an EdgeIndex's sparse_size()[1], a DGLGraph's destination
+    nodes), which then stands."""
     if num_nodes is not None:
         return num_nodes
     adj = edge_index_or_graph
-    own = isinstance(adj, torch.Tensor) and (
+    own = is_dgl_graph(adj) or isinstance(adj, torch.Tensor) and (
         adj.layout != torch.strided
         or (_is_edge_index_type(adj) and adj.sparse_size()[1] is not None))
     return (_rows(x), None) if own else _rows(x)
@@ -170,8 +169,9 @@ def spmm(edge_index_or_graph, x, edge_weight=None, reduce="sum", num_nodes=None,
                  PyG EdgeIndex (read as an edge_index, so it is the transpose
                  of the matrix torch_geometric.utils.spmm reads from it),
                  torch sparse adj_t [num_dst, num_src] (its values are the
-                 weights) or fastgnn.Graph; tensors are turned into a Graph
-                 once and cached (`fastgnn.torch.to_graph`).
+                 weights), DGLGraph (edges in DGL's order) or fastgnn.Graph;
+                 the others are turned into a Graph once and cached
+                 (`fastgnn.torch.to_graph`).
     x:           [num_src, F] float tensor (float32/float64 on CPU; also
                  float16/bfloat16 on CUDA), on the graph's device.
     edge_weight: [E] optional float tensor in edge_index's column order
@@ -267,7 +267,7 @@ def _segment_csr_bwd(_graph, res, grad_out):
 
 
 SEGMENT_REDUCE = Op("segment_reduce", segment_reduce_fwd, _segment_reduce_bwd, inputs=("x",),
-                    features=("x",), fwd_flags={"needs_x_grad": "x"})
+                    features=("x",), fwd_flags={"needs_x_grad": "x"}, cuda=plans.SEGMENT_REDUCE)
 SEGMENT_CSR = Op("segment_csr", _segment_csr_fwd, _segment_csr_bwd, inputs=("ptr", "src"),
                  features=("src",), fwd_flags={"needs_x_grad": "src"})
 
@@ -301,8 +301,8 @@ def segment_reduce(edge_index_or_graph, x, reduce="sum", num_nodes=None, *,
     only when distinct sources tie exactly).
 
     edge_index_or_graph: [2, E] integer tensor (row 0 sources, row 1 targets),
-                 PyG EdgeIndex, unweighted torch sparse adj_t [num_dst, num_src]
-                 or fastgnn.Graph (cached as in `spmm`).
+                 PyG EdgeIndex, unweighted torch sparse adj_t [num_dst, num_src],
+                 DGLGraph or fastgnn.Graph (cached as in `spmm`).
     x:           [num_src, F] float tensor (float32/float64 on CPU; also
                  float16/bfloat16 on CUDA), on the graph's device.
     reduce:      "sum" (or "add"), "mean", "max", "min", "var", "std", "mul", or a
@@ -347,20 +347,15 @@ class _SegmentReduceLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph, static, x, w, b, w_root, x_root):
         needs = ctx.needs_input_grad
-        codes = _fast_codes(graph, x, static)
-        if codes is not None:           # CUDA: launch plans on torch buffers
-            agg, res = segment_cuda.forward(graph, x, codes, residuals=needs[2])
-            bf16 = device = None
-        else:
-            (agg,), _, res, bf16, device = _forward(SEGMENT_REDUCE, graph, static, (x,),
-                                                    {"x": needs[2]})
+        # (on CUDA: the reduction's launch plans on torch buffers, see plans.py)
+        (agg,), _, res, bf16, device = _forward(SEGMENT_REDUCE, graph, static, (x,),
+                                                {"x": needs[2]})
         out = _project(agg, w, b, x if x_root is None else x_root, w_root)
         ctx.set_materialize_grads(False)
         # x stays saved as the residuals may alias it (version check, as
         # FastgnnFunction); agg only for W's gradient
         ctx.save_for_backward(x, agg if needs[3] else None, w, w_root, x_root)
         ctx.graph, ctx.res, ctx.bf16, ctx.device = graph, (res if needs[2] else None), bf16, device
-        ctx.fast = codes is not None
         return out
 
     @staticmethod
@@ -379,9 +374,7 @@ class _SegmentReduceLinear(torch.autograd.Function):
         wants_root = w_root is not None and (needs[6] if x_root is not None else needs[2])
         g_root = g_w(g, w_root) if wants_root else None
         gx = g_root if x_root is None else None
-        if needs[2] and ctx.fast:
-            gx = segment_cuda.backward(ctx.graph, ctx.res, g_w(g, w), addend=gx, out=gx)
-        elif needs[2]:
+        if needs[2]:
             # in place: g_root's buffer becomes x's gradient (one [N, F] less at the peak)
             gx, = _backward(SEGMENT_REDUCE, ctx.graph, ctx.res, ctx.device, ctx.bf16,
                             [x.dtype], {"x": True}, (g_w(g, w),), {"addend": gx, "out": gx})
@@ -453,22 +446,9 @@ def segment_reduce_linear(edge_index_or_graph, x, reduce, weight, bias=None, roo
     static = {"reduce": reduce, "deterministic": deterministic}
     tensors = (x, weight, bias, root_weight, x_root)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
-        codes = _fast_codes(graph, x, static)
-        agg = (segment_cuda.forward(graph, x, codes, residuals=False)[0] if codes is not None
-               else apply(SEGMENT_REDUCE, graph, x, **static))
+        agg = apply(SEGMENT_REDUCE, graph, x, **static)
         return _project(agg, weight, bias, x if x_root is None else x_root, root_weight)
     return _SegmentReduceLinear.apply(graph, static, *tensors)
-
-
-def _fast_codes(graph, x, static):
-    """The reductions as a tuple when `segment_cuda`'s fast path serves this
-    call (validated as the core would: parse_reduce, check_deterministic),
-    else None (the generic bridge validates on its own)."""
-    if not x.is_cuda:
-        return None
-    codes, _ = parse_reduce(static["reduce"])
-    det = check_deterministic(static["deterministic"])
-    return codes if segment_cuda.usable(graph, x, codes, det) else None
 
 
 def segment_csr(ptr, src, reduce="sum", *, deterministic=True):

@@ -24,8 +24,8 @@ traffic is what costs, that removes it). "cpu": the thread's CPU time
     python benchmarks/dev/probe_backward_handoff.py file:.data/soc-brightkite.txt SAGEConv_max 200
     python benchmarks/dev/probe_backward_handoff.py uniform17 SAGEConv_max 200 generic
 
-A fourth argument "generic" turns fastgnn.torch's CUDA fast path of the
-fused node off (segment_cuda.usable -> False): the generic bridge's figures.
+A fourth argument "generic" turns fastgnn.torch's CUDA launch plans off
+(_autograd.PLANS = False): the DLPack bridge's figures.
 """
 import os
 import statistics
@@ -140,7 +140,7 @@ def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200, 
 if __name__ == "__main__":
     a = sys.argv[1:]
     if a[3:] == ["generic"]:
-        from fastgnn.torch import segment_cuda
-        segment_cuda.usable = lambda *args: False
+        from fastgnn.torch import _autograd
+        _autograd.PLANS = False
     main(a[0] if a else "file:.data/soc-brightkite.txt", a[1] if len(a) > 1 else "SAGEConv_max",
          int(a[2]) if len(a) > 2 else 200)

@@ -20,11 +20,11 @@ feature)); a pure max/min then needs no transpose at all, a multi-reduction's
 walk keeps only the linear terms (no arg rows read). Interface as the CPU
 backend (fastgnn/backends/cpu/segment.py).
 
-Each direction's launches for one (graph, request) are a plan (FwdPlan,
-BwdPlan: kernel names, grids, task arrays, scalars, buffer layouts) cached on
-the graph; segment_fwd / segment_bwd allocate CuPy buffers and run one, and
-fastgnn.torch's fast path (adapters/torch/segment_cuda.py) runs the same
-plans on torch-allocated buffers.
+Each direction's launches for one (graph, request) are a launch plan
+(FwdPlan, BwdPlan; plan.py: kernels, grids, task arrays, scalars, buffer
+layouts) cached on the graph; segment_fwd / segment_bwd allocate CuPy
+buffers and run one, and fastgnn.torch (adapters/torch/plans.py) runs the
+same plans on torch-allocated buffers.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ import numpy as np
 from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STATS, SEGMENT_TERMS,
                      STAT_NOARG, VALUE_BYTES, get_function, segment_bwd_kernel,
                      segment_position_type, vec_widths)
+from .plan import Launch, LaunchPlan, Slot
 from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, from_acc, lane_group,
                    task_plan, to_acc)
 
@@ -72,22 +73,12 @@ def _packed(codes: tuple):
 
 # ------------------------------------------------------------ launch plans
 # Everything a launch needs that depends only on the graph and the request
-# (kernel names, grids, the task arrays, scalar arguments, the byte layout of
-# the per-call buffers) is built once per (graph, request) and cached on the
-# graph; a call then allocates its buffers and launches. The launchers below
-# hand the plans CuPy arrays; fastgnn.torch's fast path hands them raw
-# addresses of torch-allocated buffers (`_address` takes either).
+# (kernels, grids, the task arrays, scalar arguments, the byte layout of the
+# per-call buffers) is a LaunchPlan (plan.py) built once per (graph,
+# request) and cached on the graph; a call then allocates its buffers and
+# runs the plan on their addresses. The launchers below run the plans on
+# CuPy arrays; fastgnn.torch runs the same plans on torch tensors.
 _ALIGN = 256          # byte alignment of each buffer carved out of a workspace
-
-
-def _address(a) -> int:
-    """Device address of a kernel pointer argument: a CuPy array, an int
-    address, or None (0: absent)."""
-    if a is None:
-        return 0
-    if isinstance(a, int):
-        return a
-    return a.data.ptr
 
 
 def _layout(sizes):
@@ -103,10 +94,16 @@ def _layout(sizes):
     return tuple(offsets), total
 
 
-def carve(workspace, offsets):
-    """Addresses of the buffers at `offsets` in `workspace` (0 where absent)."""
-    ws = _address(workspace)
-    return [0 if o is None else ws + o for o in offsets]
+def carve(base: int, offsets):
+    """Addresses of the buffers at `offsets` in the allocation at `base`
+    (0 where absent)."""
+    return [0 if o is None or not base else base + o for o in offsets]
+
+
+def _in(index, offset):
+    """A pointer parameter at `offset` bytes into call buffer `index`, or
+    null where the offset is None (a buffer the plan does not use)."""
+    return None if offset is None else Slot(index, offset)
 
 
 def vec_for(vtype, F, *spans):
@@ -124,28 +121,39 @@ def _spans(*arrays):
     return [(a.data.ptr, a.itemsize) for a in arrays if a is not None]
 
 
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
+
+
+def _stream() -> int:
+    return cp.cuda.get_current_stream().ptr
+
+
 def arg_terms(codes) -> tuple:
     """The reductions of `codes` with an arg term in the backward ("max",
     "min", in that order: the walk's and BwdPlan's order)."""
     return tuple(c for c in ("max", "min") if c in codes)
 
 
-def _run(spec, types, args, stream):
-    """One launch of a plan: spec = (family, kernel name, grid, leading
-    arguments, trailing arguments), fixed per plan; `args` go between the two
-    (the call's buffers); types = (value type, index type)."""
-    family, name, grid, head, tail = spec
-    get_function(family, *types, name)(grid, (BLOCK,), (*head, *args, *tail), stream=stream)
+def _launch(types, name, grid, args, family="segment"):
+    """A Launch of kernel `name` of `family`'s (value type, index type) module."""
+    return Launch(get_function(family, *types, name), grid, args, name=name)
 
 
-class FwdPlan:
+# the call buffers of a FwdPlan, in `run`'s order
+FWD_X, FWD_OUT, FWD_RESIDUALS, FWD_WORKSPACE = 0, 1, 2, 8
+
+
+class FwdPlan(LaunchPlan):
     """The forward's launches for one (graph, codes, F, value type,
     residuals, VEC, chunk): segment_fwd over the task list, then
     segment_combine over split rows when there are any.
 
-    Buffers of a call: out [num_dst, R*F] (x's dtype); `residual_dtypes`:
-    argmax, argmin, mean, std, mul's product, mul's one-zero product, each
-    [num_dst, F] of that dtype or absent (None); a workspace of
+    run(stream, (x, out, argmax, argmin, mean, std, mul's product, mul's
+    one-zero product, workspace)): x [num_src, F]; out [num_dst, R*F] (x's
+    dtype); the six residuals [num_dst, F] of `residual_dtypes` (None:
+    absent, address 0), which `residual_offsets` lays out in one allocation
+    of `residual_bytes` (how fastgnn.torch allocates them); a workspace of
     `workspace_bytes` for the split rows' partial states."""
 
     def __init__(self, graph, codes, F, vtype, residuals, vec, chunk):
@@ -166,49 +174,48 @@ class FwdPlan:
                                 pos if residuals and "min" in codes else None,
                                 acc if var else None, acc if var and "std" in codes else None,
                                 acc if mul else None, acc if mul else None)
-        # the six in one buffer (fastgnn.torch's fast path allocates them so)
+        # the six in one buffer (fastgnn.torch allocates them so)
         self.residual_offsets, self.residual_bytes = _layout(
             [0 if d is None else n * F * d.itemsize for d in self.residual_dtypes])
         tasks = task_plan(graph, chunk)
         S = tasks.num_slots
         # partial states of split rows: only those of the statistics computed
         # (sum, sum of squares, max, min, product, zero count; positions of max, min)
-        self.offsets, self.workspace_bytes = _layout(
+        offsets, self.workspace_bytes = _layout(
             [S * F * acc.itemsize if stats & bit else 0
              for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD, STAT_PROD)]
             + [S * F * pos.itemsize if stats & bit else 0 for bit in (STAT_MAX, STAT_MIN)])
         group = lane_group(-(-F // vec))
         T, I = C_VALUE[vtype], C_INDEX[itype]
         P = segment_position_type(itype, pos.name, has_args)
-        self.types = vtype, itype
-        self.empty = F == 0 or n == 0
-        num_tasks = int(tasks.task_row.shape[0])
-        packed = _packed(codes)
-        self.fwd = ("segment", f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>",
-                    _grid(num_tasks, group),
-                    (tasks.task_row, tasks.task_begin, tasks.task_slot, graph.indptr,
-                     graph.indices),
-                    (np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
-                     np.int32(R), np.int32(packed)))
-        num_split = int(tasks.split_row.shape[0])
-        # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)
-        self.combine = None if not num_split else (
-            "segment", f"segment_combine<{T}, {I}, {vec}, {P}>", _grid(num_split, group),
-            (tasks.split_row, tasks.slot_ptr, graph.indptr),
-            (np.int64(num_split), np.int32(F), np.int32(group), np.int32(stats), np.int32(R),
-             np.int32(packed)))
+        types = vtype, itype
+        parts = [_in(FWD_WORKSPACE, o) for o in offsets]
+        resid = [Slot(FWD_RESIDUALS + k) for k in range(6)]
+        launches = []
+        if F and n:
+            num_tasks = int(tasks.task_row.shape[0])
+            packed = np.int32(_packed(codes))
+            launches.append(_launch(
+                types, f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>", _grid(num_tasks, group),
+                (tasks.task_row, tasks.task_begin, tasks.task_slot, graph.indptr, graph.indices,
+                 Slot(FWD_X), Slot(FWD_OUT), *resid, *parts,
+                 np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
+                 np.int32(R), packed)))
+            num_split = int(tasks.split_row.shape[0])
+            if num_split:
+                # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)
+                launches.append(_launch(
+                    types, f"segment_combine<{T}, {I}, {vec}, {P}>", _grid(num_split, group),
+                    (tasks.split_row, tasks.slot_ptr, graph.indptr, *parts, Slot(FWD_OUT),
+                     *resid, np.int64(num_split), np.int32(F), np.int32(group),
+                     np.int32(stats), np.int32(R), packed)))
+        super().__init__(launches, device=graph_device(graph))
 
-    def launch(self, x, out, residuals, workspace, stream=None):
-        """Run the forward: x [num_src, F], out [num_dst, R*F], the six
-        residual buffers (None where the plan has none) and the workspace, as
-        CuPy arrays or int addresses, on `stream` (None: CuPy's current one)."""
-        if self.empty:
-            return
-        parts = carve(workspace, self.offsets)
-        resid = [_address(r) for r in residuals]
-        _run(self.fwd, self.types, (_address(x), _address(out), *resid, *parts), stream)
-        if self.combine is not None:
-            _run(self.combine, self.types, (*parts, _address(out), *resid), stream)
+
+def graph_device(graph):
+    """CUDA device index of the graph's arrays, None for a CPU graph (cached)."""
+    return graph.cached("cuda_device_index", lambda: (
+        int(graph.indices.device.id) if isinstance(graph.indices, cp.ndarray) else None))
 
 
 def _cached_plan(graph, key, build, context):
@@ -239,7 +246,7 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     plan = fwd_plan(graph, codes, F, vtype, residuals, vec_for(vtype, F, *_spans(x, out)), chunk)
     resid = [None if d is None else cp.empty((n, F), dtype=d) for d in plan.residual_dtypes]
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.launch(x, out, resid, ws)
+    plan.run(_stream(), (x.data.ptr, out.data.ptr, *(_ptr(r) for r in resid), _ptr(ws)))
     argmax, argmin, mean, std, mul_out, mul_zero = resid
     return out, argmax, argmin, mean, std, None if mul_out is None else (mul_out, mul_zero)
 
@@ -267,17 +274,24 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
           _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
 
 
-class BwdPlan:
+# the call buffers of a BwdPlan, in `run`'s order
+(BWD_X, BWD_G, BWD_MEAN, BWD_STD, BWD_MUL_OUT, BWD_MUL_ZERO, BWD_ARG0, BWD_ARG1, BWD_ADDEND,
+ BWD_GRAD, BWD_WORKSPACE) = range(11)
+
+
+class BwdPlan(LaunchPlan):
     """The deterministic backward's launches for one (graph, codes, F, value
     type, walk_args, VEC, chunk): segment_coef (when there are linear terms),
     the transpose walk segment_bwd, spmm_combine over split source rows.
     walk_args: the arg terms ("max", "min", in that order) the walk adds
     (none when the atomic path adds them).
 
-    Buffers of a call: x (read with var/std/mul: `needs_x`), the cotangent g
-    [num_dst, R*F], the forward's residuals, an optional acc_t addend
-    [num_src, F], grad [num_src, F] and a workspace of `workspace_bytes` for
-    the coefficient rows and the split rows' partial sums."""
+    run(stream, (x, g, mean, std, mul's product, mul's one-zero product,
+    arg0, arg1, addend, grad, workspace)): x (read with var/std/mul:
+    `needs_x`), the cotangent g [num_dst, R*F], the forward's residuals, the
+    walk_args' position arrays, an optional acc_t addend [num_src, F], grad
+    [num_src, F] and a workspace of `workspace_bytes` for the coefficient
+    rows and the split rows' partial sums."""
 
     def __init__(self, graph, codes, F, vtype, walk_args, vec, chunk):
         itype = _ITYPE[np.dtype(graph.index_dtype)]
@@ -291,57 +305,45 @@ class BwdPlan:
         tasks = task_plan(t, chunk)
         row = n * F * acc.itemsize
         # coef_a, coef_b, coef_c, coef_d, the walk's partial sums
-        self.offsets, self.workspace_bytes = _layout(
+        offsets, self.workspace_bytes = _layout(
             [row if has_a else 0, row if has_b else 0, row if has_c else 0, row if has_c else 0,
              tasks.num_slots * F * acc.itemsize])
+        coef_a, coef_b, coef_c, coef_d, partial = (_in(BWD_WORKSPACE, o) for o in offsets)
         pos = graph.position_dtype if walk_args else np.dtype(graph.index_dtype)
         lin, narg = _terms(3 if has_c else 2 if has_b else int(has_a), len(walk_args))
         P = segment_position_type(itype, pos.name, narg > 0)
         T, I = C_VALUE[vtype], C_INDEX[itype]
         group = lane_group(-(-F // vec))
-        self.types = vtype, itype
-        self.empty = F == 0 or graph.num_src == 0
-        # the cotangent block of each arg term, as a byte offset into g
-        self.arg_blocks = [codes.index(c) * F * VALUE_BYTES[vtype] for c in walk_args]
-        self.coef = None if not (has_a or has_c) or not n else (
-            "segment", f"segment_coef<{T}, {I}>", _grid(n * F, 1), (graph.indptr,),
-            (np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes))))
-        num_tasks = int(tasks.task_row.shape[0])
-        self.walk = ("segment",
-                     f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>",
-                     _grid(num_tasks, group),
-                     (tasks.task_row, tasks.task_begin, tasks.task_slot, t.indptr, t.indices,
-                      _arg(graph.transpose_positions if walk_args else None)),
-                     (np.int64(num_tasks), np.int32(F), np.int64(R * F), np.int32(chunk),
-                      np.int32(group)))
-        num_split = int(tasks.split_row.shape[0])
-        self.combine = None if not num_split else (
-            "spmm", f"spmm_combine<{T}, {I}, {vec}>", _grid(num_split, group),
-            (tasks.split_row, tasks.slot_ptr),
-            (np.int64(num_split), np.int32(F), np.int32(group)))
-
-    def launch(self, x, g, mean, std, mul, args, addend, grad, workspace, stream=None):
-        """Run the backward: args are the walk_args' position arrays; mul is
-        (product, one-zero product) or None; the rest as in __init__'s
-        docstring, as CuPy arrays or int addresses (None: absent), on `stream`
-        (None: CuPy's current one)."""
-        if self.empty:
-            return
-        coef_a, coef_b, coef_c, coef_d, partial = carve(workspace, self.offsets)
-        g_at = _address(g)
-        mul_out, mul_zero = (None, None) if mul is None else mul
-        if self.coef is not None:
-            _run(self.coef, self.types, (g_at, _address(mean), _address(std), _address(mul_out),
-                                         _address(mul_zero), coef_a, coef_b, coef_c, coef_d),
-                 stream)
-        terms = [(_address(a), g_at + off) for a, off in zip(args, self.arg_blocks)]
-        terms += [(0, 0)] * (2 - len(terms))
-        grad_at = _address(grad)
-        _run(self.walk, self.types, (_address(x) if self.needs_x else 0, coef_a, coef_b, coef_c,
-                                     coef_d, *terms[0], *terms[1], _address(addend), grad_at,
-                                     partial), stream)
-        if self.combine is not None:
-            _run(self.combine, self.types, (partial, 0, 0, grad_at), stream)
+        types = vtype, itype
+        # each arg term: its positions and its cotangent block (a byte offset into g)
+        terms = [(Slot(BWD_ARG0 + k), Slot(BWD_G, codes.index(c) * F * VALUE_BYTES[vtype]))
+                 for k, c in enumerate(walk_args)]
+        terms += [(None, None)] * (2 - len(terms))
+        launches = []
+        if F and graph.num_src:
+            if (has_a or has_c) and n:
+                launches.append(_launch(
+                    types, f"segment_coef<{T}, {I}>", _grid(n * F, 1),
+                    (graph.indptr, Slot(BWD_G), Slot(BWD_MEAN), Slot(BWD_STD),
+                     Slot(BWD_MUL_OUT), Slot(BWD_MUL_ZERO), coef_a, coef_b, coef_c, coef_d,
+                     np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes)))))
+            num_tasks = int(tasks.task_row.shape[0])
+            launches.append(_launch(
+                types, f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>",
+                _grid(num_tasks, group),
+                (tasks.task_row, tasks.task_begin, tasks.task_slot, t.indptr, t.indices,
+                 graph.transpose_positions if walk_args else None,
+                 Slot(BWD_X) if self.needs_x else None, coef_a, coef_b, coef_c, coef_d,
+                 *terms[0], *terms[1], Slot(BWD_ADDEND), Slot(BWD_GRAD), partial,
+                 np.int64(num_tasks), np.int32(F), np.int64(R * F), np.int32(chunk),
+                 np.int32(group))))
+            num_split = int(tasks.split_row.shape[0])
+            if num_split:
+                launches.append(_launch(
+                    types, f"spmm_combine<{T}, {I}, {vec}>", _grid(num_split, group),
+                    (tasks.split_row, tasks.slot_ptr, partial, None, None, Slot(BWD_GRAD),
+                     np.int64(num_split), np.int32(F), np.int32(group)), family="spmm"))
+        super().__init__(launches, device=graph_device(graph))
 
 
 def bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk=DEFAULT_CHUNK,
@@ -410,7 +412,11 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
     vec = vec_for(vtype, F, *_spans(x if needs_x else None, addend, grad, *(a for _, a in named)))
     plan = bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.launch(x, g, mean, std, mul, [a for _, a in named], addend, grad, ws)
+    args = [a for _, a in named] + [None] * (2 - len(named))
+    mul_out, mul_zero = (None, None) if mul is None else mul
+    plan.run(_stream(), (_ptr(x) if plan.needs_x else 0, g.data.ptr, _ptr(mean), _ptr(std),
+                         _ptr(mul_out), _ptr(mul_zero), _ptr(args[0]), _ptr(args[1]),
+                         _ptr(addend), grad.data.ptr, _ptr(ws)))
     if atomic and same_acc:            # float/double: the max/min atomics go in last
         _arg_scatter(graph, atomic, grad, vtype, itype, R * F)
     return grad

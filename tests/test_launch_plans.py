@@ -1,0 +1,296 @@
+"""Launch plans on the CPU (no GPU needed): the parameter blocks they pack,
+checked against each kernel's C signature in kernels_cuda/, and the torch
+adapter's plan path (bridge, plans.py, the backends' plan builders, the
+launch loop) run end to end against fakes: task lists built with NumPy,
+kernels that are addresses, a cuLaunchKernel that records its arguments.
+"""
+import ctypes
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import fastgnn
+import fastgnn.torch as ft
+from fastgnn.testing import awkward_edge_index
+
+plan = pytest.importorskip("fastgnn.backends.cuda.plan")   # CuPy imports without a GPU
+from fastgnn.backends.cuda import loader, segment, spmm as cuda_spmm  # noqa: E402
+from fastgnn.torch import _autograd, plans  # noqa: E402
+
+
+# ------------------------------------------------- kernel signatures (C)
+def _split_params(text):
+    """Top-level comma split of a parameter list."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        out.append("".join(cur))
+    return [p.strip() for p in out]
+
+
+def _strip_comments(src):
+    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", src)
+
+
+def kernel_signatures():
+    """{kernel name: [C parameter kind]} of every __global__ function in
+    kernels_cuda/ (kinds: "ptr", "int64", "int32", "uint64", "float32",
+    "float64", or "acc" for the value type's accumulation scalar)."""
+    src = "".join(_strip_comments(loader.source(f)) for f in ("spmm", "segment", "attention"))
+    with open(f"{loader.kernels_dir()}/common.cuh") as f:
+        src += _strip_comments(f.read())
+    macros = {m.group(1): m.group(2).replace("\\\n", " ")
+              for m in re.finditer(r"#define\s+(\w+)\s+((?:[^\n]*\\\n)*[^\n]*)", src)}
+    sigs = {}
+    for m in re.finditer(r"__global__\s+void\s", src):
+        i = m.end()
+        while True:                  # skip launch bounds and macros to the kernel's name
+            i = _skip_space(src, i)
+            if src.startswith("__launch_bounds__", i):
+                i = _balanced(src, src.index("(", i))
+                continue
+            word = re.match(r"\w+", src[i:]).group(0)
+            i = _skip_space(src, i + len(word))
+            if src[i] == "(":
+                break
+        name, end = word, _balanced(src, i)
+        sigs[name] = [_kind(p) for p in _expand(src[i + 1:end - 1], macros)]
+    return sigs
+
+
+def _expand(params, macros):
+    """The parameters of a list, macros (SEGMENT_BWD_PARAMS, ...) expanded."""
+    out = []
+    for p in _split_params(params):
+        out += _expand(macros[p], macros) if p in macros else [p]
+    return out
+
+
+def _skip_space(src, i):
+    while src[i].isspace():
+        i += 1
+    return i
+
+
+def _balanced(src, i):
+    """Index after the parenthesis group opening at src[i]."""
+    depth = 0
+    while True:
+        depth += {"(": 1, ")": -1}.get(src[i], 0)
+        i += 1
+        if depth == 0:
+            return i
+
+
+def _kind(param):
+    p = re.sub(r"__restrict__|const", " ", param)
+    if "*" in p:
+        return "ptr"
+    words = p.split()[:-1]                       # the type, without the name
+    t = " ".join(words)
+    table = {"i64": "int64", "long long": "int64", "int": "int32", "unsigned long long": "uint64",
+             "u64": "uint64", "float": "float32", "double": "float64", "A": "acc"}
+    if t in table:
+        return table[t]
+    if "acc_t" in t:
+        return "acc"
+    raise AssertionError(f"unknown C parameter type {param!r}")
+
+
+def _base(name):
+    return name.split("<")[0]
+
+
+def _acc_kind(launch_name):
+    return "float64" if "<double" in launch_name or ", double" in launch_name else "float32"
+
+
+def assert_matches_signature(launch, sigs):
+    want = sigs[_base(launch.name)]
+    got = launch.kinds
+    assert len(got) == len(want), (launch.name, len(got), len(want))
+    for i, (g, w) in enumerate(zip(got, want)):
+        w = _acc_kind(launch.name) if w == "acc" else w
+        assert g == w, f"{launch.name}: parameter {i} packed as {g}, the kernel takes {w}"
+
+
+def test_signature_parser_reads_every_kernel():
+    sigs = kernel_signatures()
+    for name in ("spmm_fwd", "spmm_combine", "sddmm", "segment_fwd", "segment_combine",
+                 "segment_coef", "segment_bwd", "segment_bwd_capped", "segment_arg_scatter",
+                 "column_sum", "cast_from_acc"):
+        assert name in sigs, name
+    assert sigs["column_sum"] == ["ptr", "ptr", "int64", "int32", "int32"]
+    assert sigs["segment_bwd"][-5:] == ["int64", "int32", "int64", "int32", "int32"]
+
+
+# ------------------------------------------------------- argument packing
+def test_pack_lays_each_parameter_in_its_own_slot():
+    arr = np.arange(4, dtype=np.float32)
+    args = (plan.Slot(0), arr, None, np.int32(-7), np.int64(1 << 40), np.uint64(2 ** 64 - 1),
+            np.float32(1.5), np.float64(-2.25), plan.Slot(1, 256))
+    values, dynamic, keep, kinds = plan.pack(args)
+    raw = values.view(np.uint8)
+    assert values.dtype == np.uint64 and values.shape == (len(args),)
+    assert values[1] == arr.ctypes.data and values[2] == 0 and keep == [arr]
+    assert raw[24:28].view(np.int32)[0] == -7 and not raw[28:32].any()
+    assert raw[32:40].view(np.int64)[0] == 1 << 40
+    assert values[5] == 2 ** 64 - 1
+    assert raw[48:52].view(np.float32)[0] == 1.5 and not raw[52:56].any()
+    assert raw[56:64].view(np.float64)[0] == -2.25
+    assert dynamic == ((0, 0, 0), (8, 1, 256))
+    assert kinds == ("ptr", "ptr", "ptr", "int32", "int64", "uint64", "float32", "float64",
+                     "ptr")
+    for bad in (3, 2.0, True):
+        with pytest.raises(TypeError, match="C width"):
+            plan.pack((bad,))
+    with pytest.raises(TypeError, match="unsupported scalar"):
+        plan.pack((np.int16(1),))
+
+
+def test_launch_params_point_at_the_slots_and_fill_writes_addresses():
+    launch = plan.Launch(0x1234, (3,), (plan.Slot(1), plan.Slot(0, 16), np.int32(5), None))
+    assert launch.grid == (3, 1, 1) and launch.block == (plan.BLOCK, 1, 1)
+    base = launch.values.ctypes.data
+    assert list(launch.params) == [base + 8 * i for i in range(4)]
+    launch.fill((0x1000, 0x2000))
+    assert list(launch.values[:2]) == [0x2000, 0x1010]
+    launch.fill((0, 0x3000))               # an absent buffer stays null, offset or not
+    assert list(launch.values[:2]) == [0x3000, 0]
+    assert launch.values.view(np.uint8)[16:20].view(np.int32)[0] == 5
+
+
+# ---------------------------------------------------- the fake CUDA world
+class _Kernel:
+    """A compiled kernel as the loader returns it: .kernel.ptr is the CUfunction."""
+
+    def __init__(self, ptr):
+        self.kernel = type("Function", (), {"ptr": ptr})()
+
+
+def _read_params(params_ptr, n):
+    """The n 8-byte parameter values cuLaunchKernel would read at kernelParams."""
+    ptrs = (ctypes.c_uint64 * n).from_address(params_ptr)
+    return [ctypes.c_uint64.from_address(p).value for p in ptrs]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Plans build on CPU graphs (NumPy task lists, address kernels), launch
+    into a recorder, and the torch bridge takes the plan path for CPU tensors
+    (its device read as cuda:0)."""
+    names = {}
+
+    def get_function(family, vtype, itype, name):
+        ptr = names.setdefault((family, vtype, itype, name), 0x10000 + 16 * len(names))
+        return _Kernel(ptr)
+
+    launches = []
+
+    def launch_kernel(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
+
+    monkeypatch.setattr(cuda_spmm, "cp", np)           # task_plan with NumPy
+    monkeypatch.setattr(segment, "get_function", get_function)
+    monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
+    monkeypatch.setattr(plan, "ensure_context", lambda device: None)
+    monkeypatch.setattr(plans, "_device_index", lambda graph, t: 0)
+    monkeypatch.setattr(plans, "_torch_stream_ptr", lambda idx: 0xabc)
+    monkeypatch.setattr(_autograd, "_device_of", lambda tensors: torch.device("cuda", 0))
+    return launches
+
+
+def _plans_of(graph):
+    return [v for v in graph.cache.values() if isinstance(v, plan.LaunchPlan)]
+
+
+def _check_launches(recorded, graph, sigs):
+    """Every recorded launch is one of the graph's plans' launches, with its
+    parameter block as packed, on the caller's stream."""
+    by_func = {}
+    for p in _plans_of(graph):
+        for l in p.launches:
+            by_func.setdefault(l.params_ptr, l)
+    for func, grid, block, smem, stream, params in recorded:
+        l = by_func[params]
+        assert (func, grid, block, smem, stream) == (l.func, l.grid, l.block, l.smem, 0xabc)
+        assert _read_params(params, len(l.kinds)) == list(l.values[:len(l.kinds)])
+        assert_matches_signature(l, sigs)
+
+
+@pytest.mark.parametrize("reduce", ["max", ["mean", "max", "min", "std"], "mul", ["sum", "var"]],
+                         ids=str)
+def test_segment_plan_path_runs_end_to_end_against_fakes(fake_cuda, reduce):
+    """ft.segment_reduce forward + backward through the bridge's plan path:
+    the fwd and bwd plans are built (a split hub row: the forward's combine
+    kernel too), every launch matches its kernel's signature, the x / out / grad
+    slots hold those tensors' addresses, and nothing went through DLPack."""
+    n = 300
+    ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=1))
+    g = ft.to_graph(ei, n)
+    x = torch.randn(n, 16, dtype=torch.float64, requires_grad=True)
+    out = ft.segment_reduce(g, x, reduce)
+    assert out.shape == (n, 16 * (1 if isinstance(reduce, str) else len(reduce)))
+    fwd = [p for p in _plans_of(g) if isinstance(p, segment.FwdPlan)]
+    assert len(fwd) == 1 and len(fwd[0].launches) == 2          # segment_fwd + segment_combine
+    assert fwd[0].launches[0].values[5] == x.data_ptr()         # x (contiguous: no copy)
+    assert fwd[0].launches[0].values[6] == out.data_ptr()
+    assert type(out.grad_fn).__name__ == "FastgnnFunctionBackward"
+    gx, = torch.autograd.grad(out, [x], torch.ones_like(out))
+    bwd = [p for p in _plans_of(g) if isinstance(p, segment.BwdPlan)]
+    assert len(bwd) == 1
+    walk = next(l for l in bwd[0].launches if "segment_bwd" in l.name)
+    assert walk.values[16] == gx.data_ptr()                     # grad_x
+    sigs = kernel_signatures()
+    _check_launches(fake_cuda, g, sigs)
+    assert len(fake_cuda) == 2 + len(bwd[0].launches)
+    fake_cuda.clear()
+    with torch.no_grad():                                       # inference: its own plan
+        ft.segment_reduce(g, x, reduce)
+    _check_launches(fake_cuda, g, sigs)
+
+
+def test_segment_reduce_linear_backward_hands_its_addend_to_the_plan(fake_cuda):
+    n, f, m = 200, 8, 5
+    ei = torch.from_numpy(awkward_edge_index(n, 1500, hub_degree=400, seed=2))
+    x = torch.randn(n, f, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(m, f, dtype=torch.float64, requires_grad=True)
+    wr = torch.randn(m, f, dtype=torch.float64, requires_grad=True)
+    out = ft.segment_reduce_linear(ei, x, "max", w, None, wr)
+    out.sum().backward()
+    g = ft.to_graph(ei, n)
+    walk = next(l for p in _plans_of(g) if isinstance(p, segment.BwdPlan) for l in p.launches
+                if "segment_bwd" in l.name)
+    assert walk.values[15] == walk.values[16] == x.grad.data_ptr()   # addend is grad_x, in place
+    _check_launches(fake_cuda, g, kernel_signatures())
+
+
+def test_plan_path_falls_back_to_the_bridge(fake_cuda, monkeypatch):
+    """Requests without a plan (the atomic max backward) and PLANS off take
+    the bridge, which validates as the core does."""
+    n = 50
+    ei = torch.from_numpy(awkward_edge_index(n, 300, seed=3))
+    g = ft.to_graph(ei, n)
+    x = torch.randn(n, 4, dtype=torch.float64, requires_grad=True)
+    assert plans.SEGMENT_REDUCE.forward(g, {"reduce": "max", "deterministic": False}, (x,),
+                                        {"x": True}) is None
+    assert plans.SEGMENT_REDUCE.forward(g, {"reduce": "max"}, (x[:10],), {"x": True}) is None
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        plans.SEGMENT_REDUCE.forward(g, {"reduce": "median"}, (x,), {"x": True})
+    monkeypatch.setattr(_autograd, "PLANS", False)
+    monkeypatch.setattr(_autograd, "_device_of", lambda tensors: torch.device("cpu"))
+    want = fastgnn.segment_reduce(g, x.detach().numpy(), "max")
+    assert np.array_equal(ft.segment_reduce(g, x, "max").detach().numpy(), want)
+    assert not fake_cuda
