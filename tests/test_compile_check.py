@@ -44,3 +44,31 @@ def test_spills_fail(jobs, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "[1/1] spmm float32 int32: 2 kernels in" in captured.out
     assert "spmm_kernel_0 spills 8 B stores / 8 B loads" in captured.err
+
+
+def test_quick_covers_every_kernel_template():
+    """--quick builds every kernel template (the name before its template
+    arguments) of every family at least once, and each index width."""
+    from fastgnn.backends.cuda.loader import instantiations
+
+    def templates(jobs):
+        return {(fam, name.split("<")[0]) for fam, _vt, _it, names in jobs for name in names}
+
+    every = instantiations()
+    quick = [j for j in every if (j[1], j[2]) in compile_check.QUICK]
+    assert templates(quick) == templates(every)
+    assert {it for _f, _v, it, _n in quick} == {it for _f, _v, it, _n in every}
+    assert {fam for fam, *_ in quick} == {fam for fam, *_ in every}
+
+
+def test_quick_compiles_only_its_modules(monkeypatch, capsys):
+    jobs = [("spmm", "float32", "int32", ["a"]), ("spmm", "float64", "int32", ["a"]),
+            ("spmm", "bfloat16", "int64", ["b"]), ("spmm", "float16", "int64", ["b"])]
+    monkeypatch.setattr(compile_check, "instantiations", lambda: jobs)
+    monkeypatch.setattr(compile_check, "compile_family", _stub(0))
+    assert compile_check.main(["--jobs", "1", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "compiling 2 modules (2 kernel instantiations)" in out
+    done = {line.split("]")[1].split(":")[0].strip() for line in out.splitlines()
+            if line.startswith("[")}
+    assert done == {"spmm float32 int32", "spmm bfloat16 int64"}

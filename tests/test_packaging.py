@@ -28,7 +28,7 @@ MAIN_JOB_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install to
                 "&& python -m fastgnn.bench --quick")
 TEST_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 "
             "&& pip install -e '.[test,compile-check]' "
-            "&& python -m fastgnn.backends.cuda.compile_check && python -m pytest -q -m \"not slow\"")
+            "&& python -m fastgnn.backends.cuda.compile_check --quick && python -m pytest -q -m \"not slow\" -n auto --dist loadfile")
 
 OPTIONAL_THIRD_PARTY = ("jax", "jaxlib", "flax", "dgl")   # adapters whose framework CI may lack
 

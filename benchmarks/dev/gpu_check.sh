@@ -17,6 +17,11 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2
 # bench compile every module on first use
 timeout 240 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
 tail -1 "$OUT/prewarm.log"
+# the full NVRTC compile check (every value and index type; CI runs --quick)
+if python3 -c "import cupy_backends.cuda.libs.nvrtc" 2>/dev/null; then
+    timeout 240 python3 -m fastgnn.backends.cuda.compile_check > "$OUT/compile_check.log" 2>&1
+    tail -1 "$OUT/compile_check.log"
+fi
 
 if [ -z "${SKIP_TESTS:-}" ]; then
     # -v: one line per test, so a run cut short by the timeout still names its

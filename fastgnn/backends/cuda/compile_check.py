@@ -5,7 +5,13 @@ Uses CuPy's low-level NVRTC binding (works with the nvidia-cuda-nvrtc wheel on
 a machine with no device). `--ptxas-options=-v` makes ptxas report registers,
 stack frame and spills per kernel in the program log.
 
-    python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose] [--family segment]
+    python -m fastgnn.backends.cuda.compile_check [--arch sm_90] [--verbose] [--family segment] [--quick]
+
+`--quick` compiles two modules per family instead of every (value type,
+index type) pair: float32 with int32 indices and bfloat16 with int64 indices,
+so every kernel template is built once at 32 and once at 16 bits, with each
+index width (CI's check: about a quarter of the full check's time, which runs
+on the GPU machine in benchmarks/dev/gpu_check.sh).
 
 Modules compile in parallel, one per process (all cores, `--jobs N` for
 fewer); each prints one line when it is done (module, kernels, seconds,
@@ -22,6 +28,9 @@ import sys
 import time
 
 from .loader import instantiations, options, source
+
+# the (value type, index type) modules --quick compiles per family
+QUICK = (("float32", "int32"), ("bfloat16", "int64"))
 
 _FUNC = re.compile(r"Compiling entry function '([^']+)'")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -82,13 +91,17 @@ def main(argv=None):
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--family", action="append",
-                    help="only this kernel family (spmm, segment, attention; repeatable)")
+                    help="only this kernel family (spmm, segment, attention, blocksparse; repeatable)")
+    ap.add_argument("--quick", action="store_true",
+                    help="per family only the modules " + ", ".join(f"{v}/{i}" for v, i in QUICK))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                     help="modules compiled at once (default: one per core)")
     args = ap.parse_args(argv)
     t0 = time.time()
     failures, total = [], 0
     jobs = [j for j in instantiations() if not args.family or j[0] in args.family]
+    if args.quick:
+        jobs = [j for j in jobs if (j[1], j[2]) in QUICK]
     # modules are independent: compile them on every core, the largest first
     # (so the last ones to finish are small and no core idles long at the end)
     jobs.sort(key=lambda j: -len(j[3]))
