@@ -186,6 +186,15 @@ def _read_params(params_ptr, n):
     return [ctypes.c_uint64.from_address(p).value for p in ptrs]
 
 
+class _NumpyAsCupy:
+    """NumPy under CuPy's name, on device 0."""
+    cuda = type("cuda", (), {"runtime": type("runtime", (), {"getDevice": staticmethod(
+        lambda: 0)})})
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """Plans build on CPU graphs (NumPy task lists, address kernels), launch
@@ -202,8 +211,10 @@ def fake_cuda(monkeypatch):
     def launch_kernel(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
 
-    monkeypatch.setattr(cuda_spmm, "cp", np)           # task_plan with NumPy
+    monkeypatch.setattr(cuda_spmm, "cp", _NumpyAsCupy())   # task_plan with NumPy
     monkeypatch.setattr(segment, "get_function", get_function)
+    monkeypatch.setattr(cuda_spmm, "get_function", get_function)
+    monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})
     monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
     monkeypatch.setattr(plan, "ensure_context", lambda device: None)
     monkeypatch.setattr(plans, "_device_index", lambda graph, t: 0)
@@ -294,3 +305,38 @@ def test_plan_path_falls_back_to_the_bridge(fake_cuda, monkeypatch):
     want = fastgnn.segment_reduce(g, x.detach().numpy(), "max")
     assert np.array_equal(ft.segment_reduce(g, x, "max").detach().numpy(), want)
     assert not fake_cuda
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_spmm_plan_path_runs_end_to_end_against_fakes(fake_cuda, reduce):
+    """ft.spmm with a bias, forward + backward through the plan path: the
+    custom kernel's plan on the graph and on its transpose (scales swapped),
+    the bias gradient's column-sum plan (two levels), every launch matching
+    its kernel's signature."""
+    n, f = 300, 12
+    ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=5))
+    g = ft.to_graph(ei, n)
+    g.transpose()                              # (the bridge's first backward builds it)
+    x = torch.randn(n, f, dtype=torch.float32, requires_grad=True)
+    b = torch.randn(f, dtype=torch.float32, requires_grad=True)
+    out = ft.spmm(g, x, reduce=reduce, bias=b, path="custom")
+    assert type(out.grad_fn).__name__ == "FastgnnFunctionBackward"
+    (fwd,) = [p for p in _plans_of(g) if isinstance(p, cuda_spmm.SpmmPlan)]
+    assert [l.name.split("<")[0] for l in fwd.launches] == ["spmm_fwd", "spmm_combine"]
+    l = fwd.launches[0]
+    assert (l.values[8], l.values[9], l.values[10]) == (b.data_ptr(), x.data_ptr(),
+                                                        out.data_ptr())
+    assert (l.values[6] != 0) == (reduce == "mean") and l.values[5] == l.values[7] == 0
+    gx, gb = torch.autograd.grad(out, [x, b], torch.ones_like(out))
+    assert gx.shape == x.shape and gb.shape == b.shape
+    (bwd,) = [p for p in _plans_of(g.transpose()) if isinstance(p, cuda_spmm.SpmmPlan)]
+    lt = bwd.launches[0]
+    assert lt.values[10] == gx.data_ptr() and lt.values[7] == l.values[6]   # scales swapped
+    (sums,) = cuda_spmm._column_sum_plans.values()
+    assert [x.name for x in sums.launches] == ["column_sum<float>"] * 2     # 300 rows: 2 levels
+    assert sums.launches[-1].values[1] == gb.data_ptr()                     # into the output
+    sigs = kernel_signatures()
+    for p in (fwd, bwd, sums):
+        for launch in p.launches:
+            assert_matches_signature(launch, sigs)
+    assert len(fake_cuda) == len(fwd.launches) + len(bwd.launches) + len(sums.launches)

@@ -119,7 +119,7 @@ def _spmm_fwd(graph, x, edge_weight, bias, **static):
 SPMM = Op("spmm", _spmm_fwd, spmm_bwd, inputs=("x", "edge_weight", "bias"),
           features=("x", "bias"), fwd_flags={"needs_weight_grad": "edge_weight"},
           bwd_flags={"needs_x_grad": "x", "needs_weight_grad": "edge_weight",
-                     "needs_bias_grad": "bias"})
+                     "needs_bias_grad": "bias"}, cuda=plans.SPMM)
 
 
 def _rows(x):

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from fastgnn._array import check_deterministic, is_cupy
+from fastgnn.backends.cuda.plan import address
 from fastgnn.ops.segment import parse_reduce
 
 from ._autograd import PlanResiduals, _torch_stream_ptr, device_scope
@@ -147,7 +149,7 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
     argmax, argmin, mean, std, mul_out, mul_zero = res.addresses
     walk_args = seg.arg_terms(res.codes)
     args = [argmax if c == "max" else argmin for c in walk_args] + [0] * (2 - len(walk_args))
-    # (the residuals are carved _ALIGN-aligned out of one allocation)
+    # (the residuals are carved ALIGN-aligned out of one allocation)
     vec = seg.vec_for(vtype, F, *_spans(res.x, addend, grad))
     plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope(dev))
     ws = _bytes(plan.workspace_bytes, dev)
@@ -188,3 +190,189 @@ class SegmentReducePath:
 
 
 SEGMENT_REDUCE = SegmentReducePath()
+
+
+# ------------------------------------------------------------------- spmm
+_spmm_be = None      # fastgnn.backends.cuda.spmm, imported on first use (needs CuPy)
+# value types of the SpMM plan path: fp32/fp64 (16-bit features may take the
+# block-sparse Tensor Core kernel, whose choice the bridge makes)
+SPMM_VTYPES = {torch.float32: "float32", torch.float64: "float64"}
+_SPMM_STATIC = frozenset({"reduce", "path", "row_scale", "col_scale", "csr_weights"})
+
+
+def _spmm_backend():
+    global _spmm_be
+    if _spmm_be is None:
+        from fastgnn.backends.cuda import spmm
+        _spmm_be = spmm
+    return _spmm_be
+
+
+def _chunk(be, graph, F, vtype, weighted, scaled, bias, path):
+    """The custom kernel's chunk size the backend's dispatch picks for this
+    request (be.spmm), or None when that is cuSPARSE or not chosen yet
+    ("auto" times the candidates on the bridge's first call and caches the
+    choice on the graph)."""
+    if scaled:
+        return be.DEFAULT_CHUNK
+    if path == "cusparse" and not bias and be.cusparse_supports(graph, vtype):
+        return None
+    if path != "auto" or graph.num_edges == 0 or F == 0:
+        return be.DEFAULT_CHUNK
+    choice = graph.cache.get(("spmm_plan", F, vtype, weighted, "bias" if bias else True))
+    if choice is None or choice.path != "custom":
+        return None
+    return choice.option
+
+
+def _acc_vector(t, n, acc, device):
+    """A constant [n] scale (a tensor, detached by the caller) usable as the
+    kernel's acc-type vector as it is, else None."""
+    return (isinstance(t, torch.Tensor) and t.device == device and t.dtype == acc
+            and t.dim() == 1 and t.shape[0] == n and t.is_contiguous())
+
+
+def _weights_ok(cw, graph, acc: torch.dtype):
+    """Whether constant CsrWeights serve the kernels as they are: CuPy
+    arrays [E] in the acc type on the graph's device."""
+    from fastgnn.ops.spmm import CsrWeights
+    want = np.float64 if acc == torch.float64 else np.float32
+    return (isinstance(cw, CsrWeights) and is_cupy(cw.csr) and is_cupy(cw.transposed)
+            and cw.csr.dtype == cw.transposed.dtype == want
+            and cw.csr.shape == cw.transposed.shape == (graph.num_edges,)
+            and cw.csr.device.id == cw.transposed.device.id == graph.indices.device.id)
+
+
+class SpmmResiduals(PlanResiduals):
+    """What the SpMM backward needs: the transpose's weights and the scales
+    (swapped for it), the chunk its dispatch picked, and whether there is a
+    bias (its gradient: the column sums of the cotangent)."""
+    __slots__ = ("vtype", "weights_t", "row_scale", "col_scale", "chunk_t", "has_bias")
+
+    def __init__(self, vtype, weights_t, row_scale, col_scale, chunk_t, has_bias):
+        self.vtype, self.weights_t, self.chunk_t = vtype, weights_t, chunk_t
+        self.row_scale, self.col_scale, self.has_bias = row_scale, col_scale, has_bias
+        self.aliased = ()
+
+
+def _run_spmm(be, graph, x, weights, row_scale, col_scale, bias, chunk, vtype):
+    """out [num_dst, F] = the custom kernel's SpMM of x on torch buffers (the
+    scales and weights given by address, 0: none)."""
+    F = x.shape[1]
+    out = torch.empty((graph.num_dst, F), dtype=x.dtype, device=x.device)
+    vec = be.spmm_vec(vtype, F, *_spans(x, out, bias))
+    plan = graph.cache.get(("cuda_spmm", F, vtype, bool(weights), chunk, vec))
+    if plan is None:
+        with device_scope(x.device):
+            plan = be.spmm_plan(graph, F, vtype, bool(weights), chunk, vec)
+    ws = _bytes(plan.workspace_bytes, x.device)
+    plan.run(_torch_stream_ptr(x.device.index),
+             (x.data_ptr(), weights, row_scale, col_scale, _ptr(bias), out.data_ptr(), _ptr(ws)))
+    return out
+
+
+def column_sums(g: torch.Tensor, vtype: str, index_dtype) -> torch.Tensor:
+    """[F] fixed-order column sums of g [N, F] (contiguous fp32/fp64, N, F >
+    0) in g's dtype: the backend's ColumnSumPlan on torch buffers."""
+    be = _spmm_backend()
+    rows, cols = g.shape
+    plan = be.column_sum_plan("spmm", vtype, be._ITYPE[np.dtype(index_dtype)], rows, cols,
+                              True, False)
+    out = torch.empty(cols, dtype=g.dtype, device=g.device)
+    ws = _bytes(plan.workspace_bytes, g.device)
+    plan.run(_torch_stream_ptr(g.device.index), (g.data_ptr(), out.data_ptr(), _ptr(ws)))
+    return out
+
+
+def _inv_in_degree(graph, vtype, device):
+    """[num_dst] 1/deg_in (the mean's row scale) in the acc type, cached on
+    the graph by the core (built inside a device scope the first time)."""
+    from fastgnn.ops.spmm import _inv_in_degree as build
+    dtype = np.float64 if vtype == "float64" else np.float32
+    inv = graph.cache.get(("inv_in_degree", np.dtype(dtype).name))
+    if inv is None:
+        with device_scope(device):
+            inv = build(graph, dtype)
+    return inv
+
+
+class SpmmPath:
+    """`Op.cuda` of SPMM (inputs x, edge_weight, bias; static reduce, path,
+    row_scale, col_scale, csr_weights). Takes fp32/fp64 x without
+    edge_weight (constant CsrWeights, scales and a bias of x's dtype are
+    fine) when the backend's dispatch runs the custom kernel both ways
+    (its choices made, see `_chunk`); a mean with a caller's row_scale and
+    anything else take the bridge."""
+
+    def forward(self, graph, static, tensors, needs):
+        x, edge_weight, bias = tensors
+        if (x is None or edge_weight is not None or x.dim() != 2 or x.dtype not in SPMM_VTYPES
+                or graph is None or x.shape[0] != graph.num_src or x.shape[1] == 0
+                or graph.num_dst == 0 or graph.num_src == 0
+                or not _SPMM_STATIC.issuperset(static)):
+            return None
+        reduce, path = static.get("reduce", "sum"), static.get("path", "auto")
+        if reduce not in ("sum", "mean") or path not in ("auto", "custom", "cusparse"):
+            return None
+        F, dev = x.shape[1], x.device
+        if bias is not None and (bias.dtype != x.dtype or bias.dim() != 1 or bias.shape[0] != F
+                                 or bias.device != dev):
+            return None
+        if _device_index(graph, x) is None:
+            return None
+        vtype = SPMM_VTYPES[x.dtype]
+        acc = torch.float64 if vtype == "float64" else torch.float32
+        r, c = static.get("row_scale"), static.get("col_scale")
+        if ((r is not None and not _acc_vector(r, graph.num_dst, acc, dev))
+                or (c is not None and not _acc_vector(c, graph.num_src, acc, dev))):
+            return None
+        be = _spmm_backend()
+        if reduce == "mean":
+            if r is not None:
+                return None
+            r = _inv_in_degree(graph, vtype, dev)
+        cw = static.get("csr_weights")
+        if cw is not None and not _weights_ok(cw, graph, acc):
+            return None
+        weighted = cw is not None
+        scaled = r is not None or c is not None
+        chunk = _chunk(be, graph, F, vtype, weighted, scaled, bias is not None, path)
+        train = bool(needs["x"]) or (bias is not None and bool(needs["bias"]))
+        chunk_t = None
+        if needs["x"]:
+            t = graph.cache.get("transpose")        # built by the bridge's first backward
+            chunk_t = None if t is None else _chunk(be, t, F, vtype, weighted, scaled, False,
+                                                    path)
+            if chunk_t is None:
+                return None
+        if chunk is None:
+            return None
+        out = _run_spmm(be, graph, _dense(x), _addr(None if cw is None else cw.csr), _addr(r),
+                        _addr(c), None if bias is None else _dense(bias), chunk, vtype)
+        res = (SpmmResiduals(vtype, None if cw is None else cw.transposed, r, c, chunk_t,
+                             bias is not None) if train else None)
+        return (out,), True, res
+
+    def backward(self, graph, res, grad_outs, needs, tensor_kw):
+        g, = grad_outs
+        if g is None:
+            return [None, None, None]
+        g = _dense(g)
+        gx = gb = None
+        if needs["x"]:
+            # x's gradient: the forward's kernel over the transpose, scales swapped
+            be = _spmm_backend()
+            t = graph.cache["transpose"]            # (the forward found it)
+            gx = _run_spmm(be, t, g, _addr(res.weights_t), _addr(res.col_scale),
+                           _addr(res.row_scale), None, res.chunk_t, res.vtype)
+        if needs["bias"] and res.has_bias:
+            gb = column_sums(g, res.vtype, graph.index_dtype)
+        return [gx, None, gb]
+
+
+def _addr(a) -> int:
+    """Address of a tensor, a backend array or None (0)."""
+    return a.data_ptr() if isinstance(a, torch.Tensor) else address(a)
+
+
+SPMM = SpmmPath()

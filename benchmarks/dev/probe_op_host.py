@@ -4,12 +4,14 @@ cost). Autograd multithreading off (the backward on the calling thread).
 
 Prints host microseconds per call (perf_counter over blocks of 50
 back-to-back calls, a synchronisation between blocks so that the launch queue
-never fills and GPU time does not leak into host time) of, from the outside in: the torch op forward (no grad, with grad) and
-its backward; the array op on CuPy arrays; the CUDA backend launcher; the
-bare kernel launches it makes (replayed with the same arguments); and the
-pieces around them (device scope, DLPack both ways, a CuPy allocation from
-torch's allocator). Then cProfile's top functions by own time for a
-forward+backward.
+never fills and GPU time does not leak into host time) of, from the outside
+in: the torch op forward (no grad, with grad) and forward+backward on the
+launch plan path, the same through the DLPack bridge (plans off); the array
+op on CuPy arrays; the bare launch of the forward's cached plan
+(LaunchPlan.run: its kernels, addresses written into the packed parameter
+blocks); and the pieces around them (device scope, DLPack both ways, a CuPy
+allocation from torch's allocator, torch.empty). Then cProfile's top
+functions by own time for a forward+backward.
 
     python benchmarks/dev/probe_op_host.py [graph spec] [reduce] [calls]
     python benchmarks/dev/probe_op_host.py file:.data/soc-brightkite.txt max 2000
@@ -47,17 +49,6 @@ def us_per_call(step, calls, block=50):
     return total / (max(1, calls // block) * block) * 1e6
 
 
-class _Recorder:
-    """Wraps a CuPy kernel: remembers the last launch's arguments."""
-
-    def __init__(self, kern, log):
-        self.kern, self.log = kern, log
-
-    def __call__(self, grid, block, args, **kw):
-        self.log.append((self.kern, grid, block, args, kw))
-        return self.kern(grid, block, args, **kw)
-
-
 def main(spec="file:.data/soc-brightkite.txt", reduce="max", calls=2000):
     torch.autograd.set_multithreading_enabled(False)
     g = graphs.make(spec, torch, torch.device("cuda"))
@@ -79,6 +70,14 @@ def main(spec="file:.data/soc-brightkite.txt", reduce="max", calls=2000):
     y = ft.segment_reduce(graph, x, reduce)
     row("torch op fwd + autograd.grad", lambda: torch.autograd.grad(
         ft.segment_reduce(graph, x, reduce), [x], cot))
+    _autograd.PLANS = False
+    try:
+        with torch.no_grad():
+            row("DLPack bridge: torch op fwd, no grad", lambda: ft.segment_reduce(graph, x, reduce))
+        row("DLPack bridge: torch op fwd + autograd.grad", lambda: torch.autograd.grad(
+            ft.segment_reduce(graph, x, reduce), [x], cot))
+    finally:
+        _autograd.PLANS = True
 
     xa = cp.from_dlpack(x.detach())
     with _autograd.device_scope(x.device):
@@ -90,19 +89,17 @@ def main(spec="file:.data/soc-brightkite.txt", reduce="max", calls=2000):
         ga = cp.from_dlpack(cot)
         row("array op bwd (fastgnn.segment_reduce_bwd)", lambda: fastgnn.segment_reduce_bwd(
             graph, res, ga))
-        log = []
-        real = cuda_segment.get_function
-        cuda_segment.get_function = lambda *a: _Recorder(real(*a), log)
-        try:
-            fastgnn.segment_reduce_fwd(graph, xa, reduce)
-        finally:
-            cuda_segment.get_function = real
-        launches = list(log)
-
-        def replay():
-            for kern, grid, block, args, kw in launches:
-                kern(grid, block, args, **kw)
-        row(f"bare kernel launches of the fwd ({len(launches)})", replay)
+        codes = (reduce,)
+        out_t = torch.empty((n, F), device="cuda")
+        vec = cuda_segment.vec_for("float32", F, (x.data_ptr(), 4), (out_t.data_ptr(), 4))
+        plan = cuda_segment.fwd_plan(graph, codes, F, "float32", True, vec)
+        buffer = torch.empty(max(1, plan.residual_bytes), dtype=torch.uint8, device="cuda")
+        ws = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
+        ptrs = (x.data_ptr(), out_t.data_ptr(),
+                *cuda_segment.carve(buffer.data_ptr(), plan.residual_offsets), ws.data_ptr())
+        stream = torch.cuda.current_stream().cuda_stream
+        row(f"bare plan launch of the fwd ({len(plan.launches)} kernels)",
+            lambda: plan.run(stream, ptrs))
 
         row("cp.empty((n, F)) from torch's allocator", lambda: cp.empty((n, F), cp.float32))
 

@@ -33,6 +33,22 @@ _SCALAR_BYTES = {np.dtype(np.int32): 4, np.dtype(np.int64): 8, np.dtype(np.uint6
                  np.dtype(np.float32): 4, np.dtype(np.float64): 8}
 
 
+ALIGN = 256           # byte alignment of each buffer carved out of one allocation
+
+
+def layout(sizes):
+    """(byte offsets or None, total bytes) of buffers of `sizes` bytes (0:
+    absent) laid out in one allocation (a workspace), each ALIGN-aligned."""
+    offsets, total = [], 0
+    for size in sizes:
+        if not size:
+            offsets.append(None)
+            continue
+        offsets.append(total)
+        total += -(-size // ALIGN) * ALIGN
+    return tuple(offsets), total
+
+
 class Slot:
     """A pointer parameter given per call: the address of the call's buffer
     `index` plus `offset` bytes (null when that buffer is absent)."""

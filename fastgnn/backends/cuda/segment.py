@@ -36,10 +36,10 @@ import numpy as np
 
 from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STATS, SEGMENT_TERMS,
                      STAT_NOARG, VALUE_BYTES, get_function, segment_bwd_kernel,
-                     segment_position_type, vec_widths)
-from .plan import Launch, LaunchPlan, Slot
+                     segment_position_type)
+from .plan import Launch, LaunchPlan, Slot, layout
 from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, from_acc, lane_group,
-                   task_plan, to_acc)
+                   spmm_vec, task_plan, to_acc)
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD = 1, 2, 4, 8, 32
@@ -78,22 +78,6 @@ def _packed(codes: tuple):
 # request) and cached on the graph; a call then allocates its buffers and
 # runs the plan on their addresses. The launchers below run the plans on
 # CuPy arrays; fastgnn.torch runs the same plans on torch tensors.
-_ALIGN = 256          # byte alignment of each buffer carved out of a workspace
-
-
-def _layout(sizes):
-    """(byte offsets or None, total bytes) of buffers of `sizes` bytes (0:
-    absent) laid out in one workspace, each _ALIGN-aligned."""
-    offsets, total = [], 0
-    for size in sizes:
-        if not size:
-            offsets.append(None)
-            continue
-        offsets.append(total)
-        total += -(-size // _ALIGN) * _ALIGN
-    return tuple(offsets), total
-
-
 def carve(base: int, offsets):
     """Addresses of the buffers at `offsets` in the allocation at `base`
     (0 where absent)."""
@@ -110,11 +94,7 @@ def vec_for(vtype, F, *spans):
     """VEC of the segment kernels: the widest vector (<= loader.SEGMENT_MAX_VEC
     values, <= 16 bytes) dividing F at which every (address, itemsize) in
     `spans` is aligned for VEC of its own elements."""
-    vec = 1
-    for v in vec_widths(vtype):
-        if v <= SEGMENT_MAX_VEC and F % v == 0 and all(a % (v * s) == 0 for a, s in spans):
-            vec = v
-    return vec
+    return spmm_vec(vtype, F, *spans, max_values=SEGMENT_MAX_VEC)
 
 
 def _spans(*arrays):
@@ -175,13 +155,13 @@ class FwdPlan(LaunchPlan):
                                 acc if var else None, acc if var and "std" in codes else None,
                                 acc if mul else None, acc if mul else None)
         # the six in one buffer (fastgnn.torch allocates them so)
-        self.residual_offsets, self.residual_bytes = _layout(
+        self.residual_offsets, self.residual_bytes = layout(
             [0 if d is None else n * F * d.itemsize for d in self.residual_dtypes])
         tasks = task_plan(graph, chunk)
         S = tasks.num_slots
         # partial states of split rows: only those of the statistics computed
         # (sum, sum of squares, max, min, product, zero count; positions of max, min)
-        offsets, self.workspace_bytes = _layout(
+        offsets, self.workspace_bytes = layout(
             [S * F * acc.itemsize if stats & bit else 0
              for bit in (STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD, STAT_PROD)]
             + [S * F * pos.itemsize if stats & bit else 0 for bit in (STAT_MAX, STAT_MIN)])
@@ -305,7 +285,7 @@ class BwdPlan(LaunchPlan):
         tasks = task_plan(t, chunk)
         row = n * F * acc.itemsize
         # coef_a, coef_b, coef_c, coef_d, the walk's partial sums
-        offsets, self.workspace_bytes = _layout(
+        offsets, self.workspace_bytes = layout(
             [row if has_a else 0, row if has_b else 0, row if has_c else 0, row if has_c else 0,
              tasks.num_slots * F * acc.itemsize])
         coef_a, coef_b, coef_c, coef_d, partial = (_in(BWD_WORKSPACE, o) for o in offsets)

@@ -26,8 +26,8 @@ import cupy as cp
 import numpy as np
 
 from .loader import C_INDEX, C_VALUE, get_function, vec_widths
+from .plan import BLOCK, Launch, LaunchPlan, Slot, layout
 
-BLOCK = 256
 CHUNKS = (64, 256, 1024)     # custom-kernel task sizes tried by "auto"
 DEFAULT_CHUNK = 256
 _ITYPE = {np.dtype(np.int32): "int32", np.dtype(np.int64): "int64"}
@@ -73,21 +73,80 @@ def column_sum(a, family, vtype, itype, rows_per_block=COLUMN_SUM_ROWS):
     of vtype or its acc type) in the acc type (fp32, fp64 for float64), in a
     fixed order: `family`'s column_sum instantiations (common.cuh) sum blocks
     of rows_per_block rows, level after level (no atomics: bitwise repeatable
-    for one shape). A new array, never a view of `a`."""
+    for one shape; `ColumnSumPlan`). A new array, never a view of `a`."""
     rows, cols = a.shape
     acc = _acc_dtype(vtype)
     if rows == 0 or cols == 0:
         return cp.zeros(cols, dtype=acc)
-    while True:
-        S = C_VALUE[vtype] if a.dtype != acc else ("double" if acc == np.float64 else "float")
-        blocks = -(-rows // rows_per_block)
-        nxt = cp.empty((blocks, cols), dtype=acc)
-        fn = get_function(family, vtype, itype, f"column_sum<{S}>")
-        fn((max(1, -(-blocks * cols // BLOCK)),), (BLOCK,),
-           (a, nxt, np.int64(rows), np.int32(cols), np.int32(rows_per_block)))
-        a, rows = nxt, blocks
-        if rows == 1:
-            return a[0]
+    plan = column_sum_plan(family, vtype, itype, rows, cols, a.dtype != acc, False,
+                           rows_per_block)
+    out = cp.empty(cols, dtype=acc)
+    ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+    plan.run(cp.cuda.get_current_stream().ptr, (a.data.ptr, out.data.ptr, _ptr(ws)))
+    return out
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
+
+
+class ColumnSumPlan(LaunchPlan):
+    """The levels of a fixed-order column sum of a [rows, cols] input
+    (rows, cols > 0; `column_sum`), each level a column_sum launch summing
+    blocks of rows_per_block rows into the next level's rows, and with
+    `cast` the final cast_from_acc into the value type.
+
+    run(stream, (input, output [cols], workspace)): the input in the value
+    type (`from_value`) or the acc type; the output in the acc type, or the
+    value type with `cast`; a workspace of `workspace_bytes` for the levels
+    between (their rows, in the acc type)."""
+
+    def __init__(self, family, vtype, itype, rows, cols, from_value, cast, rows_per_block):
+        acc = np.dtype(_acc_dtype(vtype))
+        A = "double" if acc == np.float64 else "float"
+        launches, level_rows = [], []
+        r = rows
+        while True:             # the levels: rows -> ceil(rows / R) ... -> 1
+            r = -(-r // rows_per_block)
+            level_rows.append(r)
+            if r == 1:
+                break
+        # every level's rows in the workspace, but the last one's when it is the output
+        sizes = [n * cols * acc.itemsize for n in (level_rows if cast else level_rows[:-1])]
+        offsets, self.workspace_bytes = layout(sizes)
+        src, r = Slot(0), rows
+        for k, n in enumerate(level_rows):
+            S = C_VALUE[vtype] if (k == 0 and from_value) else A
+            dst = Slot(2, offsets[k]) if k < len(offsets) else Slot(1)
+            name = f"column_sum<{S}>"
+            launches.append(Launch(get_function(family, vtype, itype, name),
+                                   (max(1, -(-n * cols // BLOCK)),),
+                                   (src, dst, np.int64(r), np.int32(cols),
+                                    np.int32(rows_per_block)), name=name))
+            src, r = dst, n
+        if cast:
+            name = f"cast_from_acc<{C_VALUE[vtype]}>"
+            launches.append(Launch(get_function(family, vtype, itype, name),
+                                   (max(1, -(-cols // BLOCK)),), (src, Slot(1), np.int64(cols)),
+                                   name=name))
+        super().__init__(launches)
+
+
+_column_sum_plans: dict = {}
+
+
+def column_sum_plan(family, vtype, itype, rows, cols, from_value, cast,
+                    rows_per_block=COLUMN_SUM_ROWS) -> ColumnSumPlan:
+    """The cached ColumnSumPlan of this shape on the current device."""
+    key = (family, vtype, itype, rows, cols, bool(from_value), bool(cast), rows_per_block,
+           cp.cuda.runtime.getDevice())
+    plan = _column_sum_plans.get(key)
+    if plan is None:
+        if len(_column_sum_plans) > 256:          # shapes come and go; keep this small
+            _column_sum_plans.clear()
+        plan = _column_sum_plans[key] = ColumnSumPlan(family, vtype, itype, rows, cols,
+                                                      from_value, cast, rows_per_block)
+    return plan
 
 
 # ------------------------------------------------------------------ tasks
@@ -126,13 +185,9 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK) -> TaskPlan:
 
 
 def _launch_shape(vtype, F, *arrays):
-    """(VEC, group): the widest vector (<= 16 bytes of the value type) dividing
-    F at which every array is aligned for VEC of its own elements, and the
-    power-of-two lane count (<= 32) covering F."""
-    vec = 1
-    for v in vec_widths(vtype):
-        if F % v == 0 and all(a.data.ptr % (v * a.itemsize) == 0 for a in arrays):
-            vec = v
+    """(VEC, group): `spmm_vec` for these arrays, and the power-of-two lane
+    count (<= 32) covering F."""
+    vec = spmm_vec(vtype, F, *((a.data.ptr, a.itemsize) for a in arrays))
     return vec, lane_group(-(-F // vec))
 
 
@@ -161,35 +216,87 @@ def _arg(a, dtype=None):
     return a if dtype is None else a.astype(dtype, copy=False)
 
 
+# the call buffers of an SpmmPlan, in `run`'s order
+(SPMM_X, SPMM_WEIGHTS, SPMM_ROW_SCALE, SPMM_COL_SCALE, SPMM_BIAS, SPMM_OUT,
+ SPMM_WORKSPACE) = range(7)
+
+
+class SpmmPlan(LaunchPlan):
+    """The custom kernel's launches for one (graph, F, value type, weighted,
+    chunk, VEC): spmm_fwd over the task list (a lane group per task of <=
+    chunk edges), then spmm_combine over split rows (their partial sums
+    merged in slot order).
+
+    run(stream, (x, weights, row_scale, col_scale, bias, out, workspace)):
+    x [num_src, F]; weights [E] CSR order (given iff `weighted`), row_scale
+    [num_dst] and col_scale [num_src] in the acc type, bias [F] in x's
+    dtype, each optional (0); out [num_dst, F]; a workspace of
+    `workspace_bytes` for the split rows' partial sums (the acc type)."""
+
+    def __init__(self, graph, F, vtype, weighted, chunk, vec):
+        itype = _ITYPE[np.dtype(graph.index_dtype)]
+        acc = np.dtype(_acc_dtype(vtype))
+        tasks = task_plan(graph, chunk)
+        self.workspace_bytes = tasks.num_slots * F * acc.itemsize
+        group = lane_group(-(-F // vec))
+        T, I = C_VALUE[vtype], C_INDEX[itype]
+        partial = Slot(SPMM_WORKSPACE) if self.workspace_bytes else None
+        launches = []
+        if F and graph.num_dst:
+            num_tasks = int(tasks.task_row.shape[0])
+            name = f"spmm_fwd<{T}, {I}, {vec}, {'true' if weighted else 'false'}>"
+            launches.append(Launch(
+                get_function("spmm", vtype, itype, name), _grid(num_tasks, group),
+                (tasks.task_row, tasks.task_begin, tasks.task_slot, graph.indptr, graph.indices,
+                 Slot(SPMM_WEIGHTS), Slot(SPMM_ROW_SCALE), Slot(SPMM_COL_SCALE),
+                 Slot(SPMM_BIAS), Slot(SPMM_X), Slot(SPMM_OUT), partial, np.int64(num_tasks),
+                 np.int32(F), np.int32(chunk), np.int32(group)), name=name))
+            num_split = int(tasks.split_row.shape[0])
+            if num_split:
+                name = f"spmm_combine<{T}, {I}, {vec}>"
+                launches.append(Launch(
+                    get_function("spmm", vtype, itype, name), _grid(num_split, group),
+                    (tasks.split_row, tasks.slot_ptr, partial, Slot(SPMM_ROW_SCALE),
+                     Slot(SPMM_BIAS), Slot(SPMM_OUT), np.int64(num_split), np.int32(F),
+                     np.int32(group)), name=name))
+        super().__init__(launches)
+
+
+def spmm_vec(vtype, F, *spans, max_values=8):
+    """VEC of the SpMM kernels: the widest vector (<= 16 bytes of the value
+    type, <= max_values values) dividing F at which every (address,
+    itemsize) in `spans` is aligned for VEC of its own elements."""
+    vec = 1
+    for v in vec_widths(vtype):
+        if v <= max_values and F % v == 0 and all(a % (v * s) == 0 for a, s in spans):
+            vec = v
+    return vec
+
+
+def spmm_plan(graph, F, vtype, weighted, chunk, vec) -> SpmmPlan:
+    """The cached SpmmPlan of this request."""
+    return graph.cached(("cuda_spmm", F, vtype, bool(weighted), chunk, vec),
+                        lambda: SpmmPlan(graph, F, vtype, weighted, chunk, vec))
+
+
 def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_scale=None,
                 col_scale=None, bias=None):
     """[num_dst, F]: out[i] = r_i sum_e w_e c_j x[j] (+ bias) by spmm_fwd (+
-    spmm_combine for rows split into several tasks). x [num_src, F], weight_csr
-    [E] CSR order, row_scale [num_dst], col_scale [num_src] (acc type or
-    castable), bias [F] in x's dtype; any of them None."""
+    spmm_combine for rows split into several tasks; `SpmmPlan`). x
+    [num_src, F], weight_csr [E] CSR order, row_scale [num_dst], col_scale
+    [num_src] (acc type or castable), bias [F] in x's dtype; any of them None."""
     F = x.shape[1]
-    itype = _ITYPE[np.dtype(graph.index_dtype)]
     out = cp.empty((graph.num_dst, F), dtype=x.dtype) if out is None else out
     if F == 0 or graph.num_dst == 0:
         return out
-    plan = task_plan(graph, chunk)
     acc = _acc_dtype(vtype)
-    vec, group = _launch_shape(vtype, F, x, out, *(() if bias is None else (bias,)))
-    T, I = C_VALUE[vtype], C_INDEX[itype]
-    has_w = weight_csr is not None
-    partial = cp.empty((plan.num_slots, F), dtype=acc) if plan.num_slots else None
-    fwd = get_function("spmm", vtype, itype, f"spmm_fwd<{T}, {I}, {vec}, {'true' if has_w else 'false'}>")
-    num_tasks = int(plan.task_row.shape[0])
-    fwd(_grid(num_tasks, group), (BLOCK,),
-        (plan.task_row, plan.task_begin, plan.task_slot, graph.indptr, graph.indices,
-         _arg(weight_csr, acc), _arg(row_scale, acc), _arg(col_scale, acc), _arg(bias), x, out,
-         _arg(partial), np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group)))
-    num_split = int(plan.split_row.shape[0])
-    if num_split:
-        combine = get_function("spmm", vtype, itype, f"spmm_combine<{T}, {I}, {vec}>")
-        combine(_grid(num_split, group), (BLOCK,),
-                (plan.split_row, plan.slot_ptr, partial, _arg(row_scale, acc), _arg(bias), out,
-                 np.int64(num_split), np.int32(F), np.int32(group)))
+    w, r, c = (None if a is None else a.astype(acc, copy=False)
+               for a in (weight_csr, row_scale, col_scale))
+    vec = spmm_vec(vtype, F, *((a.data.ptr, a.itemsize) for a in (x, out, bias) if a is not None))
+    plan = spmm_plan(graph, F, vtype, w is not None, chunk, vec)
+    ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+    plan.run(cp.cuda.get_current_stream().ptr,
+             (x.data.ptr, _ptr(w), _ptr(r), _ptr(c), _ptr(bias), out.data.ptr, _ptr(ws)))
     return out
 
 
@@ -393,8 +500,16 @@ def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale
 
 def column_sums(x, vtype, index_dtype=np.int32):
     """[F] sum over the rows of x [N, F] (contiguous; fixed order, fp32
-    accumulation for 16-bit types), in x's dtype. index_dtype only picks the
-    compiled spmm module that holds the kernel (the caller's graph's)."""
+    accumulation for 16-bit types), in x's dtype: one ColumnSumPlan (its
+    levels, then the cast for 16-bit types). index_dtype only picks the
+    compiled spmm module that holds the kernels (the caller's graph's)."""
     itype = _ITYPE[np.dtype(index_dtype)]
-    s = column_sum(x, "spmm", vtype, itype)
-    return from_acc(s, x.dtype, "spmm", vtype, itype)
+    rows, cols = x.shape
+    if rows == 0 or cols == 0:
+        return cp.zeros(cols, dtype=x.dtype)
+    plan = column_sum_plan("spmm", vtype, itype, rows, cols, True,
+                           x.dtype != _acc_dtype(vtype))
+    out = cp.empty(cols, dtype=x.dtype)
+    ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+    plan.run(cp.cuda.get_current_stream().ptr, (x.data.ptr, out.data.ptr, _ptr(ws)))
+    return out
