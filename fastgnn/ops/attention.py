@@ -138,6 +138,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import blocksparse as _tc
 from .._array import as_backend_array, backend_vtype, check_deterministic, is_cupy, same_device
 from ..backends import backend_for
 from ..backends.attention_spec import (OPTIONAL_INPUTS, SCORE_INPUTS, SCORES, AttentionParams,
@@ -252,6 +253,7 @@ class AttentionResiduals:
     num_src: int
     num_dst: int
     num_edges: int
+    tensor_cores: bool = False   # the forward ran the Tensor Core kernels (fastgnn.blocksparse)
 
 
 def _shape_specs(score, graph, heads, channels):
@@ -351,7 +353,8 @@ def _attention_params(score, negative_slope, scale, channels, dropout, seed, off
 def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
                        xr=None, att=None, xe=None, q=None, k=None, ee=None, bias=None,
                        negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0,
-                       return_attention_weights=False, vtype=None, deterministic=True):
+                       return_attention_weights=False, vtype=None, deterministic=True,
+                       tensor_cores="auto"):
     """Forward of `edge_attention`; returns (out or (out, alpha), AttentionResiduals)."""
     graph = as_graph(graph)
     given = {"a_src": a_src, "a_dst": a_dst, "a_edge": a_edge, "v": v, "xl": xl, "xr": xr,
@@ -360,12 +363,18 @@ def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=N
     params = _attention_params(score, negative_slope, scale, C, dropout, seed, offset,
                                deterministic)
     anchor = arrays[_ANCHOR[score]]
-    out, lse, alpha, out_b = _backend(anchor, "edge_attention_fwd")(
-        graph, score, arrays, params, bool(return_attention_weights))
+    tc = _tc.attention_path(graph, score, arrays, params, bool(return_attention_weights), vt,
+                            tensor_cores)
+    if tc:
+        out, lse, out_b = _tc.attention_fwd(graph, arrays, params, vt)
+        alpha = None
+    else:
+        out, lse, alpha, out_b = _backend(anchor, "edge_attention_fwd")(
+            graph, score, arrays, params, bool(return_attention_weights))
     # the residuals keep the attention output itself; with a bias the caller
     # gets a separate out + bias, free to edit in place
     res = AttentionResiduals(score, arrays, shapes, out, lse, params, vt, graph.num_src,
-                             graph.num_dst, graph.num_edges)
+                             graph.num_dst, graph.num_edges, tc)
     ret = out if out_b is None else out_b
     return ((ret, alpha) if return_attention_weights else ret), res
 
@@ -414,8 +423,13 @@ def edge_attention_bwd(graph, res: AttentionResiduals, grad_out, grad_alpha=None
         ga = graph.xp.ascontiguousarray(ga, dtype=res.out.dtype)
     if not any(needs.values()):
         return tuple(None for _ in names)
-    grads = _backend(res.out, "edge_attention_bwd")(graph, res.score, res.arrays, res.out,
-                                                     res.lse, g, ga, res.params, needs)
+    if (res.tensor_cores and ga is None
+            and _tc.attention_backward_path(graph, res.score, res.arrays, res.params, res.vtype)):
+        grads = _tc.attention_bwd(graph, res.arrays, res.out, res.lse, g, res.params, needs,
+                                  res.vtype)
+    else:
+        grads = _backend(res.out, "edge_attention_bwd")(graph, res.score, res.arrays, res.out,
+                                                         res.lse, g, ga, res.params, needs)
     return tuple(None if grads[n] is None else grads[n].reshape(res.shapes[n]) for n in names)
 
 
@@ -423,7 +437,7 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
                    xr=None, att=None, xe=None, q=None, k=None, ee=None, bias=None,
                    negative_slope=0.2,
                    scale=None, dropout=0.0, seed=0, offset=0, return_attention_weights=False,
-                   vtype=None, deterministic=True):
+                   vtype=None, deterministic=True, tensor_cores="auto"):
     """Fused edge attention over each target's in-edges (see the module
     docstring for the math and the gradients). Per head h, for edges
     e = (j -> i):
@@ -469,6 +483,13 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
               over the cached transpose is skipped: faster, but the sums'
               order, so their last bits, vary. "gat" and "dot" keep the
               deterministic passes (faster for them).
+    tensor_cores: "auto" (default), True or False: the block-sparse Tensor
+              Core kernels (`fastgnn.blocksparse`: score="dot" with bf16/fp16
+              inputs, no edge term, dropout or returned weights, no duplicate
+              edges) where its fill rule says they are faster on this graph;
+              True forces them (ValueError where they cannot serve the
+              call), False keeps the CUDA-core kernels. Results agree to the
+              dtype's tolerance.
     Per-edge inputs and outputs are in the caller's edge order. Targets
     without in-edges get 0. Returns out [num_dst, H, C] (and alpha) in the
     inputs' dtype; nothing of size E x H x C is allocated.
@@ -478,5 +499,5 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
                                 negative_slope=negative_slope, scale=scale, dropout=dropout,
                                 seed=seed, offset=offset,
                                 return_attention_weights=return_attention_weights, vtype=vtype,
-                                deterministic=deterministic)
+                                deterministic=deterministic, tensor_cores=tensor_cores)
     return out

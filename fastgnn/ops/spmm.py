@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import blocksparse as _tc
 from .._array import as_backend_array, backend_vtype, is_cupy, same_device
 from ..backends import backend_for
 from ..graph import Graph, as_graph
@@ -75,6 +76,7 @@ class SpmmResiduals:
     deterministic: bool
     weight_t: object = None   # [E] weights in the transpose's order (CsrWeights), or None
     has_bias: bool = False    # the forward added a bias (its gradient is a column sum)
+    tensor_cores: bool = False   # the forward ran the Tensor Core kernel (fastgnn.blocksparse)
 
 
 def _weight_dtype_for(vtype):
@@ -167,7 +169,7 @@ def _validate_csr_weights(graph: Graph, cw, dtype):
 
 def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None,
              col_scale=None, csr_weights=None, vtype=None, path="auto", deterministic=True,
-             needs_weight_grad=True):
+             needs_weight_grad=True, tensor_cores="auto"):
     """Forward of `spmm`; returns (out [num_dst, F], SpmmResiduals).
 
     csr_weights: a CsrWeights of this graph, instead of edge_weight: constant
@@ -193,10 +195,16 @@ def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=N
         w_csr, w_t = _validate_csr_weights(graph, csr_weights, wdt)
     else:
         w_csr = None if w is None else graph.to_csr_order(w).astype(wdt, copy=False)
-    out = backend_for(x).spmm(graph, x, w_csr, vt, path, deterministic, r, c, bias=b)
+    # an explicit path keeps the CUDA-core kernels unless tensor_cores=True
+    tc = _tc.spmm_path(graph, x, vt, _tc.check_option(tensor_cores) if path == "auto"
+                       else tensor_cores is True)
+    if tc:
+        out = _tc.spmm(graph, x, vt, w_csr, r, c, b)
+    else:
+        out = backend_for(x).spmm(graph, x, w_csr, vt, path, deterministic, r, c, bias=b)
     keep_x = x if (w is not None and needs_weight_grad) else None
     res = SpmmResiduals(keep_x, w_csr, r, c, vt, path, None if w is None else w.dtype,
-                        bool(deterministic), w_t, b is not None)
+                        bool(deterministic), w_t, b is not None, tc)
     return out, res
 
 
@@ -220,8 +228,11 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
         w_t = res.weight_t
         if w_t is None and res.weight_csr is not None:
             w_t = res.weight_csr[t.edge_ids]
-        grad_x = be.spmm(t, g, w_t, res.vtype, res.path, res.deterministic,
-                         res.col_scale, res.row_scale)
+        if res.tensor_cores and _tc.spmm_path(t, g, res.vtype, True):
+            grad_x = _tc.spmm(t, g, res.vtype, w_t, res.col_scale, res.row_scale)
+        else:
+            grad_x = be.spmm(t, g, w_t, res.vtype, res.path, res.deterministic,
+                             res.col_scale, res.row_scale)
     if needs_bias_grad and res.has_bias:
         grad_b = be.column_sums(g, res.vtype, graph.index_dtype)
     if needs_weight_grad and res.weight_dtype is not None:
@@ -237,7 +248,7 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
 
 
 def spmm(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None, col_scale=None,
-         csr_weights=None, vtype=None, path="auto", deterministic=True):
+         csr_weights=None, vtype=None, path="auto", deterministic=True, tensor_cores="auto"):
     """Neighbour aggregation by sparse-dense product:
 
         out[i] = s_i * r_i * sum_{e=(j->i)} w_e * c_j * x[j]  (+ b)
@@ -263,11 +274,19 @@ def spmm(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None,
     deterministic: GPU only: True (default) keeps results bitwise repeatable
                  (no float atomics anywhere); False lets "auto" also consider
                  cuSPARSE algorithms that are not.
+    tensor_cores: "auto" (default), True or False: the block-sparse Tensor
+                 Core kernel (`fastgnn.blocksparse`: bf16/fp16 features, F a
+                 multiple of 16; duplicate edges' weights summed) where its
+                 fill rule says it is faster on this graph; True forces it
+                 (ValueError where it cannot serve), False keeps `path`; an
+                 explicit `path` other than "auto" turns "auto" off. The
+                 backward's grad_x follows the forward's choice.
     Returns [num_dst, F] in x's dtype (fp32 accumulation for 16-bit types).
     """
     out, _ = spmm_fwd(graph, x, edge_weight, reduce, bias=bias, row_scale=row_scale,
                       col_scale=col_scale, csr_weights=csr_weights, vtype=vtype, path=path,
-                      deterministic=deterministic, needs_weight_grad=False)
+                      deterministic=deterministic, needs_weight_grad=False,
+                      tensor_cores=tensor_cores)
     return out
 
 

@@ -1,0 +1,141 @@
+"""Block-sparse Tensor Core path: the graph's block-sparse form, its fill
+statistics, and the rule that decides where the Tensor Core kernels serve
+an op (`tensor_cores="auto"|True|False` on `edge_attention` and `spmm`).
+
+The form (fastgnn/backends/blocksparse.py has the layout): windows of 16
+consecutive target rows, each with its sorted unique sources cut into tiles
+of 16 columns and a 16 x 16 bit mask of the real edges per tile. Built once
+per graph (on the GPU for CuPy graphs, by the NumPy twin otherwise) and
+cached on it; `block_sparse(graph)` returns it, `.stats` its statistics.
+
+Where it serves (kernels_cuda/blocksparse.cu; bf16/fp16 inputs, fp32
+accumulation):
+
+- `edge_attention(score="dot")` forward and backward (the graph
+  transformer), without an edge term, dropout or returned attention weights,
+  on graphs without duplicate edges (a mask bit is one edge), C in 16, 32,
+  64, 128 channels per head (backward up to 64: C = 128 takes the CUDA-core
+  backward, which reads the same out and lse);
+- `spmm` (sum, mean, row/column scales, edge weights summed per (source,
+  target) pair, bias), F a multiple of 16.
+
+GAT and GATv2 keep the CUDA-core path: GATv2's score applies a LeakyReLU
+per channel to xl_j + xr_i before the contraction with att, so it is no
+product of per-node matrices; GAT's score LeakyReLU(a_j + b_i) is a scalar
+per edge with no product to gain (its P.V product could use the tiles, but
+the scores would be built elementwise per tile: not implemented).
+fp32 inputs keep the CUDA-core path too (the TF32 variant is not
+implemented).
+
+The automatic rule (`tensor_cores="auto"`): the Tensor Core kernel gathers
+16 rows per tile where the CUDA-core kernels gather one per edge, so it
+moves fewer rows when fill > 1/16 (random graphs sit at about 1/16: rmat,
+uniform) and pays only for locally dense graphs. A warp walks one window,
+so a window far longer than the mean (a hub row) stalls the grid. It is
+taken where
+
+    fill >= MIN_FILL  and  max_tiles_window <= MAX_WINDOW_SKEW * tiles_per_window
+
+MIN_FILL and MAX_WINDOW_SKEW are conservative placeholders until measured:
+benchmarks/dev/probe_blocksparse.py prints the fill statistics and both
+paths' times per graph; set them from its output on the H200.
+`tensor_cores=True` forces the path (ValueError naming the reason where it
+cannot serve the call), False keeps the CUDA-core path.
+"""
+from __future__ import annotations
+
+from ._array import is_cupy
+from .backends.blocksparse import BlockSparse, build_numpy
+
+OPTIONS = ("auto", True, False)
+# Conservative placeholders (see the module docstring): set from the probe.
+MIN_FILL = 0.15
+MAX_WINDOW_SKEW = 32.0
+
+
+def check_option(tensor_cores):
+    """Validate a `tensor_cores` argument."""
+    if isinstance(tensor_cores, str):
+        if tensor_cores != "auto":
+            raise ValueError(f"tensor_cores must be 'auto', True or False, got {tensor_cores!r}")
+        return tensor_cores
+    if not isinstance(tensor_cores, bool):
+        raise TypeError(f"tensor_cores must be 'auto', True or False, got "
+                        f"{type(tensor_cores).__name__}")
+    return tensor_cores
+
+
+def block_sparse(graph) -> BlockSparse:
+    """The graph's block-sparse form (cached on it; see the module docstring)."""
+    if is_cupy(graph.indices):
+        from .backends.cuda.blocksparse import block_sparse as build_gpu
+        return build_gpu(graph)
+    return graph.cached("blocksparse",
+                        lambda: build_numpy(graph.indptr, graph.indices, graph.num_src))
+
+
+def pays(stats) -> bool:
+    """The automatic rule on a form's statistics."""
+    if stats["num_tiles"] == 0:
+        return False
+    return (stats["fill"] >= MIN_FILL
+            and stats["max_tiles_window"] <= MAX_WINDOW_SKEW * stats["tiles_per_window"])
+
+
+def _decide(graph, option, reason, op):
+    """Whether the Tensor Core path serves: `reason` () -> why it cannot (or
+    None); option True raises with it, "auto" asks the rule."""
+    option = check_option(option)
+    if option is False:
+        return False
+    if not is_cupy(graph.indices):
+        if option is True:
+            raise ValueError(f"tensor_cores=True: {op} runs on Tensor Cores only for GPU (CuPy) "
+                             "graphs and arrays")
+        return False
+    why = reason()
+    if why is not None:
+        if option is True:
+            raise ValueError(f"tensor_cores=True: the Tensor Core {op} cannot serve {why}")
+        return False
+    return True if option is True else pays(block_sparse(graph).stats)
+
+
+def attention_path(graph, score, arrays, params, need_alpha, vtype, option,
+                   backward=False) -> bool:
+    """Whether edge_attention's forward (or backward) takes the Tensor Core path."""
+    def reason():
+        from .backends.cuda.blocksparse import attention_unsupported
+        return attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backward)
+    return _decide(graph, option, reason, "attention")
+
+
+def spmm_path(graph, x, vtype, option) -> bool:
+    """Whether spmm takes the Tensor Core path."""
+    def reason():
+        from .backends.cuda.blocksparse import spmm_unsupported
+        return spmm_unsupported(graph, x, vtype)
+    return _decide(graph, option, reason, "SpMM")
+
+
+def attention_backward_path(graph, score, arrays, params, vtype) -> bool:
+    """Whether the backward of a forward that took the Tensor Core path takes
+    it too (else the CUDA-core backward, from the same out and lse)."""
+    from .backends.cuda.blocksparse import attention_unsupported
+    return attention_unsupported(graph, score, arrays, params, False, vtype, True) is None
+
+
+# The launchers, for the ops (fastgnn/backends/cuda/blocksparse.py documents them)
+def attention_fwd(graph, arrays, params, vtype):
+    from .backends.cuda.blocksparse import attention_fwd as run
+    return run(graph, arrays, params, vtype)
+
+
+def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
+    from .backends.cuda.blocksparse import attention_bwd as run
+    return run(graph, arrays, out, lse, grad_out, params, needs, vtype)
+
+
+def spmm(graph, x, vtype, weight_csr=None, row_scale=None, col_scale=None, bias=None):
+    from .backends.cuda.blocksparse import spmm as run
+    return run(graph, x, vtype, weight_csr, row_scale, col_scale, bias)
