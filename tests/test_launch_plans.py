@@ -340,3 +340,62 @@ def test_spmm_plan_path_runs_end_to_end_against_fakes(fake_cuda, reduce):
         for launch in p.launches:
             assert_matches_signature(launch, sigs)
     assert len(fake_cuda) == len(fwd.launches) + len(bwd.launches) + len(sums.launches)
+
+
+# ------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not (fastgnn.gpu_available() and torch.cuda.is_available()),
+                    reason="needs a CUDA device visible to CuPy and torch")
+@pytest.mark.parametrize("case", ["gcn", "mean", "sum_auto", "max", "mean_max_std"])
+def test_gpu_plan_path_matches_the_bridge_bitwise(case, monkeypatch):
+    """The same kernels with the same arguments: outputs and gradients of
+    the plan path equal the DLPack bridge's bit for bit, on PyTorch's
+    current stream (a side stream too), and the plans served the calls."""
+    n, f = 500, 40
+    ei = torch.from_numpy(awkward_edge_index(n, 4000, hub_degree=600, seed=7)).cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x0 = torch.randn(n, f, device="cuda", generator=gen)
+    b0 = torch.randn(f, device="cuda", generator=gen)
+    if case == "gcn":
+        graph, cw = fastgnn.gcn_norm_weights(ft.to_graph(ei, n))
+
+        def op(x, b):
+            return ft.spmm(graph, x, bias=b, csr_weights=cw)
+    elif case in ("mean", "sum_auto"):
+        graph = ft.to_graph(ei, n)
+
+        def op(x, b):
+            return ft.spmm(graph, x, reduce="sum" if case == "sum_auto" else "mean", bias=b)
+    else:
+        graph = ft.to_graph(ei, n)
+        reduce = "max" if case == "max" else ["mean", "max", "std"]
+
+        def op(x, b):
+            return ft.segment_reduce(graph, x, reduce) + b
+
+    def step():
+        x, b = x0.clone().requires_grad_(), b0.clone().requires_grad_()
+        out = op(x * 1, b)
+        gx, gb = torch.autograd.grad(out, [x, b], torch.ones_like(out) * 0.5)
+        return out.detach(), gx, gb
+
+    bridge_runs = []
+    real_scope = _autograd.device_scope
+    monkeypatch.setattr(_autograd, "device_scope",
+                        lambda d: bridge_runs.append(1) or real_scope(d))
+    monkeypatch.setattr(_autograd, "PLANS", False)
+    want = step()
+    monkeypatch.setattr(_autograd, "PLANS", True)
+    step()                                  # the first plan call builds what is missing
+    bridge_runs.clear()
+    got = step()
+    assert not bridge_runs                  # forward and backward on the plans
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for w, g in zip(want, step()):
+                assert torch.equal(w, g)
+    torch.cuda.current_stream().wait_stream(side)
