@@ -21,24 +21,11 @@ import numpy as np
 import fastgnn
 from fastgnn import blocksparse as tc
 from fastgnn.backends.cuda.blocksparse import build
+from fastgnn.backends.cuda.spmm import median_ms
 from fastgnn.bench.graphs import parse
 from fastgnn.testing import rel_err
 
 DEFAULT = ["clustered19", "grid", "mesh3d", "molecules", "knn", "rmat20", "uniform20"]
-
-
-def median_ms(fn, repeats):
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
 
 
 def bf16(rng, *shape):
