@@ -190,6 +190,35 @@ def test_op_matches_reference(name, mode, op_vtype, graph_ei, rng):
                    ref_outs, ref_grads, vtype, f"vmap[{b}]")
 
 
+def _jax_gpu():
+    """JAX's first GPU, or None (a CPU-only jaxlib, or no device)."""
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_on_gpu_matches_reference(name, vtype, graph_ei, rng):
+    """On a GPU the kernels run on XLA's buffers and stream: outputs stay on
+    the device and equal the reference, under jit and grad."""
+    import fastgnn
+    dev = _jax_gpu()
+    if dev is None or not fastgnn.gpu_available():
+        pytest.skip("needs a GPU that both JAX and CuPy see")
+    g, ei = graph_ei
+    inputs, fn, reference = _build(name, rng, ei, vtype)
+    inputs = jax.device_put(inputs, dev)
+    outs0 = fn(g, **inputs)
+    assert all(o.devices() == {dev} for o in outs0), "outputs left the GPU"
+    cts = jax.device_put(tuple(_arr(rng, o.shape, vtype) for o in outs0), dev)
+    (_, outs), grads = jax.jit(lambda a: _loss(fn, g, cts)(a))(inputs)
+    ref_outs, ref_grads = reference(ei, jax.device_get(inputs), jax.device_get(cts))
+    _check(outs, grads, ref_outs, ref_grads, vtype, "gpu, jit")
+    _check(outs0, grads, ref_outs, ref_grads, vtype, "gpu, eager")
+
+
 # ------------------------------------------------------------- gcn_norm
 def test_gcn_norm(vtype, graph_ei, rng):
     g, ei = graph_ei

@@ -6,26 +6,31 @@ An `Op` record says how to call one pair and what shapes it returns;
 `apply(op, graph, *arrays, **static)` runs it through the single custom_vjp
 function `_bridge`, so no op has a hand-written JAX wrapper of its own.
 
-How it runs (CPU):
+How it runs:
 
-- the forward and the backward are host callbacks (`jax.pure_callback`):
-  JAX hands the callback NumPy views of its CPU buffers, the Numba kernels
-  run on them, the results come back as new buffers (never written into the
-  inputs, so donated or aliased inputs are safe). Result shapes and dtypes
-  come from the op's shape rule (`Op.outputs`), evaluated at trace time;
+- the forward and the backward are buffer callbacks
+  (`jax.experimental.buffer_callback`): XLA hands the callback its input
+  buffers and the output buffers it allocated, on the device the program
+  runs on. On the CPU the Numba kernels run on NumPy views of them; on a
+  GPU the CUDA kernels run on CuPy views (`__cuda_array_interface__`, no
+  copy) on XLA's own stream (`ctx.stream`), so the launches are ordered
+  with the rest of the program without a synchronisation. The results are
+  written into XLA's output buffers (a copy per output; inputs are never
+  written). Result shapes and dtypes come from the op's shape rule
+  (`Op.outputs`), evaluated at trace time. JAX releases without
+  buffer_callback run the CPU path through `jax.pure_callback`;
+- on a GPU the kernels' outputs and workspace come from CuPy's memory pool
+  beside XLA's: JAX preallocates 75% of the device by default, so leave
+  CuPy room (`XLA_PYTHON_CLIENT_MEM_FRACTION`) on large graphs;
 - residuals: the backward recomputes the forward inside its callback (the
   custom_vjp keeps only the inputs). The cost is one extra forward pass per
   backward; in exchange nothing op-specific (argmax positions, lse, the
   CSR-ordered weights) has to be described to JAX, and no residual memory is
   held between the forward and the backward beyond the inputs;
-- `jax.vmap` is defined through pure_callback's sequential rule: a batch of
-  B calls the kernels B times, one example after the other (correct, not
+- `jax.vmap` runs through the callbacks' sequential rule: a batch of B
+  calls the kernels B times, one example after the other (correct, not
   vectorised);
 - integer inputs (a dropout seed) and absent inputs (None) get no cotangent.
-
-A device path slots in at `_callback`: a GPU build would lower the same Op
-records to an FFI call on JAX's buffers and stream (no host round trip); the
-records, the shape rules and the custom_vjp are shared.
 """
 from __future__ import annotations
 
@@ -86,20 +91,90 @@ class _Call(NamedTuple):
     grads: tuple             # per input: takes a gradient (float array)
 
 
+try:
+    from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
+except ImportError:                                 # JAX < 0.7: host callbacks only
+    _buffer_callback = None
+
 if "vmap_method" in inspect.signature(jax.pure_callback).parameters:
     _VMAP = {"vmap_method": "sequential"}
 else:                                               # older JAX
     _VMAP = {"vectorized": False}
 
+_CUDA_DLPACK = 2            # kDLCUDA, the DLPack device type of a CUDA buffer
+_cupy = None                # the cupy module, imported on the first GPU call
+_streams: dict = {}         # (device, cudaStream_t) -> CuPy's view of XLA's stream
+
+
+class _StreamHandle:
+    """A raw cudaStream_t speaking the CUDA stream protocol (for CuPy >= 14)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def _xla_stream(cp, ptr: int, device: int):
+    """CuPy's view of XLA's compute stream `ptr` on `device` (cached)."""
+    key = (device, ptr)
+    s = _streams.get(key)
+    if s is None:
+        if hasattr(cp.cuda.Stream, "from_external"):
+            s = cp.cuda.Stream.from_external(_StreamHandle(ptr))
+        else:                                       # CuPy < 14
+            s = cp.cuda.ExternalStream(ptr, device)
+        if len(_streams) > 64:
+            _streams.clear()
+        _streams[key] = s
+    return s
+
+
+def _run_on_gpu(fn, ctx, outs, bufs, device):
+    """fn(cupy, *CuPy views of bufs) on XLA's stream, written into outs."""
+    global _cupy
+    if _cupy is None:
+        import cupy
+        _cupy = cupy
+    cp = _cupy
+    with cp.cuda.Device(device), _xla_stream(cp, int(ctx.stream), device):
+        results = fn(cp, *(cp.asarray(b) for b in bufs))
+        for o, r in zip(outs, results):
+            cp.asarray(o)[...] = r
+
 
 def _callback(fn, specs, *args):
-    """Run fn(*numpy arrays) -> tuple of arrays on the host, results `specs`."""
+    """Run fn(xp, *arrays) -> tuple of arrays (xp: numpy on the CPU, cupy on
+    a GPU) on the device the program runs on, results `specs`."""
     shapes = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
-    return jax.pure_callback(fn, shapes, *args, **_VMAP)
+    if _buffer_callback is None:
+        return jax.pure_callback(lambda *a: fn(np, *a), shapes, *args, **_VMAP)
+
+    def run(ctx, outs, *bufs):
+        first = bufs[0] if bufs else outs[0]
+        kind, device = first.__dlpack_device__()
+        if kind == _CUDA_DLPACK:
+            _run_on_gpu(fn, ctx, outs, bufs, int(device))
+            return
+        results = fn(np, *(np.asarray(b) for b in bufs))
+        for o, r in zip(outs, results):
+            np.asarray(o)[...] = r
+
+    return tuple(_buffer_callback(run, shapes, vmap_method="sequential")(*args))
 
 
-def _host_forward(call: _Call, arrays):
-    """op.fwd on host arrays (None where absent): (outs tuple, residuals)."""
+def _core_graph(call: "_Call", xp):
+    """The core graph on the arrays' device (a CUDA copy made once per graph)."""
+    core = call.graph.core
+    if xp is np:
+        return core
+    dev = xp.cuda.Device().id
+    return core.cached(("fastgnn.jax", "cuda", dev), lambda: core.to(f"cuda:{dev}"))
+
+
+def _forward(call: "_Call", graph, arrays):
+    """op.fwd on arrays of one device (None where absent): (outs tuple, residuals)."""
     op = call.op
     kw = dict(call.static)
     positional = []
@@ -109,7 +184,7 @@ def _host_forward(call: _Call, arrays):
                 kw[name] = int(a)
         else:
             positional.append(a)
-    out, res = op.fwd(call.graph.core, *positional, **kw)
+    out, res = op.fwd(graph, *positional, **kw)
     return (out if isinstance(out, tuple) else (out,)), res
 
 
@@ -118,35 +193,35 @@ def _fill(call: _Call, given):
     return [next(it) if p else None for p in call.present]
 
 
-def _as_result(a, spec, what):
+def _as_result(xp, a, spec, what):
     shape, dtype = spec
-    a = np.asarray(a)
     if a.shape != tuple(shape):
         raise RuntimeError(f"{what}: the kernel returned shape {a.shape}, the shape rule "
                            f"says {tuple(shape)}")
-    return np.ascontiguousarray(a, dtype=dtype)
+    return xp.ascontiguousarray(a, dtype=dtype)
 
 
 def _forward_callback(call: _Call):
-    def fn(*given):
-        outs, _ = _host_forward(call, _fill(call, given))
-        return tuple(_as_result(o, s, call.op.name) for o, s in zip(outs, call.outs))
+    def fn(xp, *given):
+        outs, _ = _forward(call, _core_graph(call, xp), _fill(call, given))
+        return tuple(_as_result(xp, o, s, call.op.name) for o, s in zip(outs, call.outs))
     return fn
 
 
 def _backward_callback(call: _Call, specs):
     n = sum(call.present)
 
-    def fn(*given):
+    def fn(xp, *given):
+        graph = _core_graph(call, xp)
         arrays = _fill(call, given[:n])
-        _, res = _host_forward(call, arrays)          # recompute (see module docstring)
-        grads = call.op.bwd(call.graph.core, res, *given[n:])
+        _, res = _forward(call, graph, arrays)          # recompute (see module docstring)
+        grads = call.op.bwd(graph, res, *given[n:])
         grads = grads if isinstance(grads, tuple) else (grads,)
         if len(grads) != len(call.op.inputs):
             raise RuntimeError(f"{call.op.name}: bwd returned {len(grads)} gradients for "
                                f"{len(call.op.inputs)} inputs")
         wanted = [g for g, w in zip(grads, call.grads) if w]
-        return tuple(np.zeros(s, d) if g is None else _as_result(g, (s, d), call.op.name)
+        return tuple(xp.zeros(s, d) if g is None else _as_result(xp, g, (s, d), call.op.name)
                      for g, (s, d) in zip(wanted, specs))
     return fn
 
