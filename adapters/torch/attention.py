@@ -126,7 +126,8 @@ def edge_softmax(edge_index_or_graph, scores, num_nodes=None, *, dropout=0.0, se
 
     edge_index_or_graph: [2, E] integer tensor (row 0 sources, row 1 targets),
                  PyG EdgeIndex, torch sparse adj_t [num_dst, num_src] (its
-                 values are ignored; edges in storage order) or fastgnn.Graph.
+                 values are ignored; edges in storage order), DGLGraph (edges
+                 in DGL's order) or fastgnn.Graph.
     scores:      [E] or [E, H] float tensor in the edges' order.
     num_nodes:   number of targets (None: max target index + 1), or
                  (num_src, num_dst).

@@ -25,6 +25,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from .custom_ops import compiling
+
 # Smallest [N, K] operand (elements) whose product is timed and dispatched;
 # below it a product costs too little for the choice to pay for its timing.
 MIN_NUMEL = 1 << 25
@@ -48,7 +50,7 @@ def tf32_allowed() -> bool:
 def _eligible(a: torch.Tensor, w: torch.Tensor) -> bool:
     # inside a compiled program Inductor picks its own GEMMs (and the timing
     # below could not run there)
-    return (not torch.compiler.is_compiling() and a.is_cuda and a.dim() == 2
+    return (not compiling() and a.is_cuda and a.dim() == 2
             and a.numel() >= MIN_NUMEL and a.dtype == w.dtype and a.is_contiguous()
             and not torch.cuda.is_current_stream_capturing())
 

@@ -8,6 +8,10 @@ Accepted inputs
                 are sources, so `adj_t @ x` is the aggregation. Its values
                 are edge weights; edge ids are storage positions (COO: after
                 coalescing, which sums duplicates as torch does).
+    DGLGraph    a DGL graph with one edge type: homogeneous, or bipartite (a
+                block from `dgl.to_block` and DGL's samplers). Messages flow
+                src -> dst, as DGL's; edge ids are DGL's, so per-edge tensors
+                are in DGL's edge order (`from_dgl`).
     Graph       a fastgnn.Graph passes through unchanged.
 
 Cache
@@ -18,7 +22,8 @@ Cache
         (kind, sizes, and for every index tensor read:
          data_ptr, shape, stride, dtype, device, _version)
 
-    where sizes are the requested (num_src, num_dst). `_version` changes on
+    where sizes are the requested (num_src, num_dst); a DGLGraph's key is the
+    identity of its structure object (`from_dgl`). `_version` changes on
     every in-place write, so editing edge_index in place rebuilds. An entry
     also holds a weak reference to the tensor it was built from and is valid
     only while that tensor lives: a freed tensor's address can be reused by a
@@ -28,6 +33,7 @@ Cache
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -39,7 +45,8 @@ from fastgnn.graph import Graph
 from . import custom_ops
 from ._autograd import device_scope
 
-__all__ = ["to_graph", "resolve", "graph_input", "CompiledGraph", "clear_graph_cache"]
+__all__ = ["to_graph", "from_dgl", "resolve", "graph_input", "CompiledGraph",
+           "clear_graph_cache"]
 
 _SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo)
 
@@ -144,10 +151,11 @@ def _is_edge_index_type(obj):
 
 
 def to_graph(edge_index_or_adj, num_nodes=None) -> Graph:
-    """The fastgnn.Graph of an edge_index tensor, PyG EdgeIndex or torch sparse
-    adj_t (see the module docstring), from the cache when possible.
+    """The fastgnn.Graph of an edge_index tensor, PyG EdgeIndex, torch sparse
+    adj_t or DGLGraph (see the module docstring), from the cache when possible.
 
-    num_nodes: None (edge_index: inferred as max index + 1; sparse: its size),
+    num_nodes: None (edge_index: inferred as max index + 1; sparse, DGLGraph:
+               its own sizes),
                an int (square graph), or (num_src, num_dst) (bipartite; None
                entries are inferred). For a sparse adj_t or an EdgeIndex with
                a sparse size, given sizes must agree with it.
@@ -163,10 +171,17 @@ def resolve(adj, num_nodes=None):
         return CompiledGraph(*graph_input(adj, num_nodes)), None
     if isinstance(adj, Graph):
         return adj, None
+    num_src, num_dst = _sizes(num_nodes)
+    if is_dgl_graph(adj):
+        graph = from_dgl(adj)
+        _agree(graph.num_src, num_src, "num_src (rows of the source features)",
+               "graph.num_src_nodes()")
+        _agree(graph.num_dst, num_dst, "num_dst (rows of the target features)",
+               "graph.num_dst_nodes()")
+        return graph, None
     if not isinstance(adj, torch.Tensor):
         raise TypeError("edge_index must be a [2, E] integer tensor, a PyG EdgeIndex, a torch "
-                        f"sparse tensor or a fastgnn.Graph, got {type(adj).__name__}")
-    num_src, num_dst = _sizes(num_nodes)
+                        f"sparse tensor, a DGLGraph or a fastgnn.Graph, got {type(adj).__name__}")
     if adj.layout in _SPARSE_LAYOUTS:
         return _resolve_sparse(adj, num_src, num_dst)
     if adj.layout != torch.strided:
@@ -208,6 +223,9 @@ def graph_input(adj, num_nodes=None):
     if isinstance(adj, Graph):
         raise TypeError("under torch.compile, pass the edge_index tensor rather than a "
                         "fastgnn.Graph (graphs are built and cached inside fastgnn's ops)")
+    if is_dgl_graph(adj):
+        raise NotImplementedError("fastgnn under torch.compile takes an edge_index [2, E]; a "
+                                  "DGLGraph works in eager mode only")
     if not isinstance(adj, torch.Tensor):
         raise TypeError("edge_index must be a [2, E] integer tensor or a PyG EdgeIndex, "
                         f"got {type(adj).__name__}")
@@ -267,6 +285,50 @@ def reversed_input(adj):
     if custom_ops.compiling():
         return ei.flip(0)           # no cache lookups by address inside a traced program
     return _REVERSED.get(_tkey(ei), adj, lambda: ei.detach().flip(0))
+
+
+def is_dgl_graph(obj) -> bool:
+    """obj is a DGLGraph (a block included). Only a process that imported dgl
+    can hold one, so this asks sys.modules and never imports dgl itself."""
+    dgl = sys.modules.get("dgl")
+    cls = getattr(dgl, "DGLGraph", None)
+    return isinstance(cls, type) and isinstance(obj, cls)
+
+
+def from_dgl(graph, *, reverse=False) -> Graph:
+    """The fastgnn.Graph of a DGLGraph with one edge type, built once per graph
+    structure and cached (the LRU above).
+
+    Edge e = (u_e -> v_e), e a DGL edge id, becomes a message from source u_e
+    to target v_e (DGL's direction: reduced at the destination), so that
+    out[v] = reduce_{e: v_e = v} m_e; num_src = graph.num_src_nodes(),
+    num_dst = graph.num_dst_nodes() (they differ for a block). The graph's
+    edge ids are DGL's: per-edge tensors [E, ...] go in and come out in DGL's
+    edge order. reverse=True gives the graph with every edge turned around
+    (sources v_e, targets u_e, the same edge ids): reductions over each
+    node's out-edges, as DGL's norm_by="src".
+
+    The key is the identity of the graph's structure object (DGL keeps it
+    across `local_scope` and shallow copies and replaces it when edges or
+    nodes are added or removed), and the entry lives only as long as that
+    object: an edited graph is converted anew."""
+    if not is_dgl_graph(graph):
+        raise TypeError(f"graph must be a DGLGraph, got {type(graph).__name__}")
+    if len(graph.canonical_etypes) != 1:
+        raise ValueError("graph must have one edge type (a homogeneous graph or a block), got "
+                         f"{graph.canonical_etypes}; pass graph[etype] for one relation")
+    anchor = getattr(graph, "_graph", graph)     # DGL's structure object (HeteroGraphIndex)
+    key = ("dgl", bool(reverse), id(anchor))
+
+    def build():
+        src, dst = graph.edges(order="eid")
+        num_src, num_dst = int(graph.num_src_nodes()), int(graph.num_dst_nodes())
+        if reverse:
+            src, dst, num_src, num_dst = dst, src, num_dst, num_src
+        with device_scope(src.device):
+            return Graph.from_edge_index(torch.stack([src, dst]), num_src=num_src,
+                                         num_dst=num_dst)
+    return _GRAPHS.get(key, anchor, build)
 
 
 def _agree(known, given, name, what):
