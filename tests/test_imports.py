@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # source folder -> the package it installs as (setup.cfg's package_dir)
 PACKAGES = {"fastgnn": "fastgnn", "adapters/torch": "fastgnn.torch",
-            "kernels_cuda": "fastgnn.kernels_cuda"}
+            "adapters/dgl": "fastgnn.dgl", "kernels_cuda": "fastgnn.kernels_cuda"}
 TEST_HELPERS = "fastgnn.testing"
 
 
