@@ -30,6 +30,13 @@ TEST_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch=
             "&& pip install -e '.[test,compile-check]' "
             "&& python -m fastgnn.backends.cuda.compile_check --quick && python -m pytest -q -m \"not slow\" -n auto --dist loadfile")
 
+# README's DGL line: the DGL adapter's own environment (DGL's wheels support
+# torch 2.0-2.2 and numpy < 2) and its tests; .ci/run runs it after TEST_CMD.
+DGL_CMD = ('python3 -m venv .venv-dgl && .venv-dgl/bin/pip install torch==2.2.1 "numpy<2" '
+           'dgl==2.1.0 torchdata==0.7.1 pandas pyyaml pydantic numba pytest '
+           '&& .venv-dgl/bin/pip install --no-deps -e . && .venv-dgl/bin/python -c "import fastgnn.dgl" '
+           '&& .venv-dgl/bin/python -m pytest -q tests/test_dgl.py')
+
 OPTIONAL_THIRD_PARTY = ("jax", "jaxlib", "flax", "dgl")   # adapters whose framework CI may lack
 
 
@@ -207,6 +214,12 @@ def test_importing_every_module_compiles_nothing_and_touches_no_gpu():
         except ModuleNotFoundError as e:
             if e.name not in ("jax", "jaxlib"):
                 raise
+        try:
+            import fastgnn.dgl
+            packages.append(fastgnn.dgl)
+        except ModuleNotFoundError as e:
+            if e.name != "dgl":
+                raise
         for pkg in list(packages):
             for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".",
                                               onerror=lambda n: None):
@@ -247,15 +260,20 @@ def test_readme_starts_with_the_two_setup_commands():
     assert "\n" not in body_a.strip() and "\n" not in body_b.strip(), "one line each"
 
 
-def test_ci_runs_the_readme_test_command_last():
+def test_ci_runs_the_readme_test_command_then_the_dgl_line():
     text = CI_RUN.read_text()
     assert os.access(CI_RUN, os.X_OK), ".ci/run must be executable"
     assert re.search(r"^set -euo pipefail$", text, re.M)
     code = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    last = code[-1]
-    assert last.startswith(TEST_CMD), ".ci/run's last command must be the README's test command"
+    main = code[-2]
+    assert main.startswith(TEST_CMD), ".ci/run's main line must be the README's test command"
     # `a && b` is exempt from `set -e`: only an explicit exit (or nothing) may follow
-    assert last[len(TEST_CMD):].strip() in ("", "|| exit $?"), last
+    assert main[len(TEST_CMD):].strip() in ("", "|| exit $?"), main
+    # last, README's DGL line, timed (dgl_start) and failing the run on failure
+    assert code[-1] == f"dgl_start=$SECONDS && {DGL_CMD} || exit $?", code[-1]
+    dgl_blocks = [b for info, b, _ in _fenced_blocks(README.read_text()) if info == "bash"
+                  and b.strip() == DGL_CMD]
+    assert dgl_blocks, "README's DGL section lost the line CI runs (DGL_CMD)"
     if shutil.which("bash"):
         subprocess.run(["bash", "-n", str(CI_RUN)], check=True)
 
@@ -290,12 +308,14 @@ def _readme_tested_blocks():
 
 def test_readme_examples_run():
     """Every marked README example runs as written: the arrays one, the PyG
-    swap and the torch.compile one (the last two need torch and PyG), and
-    the JAX one (needs jax)."""
+    swap and the torch.compile one (the last two need torch and PyG), the
+    JAX one (needs jax) and the DGL one (where dgl is installed)."""
     blocks = _readme_tested_blocks()
     assert len(blocks) >= 3, "README lost one of its tested usage examples"
     for i, body in enumerate(blocks):
-        if "torch" in body:
+        if "import dgl" in body and importlib.util.find_spec("dgl") is None:
+            continue        # DGL's example: tests/test_dgl.py runs it in DGL's environment
+        if "torch" in body and "import dgl" not in body:
             pytest.importorskip("torch_geometric")
         if "jax" in body:
             pytest.importorskip("jax")
