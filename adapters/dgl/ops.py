@@ -14,10 +14,12 @@ reduced at v:
 
 for r in sum, mean (the sum over deg_in(v)), max, min. A node without
 in-edges gets what dgl.ops gives it: 0 from sum and mean, -inf from max and
-+inf from min (DGL's message passing, `update_all` with fn.max, gives 0
-there: the modules in fastgnn.dgl.nn do, too). All of them are
++inf from min, except in a graph without any edge, where every reduction
+gives 0 (DGL's message passing, `update_all` with fn.max, gives 0 there
+always: the modules in fastgnn.dgl.nn do, too). All of them are
 differentiable in every tensor input; the constant rows of empty max/min get
-no gradient (DGL's own backward sends their cotangent to node or edge 0). The graph is converted once
+no gradient (DGL's own backward sends their cotangent to node or edge 0, and
+in a graph without edges to every input). The graph is converted once
 (`fastgnn.dgl.to_graph`, cached) and the work runs through the same
 fastgnn.torch ops and autograd bridge as the PyG-style layers: `spmm` (one
 weight per edge, or per edge and head), `segment_reduce`, `segment_csr` and
@@ -75,8 +77,9 @@ def _check_reduce(reduce):
 
 def _empty_fill(graph, out, reduce):
     """out [num_dst, *] with the rows of nodes without in-edges set to -inf
-    (max) or +inf (min), as dgl.ops's gspmm leaves them."""
-    if reduce not in ("max", "min"):
+    (max) or +inf (min), as dgl.ops's gspmm leaves them (it returns zeros
+    for a graph without edges)."""
+    if reduce not in ("max", "min") or graph.num_edges == 0:
         return out
 
     def build():
