@@ -2,7 +2,7 @@
 
 Pure array functions with forward/backward pairs over a `Graph`; NumPy arrays
 run on the CPU (Numba), CuPy arrays on the GPU (CUDA). Framework adapters live
-in `fastgnn.torch` and `fastgnn.jax` (and later `fastgnn.dgl`).
+in `fastgnn.torch`, `fastgnn.jax` and `fastgnn.dgl`.
 """
 from ._array import gpu_available
 from .graph import Graph

@@ -12,8 +12,8 @@
     VarAggregation, StdAggregation, MulAggregation, MultiAggregation
                             PyG-compatible Aggregation modules (aggr.py; they
                             import PyG, so they load on first access)
-    to_graph                fastgnn.Graph from edge_index / EdgeIndex / sparse adj_t,
-                            cached (graph_cache.py)
+    to_graph                fastgnn.Graph from edge_index / EdgeIndex / sparse adj_t /
+                            DGLGraph, cached (graph_cache.py)
     apply, Op, FastgnnFunction
                             the one generic bridge from any fastgnn forward/backward
                             pair to torch.autograd (_autograd.py)
