@@ -121,9 +121,11 @@ def _run(module, graph, feat, edge_weight, kwargs, cot_seed):
 
 
 def compare(ref, ours, graph, feat, edge_weight=None, *, seed=0, dtype=torch.float64,
-            **kwargs):
+            torch_seed=None, **kwargs):
     """Load DGL's state_dict into ours (strict), run both on the same inputs
-    (DGL in float64, ours in `dtype`) and compare outputs and every gradient."""
+    (DGL in float64, ours in `dtype`) and compare outputs and every gradient.
+    torch_seed: seed torch's generator with it before each run (the same
+    dropout masks for both)."""
     ref = ref.double()
     ours.load_state_dict(ref.state_dict(), strict=True)
     ours = ours.to(dtype)
@@ -134,7 +136,11 @@ def compare(ref, ours, graph, feat, edge_weight=None, *, seed=0, dtype=torch.flo
                 else feat.to(dtype).double())
     ew_ours = None if edge_weight is None else cast(edge_weight)
     ew_ref = None if edge_weight is None else edge_weight.to(dtype).double()
+    if torch_seed is not None:
+        torch.manual_seed(torch_seed)
     r = _run(ref, graph, feat_ref, ew_ref, kwargs, seed)
+    if torch_seed is not None:
+        torch.manual_seed(torch_seed)
     o = _run(ours, graph, feat_ours, ew_ours, kwargs, seed)
     assert_results_match(o, r, "float64" if dtype == torch.float64 else "float32")
     return o, r
@@ -367,6 +373,18 @@ def test_attention_dropout_weights_are_what_the_output_sums(cls, rng):
     _, full = conv(g, x, get_attention=True)
     kept = a != 0
     torch.testing.assert_close(a[kept], 2 * full[kept], rtol=1e-10, atol=1e-12)
+
+
+def test_gatconv_edge_weight_dropout_is_dgls(rng, seed):
+    """With edge_weight the weights are dropped by the module's nn.Dropout, as
+    DGL's: the same masks, so the same training-mode function, from one seed."""
+    g = _homo(rng)
+    ref, ours = _both("GATConv", 6, 4, 2, attn_drop=0.5, feat_drop=0.3,
+                      allow_zero_in_degree=True)
+    ref.train(), ours.train()
+    o, r = compare(ref, ours, g, _features(g, rng, 6), _weights(g, rng), seed=seed,
+                   torch_seed=seed, get_attention=True)
+    assert (o["output[1]"] == 0).any()            # some weights were dropped
 
 
 # ---------------------------------------------------------- state dicts

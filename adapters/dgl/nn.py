@@ -19,7 +19,8 @@ degree scales fused into the SpMM), results agree to rounding.
 
 One difference: attention dropout (attn_drop > 0 in training) draws its mask
 from fastgnn's counter-based generator inside the fused kernel, not from
-torch's `nn.Dropout`, so masks differ from DGL's (the distribution is the
+torch's `nn.Dropout` (except GATConv with edge_weight, which is unfused), so
+masks differ from DGL's (the distribution is the
 same: keep with probability 1 - p, kept weights scaled by 1/(1 - p)); the
 module still holds `attn_drop` as DGL's `nn.Dropout` and reads its `p`.
 feat_drop is torch's Dropout, called as DGL calls it.
@@ -467,7 +468,8 @@ class GATConv(_ZeroInDegreeChecked):
     whose bias serves). Without edge_weight the scores, softmax, dropout and
     weighted sum are one fused fastgnn op (`edge_attention`, score "gat";
     the bias added in its store); with edge_weight the weights come from
-    fastgnn's `edge_softmax` and the sum from one SpMM per head.
+    fastgnn's `edge_softmax`, dropped by the module's `attn_drop` (torch's
+    masks, as DGL's) and summed by one SpMM per head.
     """
 
     def __init__(self, in_feats, out_feats, num_heads, feat_drop=0.0, attn_drop=0.0,
@@ -535,10 +537,10 @@ class GATConv(_ZeroInDegreeChecked):
         el, er = el.reshape(g.num_src, heads), er.reshape(g.num_dst, heads)
         v = feat_src.reshape(g.num_src, heads, C)
         ew = _edge_weight(edge_weight, g)
-        p, seed = _attention_dropout(self)
         fuse_bias = (self.has_explicit_bias and not prefix and self.bias.dtype == v.dtype)
         attn = None
         if ew is None:
+            p, seed = _attention_dropout(self)
             out = ft.edge_attention(g, "gat", a_src=el, a_dst=er, v=v,
                                     bias=self.bias.view(H, C) if fuse_bias else None,
                                     negative_slope=self.leaky_relu.negative_slope, dropout=p,
