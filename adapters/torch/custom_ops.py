@@ -43,13 +43,15 @@ the same tensors, unmodified, in every replay.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import threading
 from typing import Callable, Optional
 
 import torch
 
-__all__ = ["graph_op", "call", "compiling", "registered", "warm_up"]
+__all__ = ["graph_op", "call", "compiling", "in_kernel", "registered", "warm_up"]
 
 _OPS: dict = {}          # name -> _GraphOp
 
@@ -87,6 +89,26 @@ def _expand(given, tensors):
     return [next(it) if g else None for g in given]
 
 
+_kernels = threading.local()   # depth of custom-op kernels running on this thread
+
+
+def in_kernel() -> bool:
+    """True while a fastgnn custom op's kernel runs on this thread: its
+    memory may belong to a CUDA graph tree's pool (the trees run a
+    compiled program eagerly in their pool before recording it), so
+    nothing allocated there may outlive the call in a cache."""
+    return getattr(_kernels, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _kernel():
+    _kernels.depth = getattr(_kernels, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _kernels.depth -= 1
+
+
 def _autograd_inside_kernel():
     """A custom op's kernel runs below the autograd dispatch keys, so torch
     ops inside it record no graph; the recomputing backward needs one, so
@@ -122,7 +144,7 @@ class _GraphOp:
         @torch.library.custom_op(f"fastgnn::{self.name}", mutates_args=())
         def forward(graph: list[torch.Tensor], inputs: list[torch.Tensor],
                     static: str) -> list[torch.Tensor]:
-            with torch.no_grad():
+            with torch.no_grad(), _kernel():
                 return _no_alias(op.run(graph, inputs, static), (*graph, *inputs))
 
         @forward.register_fake
@@ -141,7 +163,7 @@ class _GraphOp:
                      needs: list[bool]) -> list[torch.Tensor]:
             # recompute the forward with autograd on the inputs that need a
             # gradient, then differentiate it (see the module docstring)
-            with torch.enable_grad(), _autograd_inside_kernel():
+            with torch.enable_grad(), _autograd_inside_kernel(), _kernel():
                 leaves = [t.detach().requires_grad_(n) for t, n in zip(inputs, needs)]
                 outs = op.run(graph, leaves, static)
                 pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g.numel()]

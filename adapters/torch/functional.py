@@ -59,7 +59,11 @@ _COLUMN_SUM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat1
 def _ones_vector(device: torch.device, dtype: torch.dtype, n: int) -> torch.Tensor:
     """[n] ones on `device` (a view of a vector cached per stream, so that a
     grown one is freed only behind the kernels of its own stream; callers
-    skip it during a CUDA graph capture, whose memory would be the graph's)."""
+    skip it during a CUDA graph capture, whose memory would be the graph's).
+    Inside a custom op's kernel (a compiled program, maybe in a CUDA graph
+    tree's pool) the vector is made per call and not cached."""
+    if custom_ops.in_kernel():
+        return torch.ones(n, device=device, dtype=dtype)
     key = (device.index, _torch_stream_ptr(device.index), dtype)
     ones = _ones.get(key)
     if ones is None or ones.shape[0] < n:
