@@ -24,6 +24,10 @@ a kernel's CPU twin).
 """
 import importlib.util
 import os
+
+# JAX preallocates 75% of a GPU by default: on a GPU machine the CUDA tests of
+# the other xdist workers would then run out of memory
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import random
 import secrets
 import zlib

@@ -507,9 +507,14 @@ def test_no_grad_calls_run_the_inference_forward(monkeypatch, device):
     told that no gradient is wanted (no residuals, no max/min positions) and
     makes no autograd node; its output equals the grad-mode one."""
     import fastgnn.ops.segment as seg
+    from fastgnn.torch import plans
     seen = []
     real = seg._fwd
     monkeypatch.setattr(seg, "_fwd", lambda *a: seen.append(a[4]) or real(*a))
+    # on CUDA the launch plan path serves the calls (residuals: its 4th argument)
+    real_plan = plans.segment_forward
+    monkeypatch.setattr(plans, "segment_forward",
+                        lambda *a: seen.append(a[3]) or real_plan(*a))
     ei = torch.from_numpy(awkward_edge_index(40, 200, seed=2)).to(device)
     x = torch.randn(40, 6, dtype=torch.float32, device=device, requires_grad=True)
     reduce = ["mean", "max", "min", "std"]
