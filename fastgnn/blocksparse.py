@@ -29,16 +29,29 @@ implemented).
 
 The automatic rule (`tensor_cores="auto"`): the Tensor Core kernel gathers
 16 rows per tile where the CUDA-core kernels gather one per edge, so it
-moves fewer rows when fill > 1/16 (random graphs sit at about 1/16: rmat,
-uniform) and pays only for locally dense graphs. A warp walks one window,
-so a window far longer than the mean (a hub row) stalls the grid. It is
-taken where
+moves fewer rows when fill > 1/16 and pays for locally dense graphs. A warp
+walks one window, so a window far longer than the mean (a hub row) stalls
+the grid, and long windows of scattered sources (uniform random graphs,
+16 tiles per window at fill 1/16) lose the tile reuse. It is taken where
 
-    fill >= MIN_FILL  and  max_tiles_window <= MAX_WINDOW_SKEW * tiles_per_window
+    fill >= MIN_FILL  and  tiles_per_window <= MAX_TILES_PER_WINDOW
+    and  max_tiles_window <= MAX_WINDOW_SKEW * tiles_per_window
 
-MIN_FILL and MAX_WINDOW_SKEW are conservative placeholders until measured:
-benchmarks/dev/probe_blocksparse.py prints the fill statistics and both
-paths' times per graph; set them from its output on the H200.
+The constants come from `benchmarks/dev/probe_blocksparse.py` on the H200
+(bf16, dot attention H=4 x C=32, SpMM F=128; speedups of the Tensor Core
+path over the CUDA-core path; benchmarks/results/blocksparse_h200.md):
+
+    graph        fill   tiles/window  skew   attn fwd  attn fwd+bwd  spmm
+    clustered19  0.279   6.0           1.0   3.91x     4.86x         1.82x
+    knn          0.162   6.2           1.6   2.50x     3.38x         1.29x
+    molecules    0.072   2.0           1.0   2.05x     2.30x         1.69x
+    mesh3d       0.062   6.0           1.0   1.84x     2.13x         1.05x
+    grid         0.062   4.0           1.0   1.63x     1.98x         1.09x
+    uniform20    0.061  16.5           1.3   0.98x     1.24x         0.95x
+    rmat20       0.067  15.7         331     0.40x     0.56x         0.15x
+
+so every graph the rule takes is faster on both ops, and the two random
+graphs keep the CUDA-core path.
 `tensor_cores=True` forces the path (ValueError naming the reason where it
 cannot serve the call), False keeps the CUDA-core path.
 """
@@ -48,8 +61,9 @@ from ._array import is_cupy
 from .backends.blocksparse import BlockSparse, build_numpy
 
 OPTIONS = ("auto", True, False)
-# Conservative placeholders (see the module docstring): set from the probe.
-MIN_FILL = 0.15
+# measured thresholds (see the module docstring)
+MIN_FILL = 0.05
+MAX_TILES_PER_WINDOW = 12.0
 MAX_WINDOW_SKEW = 32.0
 
 
@@ -79,6 +93,7 @@ def pays(stats) -> bool:
     if stats["num_tiles"] == 0:
         return False
     return (stats["fill"] >= MIN_FILL
+            and stats["tiles_per_window"] <= MAX_TILES_PER_WINDOW
             and stats["max_tiles_window"] <= MAX_WINDOW_SKEW * stats["tiles_per_window"])
 
 

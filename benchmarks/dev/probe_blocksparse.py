@@ -5,7 +5,8 @@ forward+backward (H x C, bf16), and the SpMM (F features, bf16) against the
 custom CUDA-core kernel and cuSPARSE's best (torch.sparse.mm on a CSR
 adjacency in bf16 and fp32, where torch is installed). Each graph ends with
 one line of speedups and what `tensor_cores="auto"` picks; the threshold
-constants of fastgnn/blocksparse.py (MIN_FILL, MAX_WINDOW_SKEW) are set from
+constants of fastgnn/blocksparse.py (MIN_FILL, MAX_TILES_PER_WINDOW,
+MAX_WINDOW_SKEW) are set from
 these lines. A correctness line per graph compares both paths' outputs.
 
     python benchmarks/dev/probe_blocksparse.py [graph ...] [--heads 4] [--channels 32]
