@@ -16,6 +16,7 @@ import fastgnn.torch as ft
 from fastgnn.testing import awkward_edge_index
 
 plan = pytest.importorskip("fastgnn.backends.cuda.plan")   # CuPy imports without a GPU
+from fastgnn.backends.cuda import attention as cuda_attention  # noqa: E402
 from fastgnn.backends.cuda import loader, segment, spmm as cuda_spmm  # noqa: E402
 from fastgnn.torch import _autograd, plans  # noqa: E402
 
@@ -194,6 +195,10 @@ class _NumpyAsCupy:
     def __getattr__(self, name):
         return getattr(np, name)
 
+    @staticmethod
+    def get_array_module(*arrays):
+        return np
+
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
@@ -214,6 +219,10 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(cuda_spmm, "cp", _NumpyAsCupy())   # task_plan with NumPy
     monkeypatch.setattr(segment, "get_function", get_function)
     monkeypatch.setattr(cuda_spmm, "get_function", get_function)
+    monkeypatch.setattr(cuda_attention, "get_function", get_function)
+    monkeypatch.setattr(cuda_attention, "cp", _NumpyAsCupy())   # task_slots with NumPy
+    # a few resident blocks: the persistent grids walk slot ranges (slot_begin)
+    monkeypatch.setattr(cuda_attention, "RESIDENT_BLOCKS", 2)
     monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})
     monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
     monkeypatch.setattr(plan, "ensure_context", lambda device: None)
@@ -340,6 +349,145 @@ def test_spmm_plan_path_runs_end_to_end_against_fakes(fake_cuda, reduce):
         for launch in p.launches:
             assert_matches_signature(launch, sigs)
     assert len(fake_cuda) == len(fwd.launches) + len(bwd.launches) + len(sums.launches)
+
+
+# --------------------------------------------------------------- attention
+def _by_name(graph, kind):
+    return [p for p in _plans_of(graph) if isinstance(p, kind)]
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["heads", "flat"])
+def test_edge_softmax_plan_path_runs_end_to_end_against_fakes(fake_cuda, flat):
+    """ft.edge_softmax with dropout, forward + backward on its plans: the
+    scores / out / lse / grad slots hold those tensors' addresses, the
+    dropout scalars are the call's (a new seed: the same plan), and every
+    launch matches its kernel's signature."""
+    n = 200
+    ei = torch.from_numpy(awkward_edge_index(n, 1500, hub_degree=300, seed=4))
+    g = ft.to_graph(ei, n)
+    E = g.num_edges
+    s = torch.randn((E,) if flat else (E, 3), dtype=torch.float64, requires_grad=True)
+    out = ft.edge_softmax(g, s, dropout=0.25, seed=11, offset=5)
+    assert out.shape == s.shape and type(out.grad_fn).__name__ == "FastgnnFunctionBackward"
+    (fwd,) = [p for p in _by_name(g, cuda_attention.SoftmaxPlan) if len(p.launches)]
+    l = fwd.launches[0]
+    assert l.name == "softmax_fwd<double, int>"
+    assert (l.values[2], l.values[3]) == (s.data_ptr(), out.data_ptr())
+    spec = fastgnn.ops.attention.dropout_spec(0.25, 11, 5)
+    assert list(l.values[7:10]) == [spec.key, 5, spec.threshold]
+    assert l.values.view(np.float64)[10] == 1 / 0.75 and l.values[11] == 1
+    gs, = torch.autograd.grad(out, [s], torch.ones_like(out))
+    assert gs.shape == s.shape
+    sigs = kernel_signatures()
+    _check_launches(fake_cuda, g, sigs)
+    assert len(fake_cuda) == 2
+    plans_before = len(_plans_of(g))
+    with torch.no_grad():
+        ft.edge_softmax(g, s, dropout=0.25, seed=12)
+    assert len(_plans_of(g)) == plans_before                     # the seed is a call value
+    assert fwd.launches[0].values[7] == fastgnn.ops.attention.dropout_spec(0.25, 12, 0).key
+    _check_launches(fake_cuda, g, sigs)
+
+
+def _attention_case(score, n=300, H=2, C=8, dtype=torch.float64, seed=6):
+    """(graph, tensors by name) of an attention call with its edge term and a bias."""
+    ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=seed))
+    g = ft.to_graph(ei, n)
+    E = g.num_edges
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, dtype=dtype, generator=gen).requires_grad_()
+    if score == "gat":
+        t = dict(a_src=r(n, H), a_dst=r(n, H), a_edge=r(E, H), v=r(n, H, C))
+    elif score == "gatv2":
+        t = dict(xl=r(n, H, C), xr=r(n, H, C), att=r(1, H, C), xe=r(E, H, C))
+    else:
+        t = dict(q=r(n, H, C), k=r(n, H, C), v=r(n, H, C), ee=r(E, H, C))
+    t["bias"] = r(H * C)
+    return g, t
+
+
+# attn_fwd's parameters by position (kernels_cuda/attention.cu)
+_F = {name: i for i, name in enumerate(
+    "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att V bias out out_b "
+    "lse alpha p_m p_l p_acc num_tasks H C nch chunk group slope scale dkey doffset dthreshold "
+    "dscale don alpha_mode".split())}
+
+
+@pytest.mark.parametrize("score", ["gat", "gatv2", "dot"])
+def test_edge_attention_forward_plan_runs_end_to_end_against_fakes(fake_cuda, score):
+    """ft.edge_attention with an edge term, a bias, dropout and the attention
+    weights on its forward plan: attn_fwd on a persistent grid (slot ranges),
+    attn_combine over the split hub row, the alpha pass; each tensor's
+    address in its slot; every launch matching its kernel's signature; a new
+    seed reuses the plan."""
+    g, t = _attention_case(score)
+    slots = cuda_attention.SLOT_NAMES[score]
+    with torch.no_grad():
+        out, alpha = ft.edge_attention(g, score, **t, dropout=0.3, seed=5,
+                                       return_attention_weights=True)
+    (fwd,) = _by_name(g, cuda_attention.AttnFwdPlan)
+    assert [l.name.split("<")[0] for l in fwd.launches] == ["attn_fwd", "attn_combine",
+                                                            "attn_fwd"]
+    main, comb, walpha = fwd.launches
+    assert main.values[_F["slot_begin"]] != 0                     # persistent: slot ranges
+    for k, name in zip(("S", "Dn", "Ed", "V"), slots):
+        assert main.values[_F[k]] == t[name].data_ptr(), k
+    assert main.values[_F["att"]] == (t["att"].data_ptr() if score == "gatv2" else 0)
+    assert main.values[_F["bias"]] == t["bias"].data_ptr()
+    assert main.values[_F["out_b"]] == out.data_ptr() and main.values[_F["out"]] != 0
+    assert main.values[_F["alpha"]] == 0 and walpha.values[_F["alpha"]] == alpha.data_ptr()
+    assert walpha.values[_F["alpha_mode"]] == 1 and walpha.values[_F["out_b"]] == 0
+    assert main.values[_F["dkey"]] == fastgnn.ops.attention.dropout_spec(0.3, 5, 0).key
+    assert main.values[_F["don"]] == 1
+    sigs = kernel_signatures()
+    _check_launches(fake_cuda, g, sigs)
+    assert len(fake_cuda) == 3
+    with torch.no_grad():
+        ft.edge_attention(g, score, **t, dropout=0.3, seed=6, return_attention_weights=True)
+    assert len(_by_name(g, cuda_attention.AttnFwdPlan)) == 1
+    assert main.values[_F["dkey"]] == fastgnn.ops.attention.dropout_spec(0.3, 6, 0).key
+
+
+def test_attention_backward_without_a_plan_takes_the_core_on_the_residuals(fake_cuda,
+                                                                           monkeypatch):
+    """With BACKWARD_PLANS off, the plan forward's residuals go to the core's
+    backward (here the CPU's, the tensors being CPU ones): a gradient per
+    given input, in its shape."""
+    monkeypatch.setattr(cuda_attention, "BACKWARD_PLANS", False)
+    g, t = _attention_case("gat", n=60)
+    out = ft.edge_attention(g, "gat", **t, dropout=0.2, seed=3)
+    assert len(_by_name(g, cuda_attention.AttnFwdPlan)) == 1
+    grads = torch.autograd.grad(out, list(t.values()), torch.ones_like(out))
+    assert [x.shape for x in grads] == [x.shape for x in t.values()]
+    assert not _by_name(g, cuda_attention.AttnBwdPlan)
+
+
+def test_attention_plan_path_declines_what_it_does_not_serve(fake_cuda, monkeypatch):
+    """Requests outside the plan path take the bridge: 16-bit inputs, a
+    tensor_cores argument, inputs of another score, shapes the core refuses,
+    the switch off."""
+    g, t = _attention_case("gat")
+    tensors = [t.get(n) for n in plans._ATTN_INPUTS]
+    needs = dict.fromkeys(plans._ATTN_INPUTS, False)
+    fwd = plans.EDGE_ATTENTION.forward
+    assert fwd(g, {"score": "gat", "tensor_cores": "auto"}, tensors, needs) is None
+    assert fwd(g, {"score": "dot"}, tensors, needs) is None
+    half = [None if x is None else x.detach().half() for x in tensors]
+    assert fwd(g, {"score": "gat"}, half, needs) is None
+    bad = list(tensors)
+    bad[1] = t["a_dst"][:10]
+    assert fwd(g, {"score": "gat"}, bad, needs) is None
+    assert plans.EDGE_SOFTMAX.forward(g, {}, (torch.randn(g.num_edges - 1),),
+                                      {"scores": False}) is None
+    with pytest.raises(ValueError, match="dropout"):             # the core's own check
+        fwd(g, {"score": "gat", "dropout": 1.5}, tensors, needs)
+    monkeypatch.setattr(plans, "ATTENTION_PLANS", False)
+    assert fwd(g, {"score": "gat"}, tensors, needs) is None
+    assert plans.EDGE_SOFTMAX.forward(g, {}, (torch.randn(g.num_edges),),
+                                      {"scores": False}) is None
+    assert not fake_cuda
 
 
 # ------------------------------------------------------------------- GPU

@@ -50,7 +50,7 @@ from fastgnn.graph import Graph
 from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bwd,
                                    edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
 
-from . import custom_ops
+from . import custom_ops, plans
 from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import add_bias, segment_reduce
 from .gemm import tf32_allowed
@@ -73,7 +73,7 @@ def _softmax_bwd(graph, res, grad_out):
 
 
 EDGE_SOFTMAX = Op("edge_softmax", _softmax_fwd, _softmax_bwd, inputs=("scores",),
-                  features=("scores",))
+                  features=("scores",), cuda=plans.EDGE_SOFTMAX)
 
 # every array input of edge_attention, over all score functions, in call order
 _ATTN_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee", "bias")
@@ -91,7 +91,8 @@ def _attention_bwd(graph, res, grad_out, grad_alpha=None, **flags):
 
 
 EDGE_ATTENTION = Op("edge_attention", _attention_fwd, _attention_bwd, inputs=_ATTN_INPUTS,
-                    features=_ATTN_INPUTS, bwd_flags={f"needs_{n}": n for n in _ATTN_INPUTS})
+                    features=_ATTN_INPUTS, bwd_flags={f"needs_{n}": n for n in _ATTN_INPUTS},
+                    cuda=plans.EDGE_ATTENTION)
 
 
 # ------------------------------------------------------------------ dropout

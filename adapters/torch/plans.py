@@ -18,6 +18,16 @@ returns None and takes the bridge, which validates and raises as it always
 did, so errors are the core's. Validation that the plan path does itself
 (the reductions' names, the deterministic switch) is the core's own
 functions.
+
+Attention (edge_softmax, edge_attention, fp32/fp64): one line turns its
+plan path off and sends those ops back to the bridge:
+
+    fastgnn.torch.plans.ATTENTION_PLANS = False
+
+(`_autograd.PLANS = False` turns every op's plans off). The attention
+backward runs its plan where fastgnn/backends/cuda/attention.py's
+`plan_serves_backward` says (its BACKWARD_PLANS switch off: never), else the
+core's backward on the plan forward's residuals.
 """
 from __future__ import annotations
 
@@ -376,3 +386,242 @@ def _addr(a) -> int:
 
 
 SPMM = SpmmPath()
+
+
+# --------------------------------------------------------------- attention
+# ATTENTION_PLANS = False sends edge_softmax and edge_attention back to the
+# DLPack bridge (the other ops keep their plans; _autograd.PLANS turns all off).
+ATTENTION_PLANS = True
+_attn_be = None      # fastgnn.backends.cuda.attention, imported on first use (needs CuPy)
+# value types of the attention plan path: fp32/fp64 (16-bit dot attention may
+# take the block-sparse Tensor Core kernels, whose choice the bridge makes)
+ATTN_VTYPES = SPMM_VTYPES
+_ACC = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _attention_backend():
+    global _attn_be
+    if _attn_be is None:
+        from fastgnn.backends.cuda import attention
+        _attn_be = attention
+    return _attn_be
+
+
+def _drop(static):
+    """The call's DropoutSpec (the core's validation: its errors)."""
+    from fastgnn.backends.attention_spec import dropout_spec
+    return dropout_spec(static.get("dropout", 0.0), static.get("seed", 0),
+                        static.get("offset", 0))
+
+
+class SoftmaxResiduals(PlanResiduals):
+    """What the edge_softmax backward needs: the scores (a reference), lse,
+    the dropout values of the forward."""
+    __slots__ = ("scores", "lse", "drop", "vtype")
+
+    def __init__(self, scores, lse, drop, vtype):
+        self.scores, self.lse, self.drop, self.vtype = scores, lse, drop, vtype
+        self.aliased = (scores,)
+
+
+_SOFTMAX_STATIC = frozenset({"dropout", "seed", "offset"})
+
+
+class EdgeSoftmaxPath:
+    """`Op.cuda` of EDGE_SOFTMAX (static: dropout, seed, offset). Takes fp32/
+    fp64 scores [E] or [E, H] on a graph with edges and targets."""
+
+    def forward(self, graph, static, tensors, needs):
+        s, = tensors
+        if (not ATTENTION_PLANS or s is None or s.dtype not in ATTN_VTYPES
+                or s.dim() not in (1, 2) or graph is None or graph.num_edges == 0
+                or graph.num_dst == 0 or s.shape[0] != graph.num_edges
+                or (s.dim() == 2 and s.shape[1] == 0)
+                or not _SOFTMAX_STATIC.issuperset(static) or _device_index(graph, s) is None):
+            return None
+        drop = _drop(static)
+        be = _attention_backend()
+        x, vtype, dev = _dense(s), ATTN_VTYPES[s.dtype], s.device
+        H = 1 if x.dim() == 1 else x.shape[1]
+        out = torch.empty(x.shape, dtype=x.dtype, device=dev)
+        lse = torch.empty((graph.num_dst, H), dtype=_ACC[vtype], device=dev)
+        plan = be.softmax_plan(graph, H, vtype, False, context=_scope(dev))
+        plan.run(_torch_stream_ptr(dev.index),
+                 (x.data_ptr(), out.data_ptr(), lse.data_ptr(), *be.drop_values(drop)))
+        return (out,), True, (SoftmaxResiduals(x, lse, drop, vtype) if needs["scores"] else None)
+
+    def backward(self, graph, res, grad_outs, needs, tensor_kw):
+        g, = grad_outs
+        if g is None or not needs["scores"]:
+            return [None]
+        be = _attention_backend()
+        g, x = _dense(g), res.scores
+        H = 1 if x.dim() == 1 else x.shape[1]
+        gs = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        plan = be.softmax_plan(graph, H, res.vtype, True, context=_scope(x.device))
+        plan.run(_torch_stream_ptr(x.device.index),
+                 (x.data_ptr(), res.lse.data_ptr(), g.data_ptr(), gs.data_ptr(),
+                  *be.drop_values(res.drop)))
+        return [gs]
+
+
+EDGE_SOFTMAX = EdgeSoftmaxPath()
+
+
+_ATTN_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "k", "ee", "bias")
+_ATTN_STATIC = frozenset({"score", "negative_slope", "scale", "dropout", "seed", "offset",
+                          "return_attention_weights", "deterministic"})
+
+
+class AttentionPlanResiduals(PlanResiduals):
+    """What the edge_attention backward needs: the inputs (dense tensors by
+    name), their caller shapes, the attention output without the bias, lse,
+    the core's AttentionParams, and the inputs' dtypes."""
+    __slots__ = ("score", "inputs", "shapes", "out", "lse", "params", "vtype", "in_dtypes")
+
+    def __init__(self, score, inputs, shapes, out, lse, params, vtype, in_dtypes, returned):
+        self.score, self.inputs, self.shapes, self.out, self.lse = score, inputs, shapes, out, lse
+        self.params, self.vtype, self.in_dtypes = params, vtype, in_dtypes
+        self.aliased = tuple(inputs.values()) + ((out,) if returned else ())
+
+    def backend_view(self, name):
+        """Input `name` in the backend's shape (fastgnn/ops/attention.py)."""
+        return _backend_view(self.score, name, self.inputs.get(name), self.out.shape)
+
+    def core(self, graph):
+        """The core's AttentionResiduals on DLPack views of these tensors
+        (inside a device scope)."""
+        from fastgnn.ops.attention import AttentionResiduals
+        from ._autograd import to_array
+        arrays = {n: None for n in self.shapes_all()}
+        for n in self.inputs:
+            arrays[n] = to_array(self.backend_view(n))
+        return AttentionResiduals(self.score, arrays, dict(self.shapes), to_array(self.out),
+                                  to_array(self.lse), self.params, self.vtype, graph.num_src,
+                                  graph.num_dst, graph.num_edges, False)
+
+    def shapes_all(self):
+        from fastgnn.backends.attention_spec import SCORE_INPUTS
+        return SCORE_INPUTS[self.score]
+
+
+def _backend_view(score, name, t, out_shape):
+    if t is None:
+        return None
+    H, C = out_shape[1], out_shape[2]
+    if name in ("att", "bias"):
+        return t.reshape(H, C)
+    if score == "gat" and name != "v":
+        return t.reshape(t.shape[0], H, 1)
+    return t
+
+
+def _attention_inputs(graph, static, tensors):
+    """(score, {name: tensor}, H, C, dtype) when the plan path may take this
+    call's inputs (the shapes and dtypes the core accepts, on the plan's
+    device), else None."""
+    from fastgnn.backends.attention_spec import OPTIONAL_INPUTS, SCORE_INPUTS
+    from fastgnn.graph import Graph
+    from fastgnn.ops.attention import _ANCHOR, _shape_specs
+    score = static.get("score")
+    if (not ATTENTION_PLANS or not isinstance(score, str) or score not in SCORE_INPUTS
+            or not isinstance(graph, Graph) or not _ATTN_STATIC.issuperset(static)
+            or graph.num_edges == 0 or graph.num_dst == 0):
+        return None
+    names = SCORE_INPUTS[score]
+    given = {}
+    for n, t in zip(_ATTN_INPUTS, tensors):
+        if t is None:
+            if n in names and n not in OPTIONAL_INPUTS:
+                return None
+        elif n not in names:
+            return None
+        else:
+            given[n] = t
+    anchor = given[_ANCHOR[score]]
+    if anchor.dim() != 3 or anchor.dtype not in ATTN_VTYPES:
+        return None
+    H, C = int(anchor.shape[1]), int(anchor.shape[2])
+    if H < 1 or C < 1 or _device_index(graph, anchor) is None:
+        return None
+    specs = _shape_specs(score, graph, H, C)
+    for n, t in given.items():
+        want = specs[n][0]
+        shape = tuple(t.shape)
+        if not (shape == want or (n == "att" and shape == (1,) + want)
+                or (n == "bias" and shape == (H * C,))):
+            return None
+        if t.dtype != anchor.dtype or t.device != anchor.device:
+            return None
+    return score, given, H, C, anchor.dtype
+
+
+class EdgeAttentionPath:
+    """`Op.cuda` of EDGE_ATTENTION (static: score, negative_slope, scale,
+    dropout, seed, offset, return_attention_weights, deterministic). Takes
+    fp32/fp64 inputs in the shapes the core accepts on a graph with edges
+    and targets (no tensor_cores argument: 16-bit dot attention, where the
+    Tensor Core rule may serve, stays on the bridge). The backward takes the
+    bridge (the core's backward on DLPack views of the residuals) where
+    its plan does not serve."""
+
+    def forward(self, graph, static, tensors, needs):
+        got = _attention_inputs(graph, static, tensors)
+        if got is None:
+            return None
+        score, given, H, C, dtype = got
+        from fastgnn.backends.attention_spec import SLOT_NAMES
+        from fastgnn.ops.attention import _attention_params
+        params = _attention_params(score, static.get("negative_slope", 0.2),
+                                   static.get("scale"), C, static.get("dropout", 0.0),
+                                   static.get("seed", 0), static.get("offset", 0),
+                                   static.get("deterministic", True))
+        be = _attention_backend()
+        vtype, dev = ATTN_VTYPES[dtype], given[next(iter(given))].device
+        nd, E = graph.num_dst, graph.num_edges
+        inputs = {n: _dense(t) for n, t in given.items()}
+        views = {n: _backend_view(score, n, t, (nd, H, C)) for n, t in inputs.items()}
+        s_name, d_name, e_name, v_name = SLOT_NAMES[score]
+        S, Dn, Ed, att, V = (views.get(n) for n in (s_name, d_name, e_name, "att", v_name))
+        bias = views.get("bias")
+        out = torch.empty((nd, H, C), dtype=dtype, device=dev)
+        try:
+            shape = be.shape_for(vtype, C, H, [t.data_ptr() for t in (
+                (S, Dn, Ed, att, V, out) if score != "gat" else (V, out)) if t is not None])
+        except NotImplementedError:
+            return None                   # the bridge raises it
+        want = bool(static.get("return_attention_weights", False))
+        lse = torch.empty((nd, H), dtype=_ACC[vtype], device=dev)
+        alpha = torch.empty((E, H), dtype=dtype, device=dev) if want else None
+        out_b = torch.empty((nd, H, C), dtype=dtype, device=dev) if bias is not None else None
+        plan = be.fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, want,
+                           params, shape, context=_scope(dev))
+        ws = _bytes(plan.workspace_bytes, dev)
+        plan.run(_torch_stream_ptr(dev.index),
+                 (*(_ptr(t) for t in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha, ws)),
+                  *be.drop_values(params.drop)))
+        ret = out if out_b is None else out_b
+        res = None
+        if any(needs.values()):
+            shapes = {n: tuple(t.shape) for n, t in given.items()}
+            res = AttentionPlanResiduals(score, inputs, shapes, out, lse, params, vtype,
+                                         [None if t is None else t.dtype for t in tensors],
+                                         out_b is None)
+        return ((ret, alpha) if want else (ret,)), not want, res
+
+    def backward(self, graph, res, grad_outs, needs, tensor_kw):
+        return _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw)
+
+
+def _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw):
+    """The core's backward (the bridge) on the plan forward's residuals."""
+    from ._autograd import _backward
+    from .attention import EDGE_ATTENTION as op
+    dev = res.out.device
+    with device_scope(dev):
+        core = res.core(graph)
+        return _backward(op, graph, core, dev, False, res.in_dtypes, needs, grad_outs,
+                         tensor_kw)
+
+
+EDGE_ATTENTION = EdgeAttentionPath()

@@ -14,8 +14,19 @@ that is faster (ATOMIC_SCORES: gatv2) also scatters the source-side
 gradients with float atomics into fp32/fp64 buffers and the source pass
 over the transpose is skipped (faster, not repeatable).
 
+The launches of one (graph, request) are launch plans (plan.py), cached on
+the graph: SoftmaxPlan (edge_softmax, both directions), AttnFwdPlan (the
+forward: attn_fwd, attn_combine, the alpha pass) and AttnBwdPlan (the
+deterministic backward given a cotangent of out and none of alpha;
+BACKWARD_PLANS switches it off). The launchers below run them on CuPy
+arrays, fastgnn.torch (adapters/torch/plans.py) on torch tensors. The
+dropout scalars are per-call values of the plans (`drop_values`), so a new
+seed per step reuses the plan.
 """
 from __future__ import annotations
+
+import contextlib
+import functools
 
 import cupy as cp
 import numpy as np
@@ -24,10 +35,12 @@ from cupy_backends.cuda.api import driver
 from ...graph import Graph
 from ..attention_spec import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
+from .plan import Launch, LaunchPlan, Slot, Word, layout, word
+from .segment import _cached_plan, graph_device
 from .loader import (C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES, attention_groups,
                      attention_nchs, attention_vecs, get_function)
-from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, column_sums, from_acc,
-                   lane_group, spmm_custom, task_plan, to_acc)
+from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, column_sum_plan,
+                   column_sums, from_acc, lane_group, spmm_custom, task_plan, to_acc)
 
 KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
 # Rows per thread of the column sum over the grad_att partial rows (fewer,
@@ -50,13 +63,20 @@ def _acc(vtype):
 
 
 def _shape(vtype, C, arrays):
+    """(VEC, NCH, GROUP, group, nch) of a launch over `arrays` (CuPy arrays or
+    None): `shape_for` on their addresses."""
+    heads = max(a.shape[1] for a in arrays if a is not None and a.ndim == 3)
+    return shape_for(vtype, C, heads, [a.data.ptr for a in arrays if a is not None])
+
+
+def shape_for(vtype, C, heads, ptrs):
     """(VEC, NCH, GROUP, group, nch): vector width, register chunks, lanes per
-    group as compiled in (0 = runtime), lanes per group, chunks used. Raises
-    NotImplementedError for heads wider than the kernels hold."""
+    group as compiled in (0 = runtime), lanes per group, chunks used, for
+    heads of C channels over the arrays at addresses `ptrs` (rows of `heads`
+    heads). Raises NotImplementedError for heads wider than the kernels hold."""
     vec = 1
     wide = attention_vecs(vtype)[-1]
-    if C % wide == 0 and all(a.data.ptr % (wide * VALUE_BYTES[vtype]) == 0
-                             for a in arrays if a is not None):
+    if C % wide == 0 and all(p % (wide * VALUE_BYTES[vtype]) == 0 for p in ptrs):
         vec = wide
     lanes = -(-C // vec)
     group = lane_group(lanes)
@@ -66,8 +86,7 @@ def _shape(vtype, C, arrays):
         raise NotImplementedError(
             f"the CUDA attention kernels hold at most {attention_nchs(vec)[-1] * 32 * vec} channels "
             f"per head for this layout (got C={C}); use fewer channels per head")
-    if C * max(a.shape[1] for a in arrays if a is not None and a.ndim == 3) \
-            * VALUE_BYTES[vtype] >= 2 ** 31:
+    if C * heads * VALUE_BYTES[vtype] >= 2 ** 31:
         raise NotImplementedError("the CUDA attention kernels address one row of H x C values "
                                   "with 32-bit byte strides (under 2 GiB per row)")
     groups = attention_groups(vec, NCH)
@@ -100,6 +119,10 @@ ATOMIC_SCORES = frozenset({"gatv2"})
 # A task's fixed work (its target rows, its stores) counted in edges when the
 # slots' task ranges are cut to equal work.
 TASK_COST_EDGES = 4
+# False: edge_attention's backward runs its launches one by one (CuPy) and
+# fastgnn.torch's plan path hands it to the bridge; True: the common case
+# (plan_serves_backward) runs an AttnBwdPlan.
+BACKWARD_PLANS = False
 _resident: dict = {}
 ON_CLEAR.append(_resident.clear)      # recompiled kernels get their own occupancy
 
@@ -162,7 +185,68 @@ def _names(graph, vtype):
     return _ITYPE[np.dtype(graph.index_dtype)], C_VALUE[vtype]
 
 
+# ------------------------------------------------------------ launch plans
+# Each launch of the family for one (graph, request) is part of a LaunchPlan
+# (plan.py) cached on the graph, as in segment.py: the launchers below run
+# the plans on CuPy arrays, fastgnn.torch (adapters/torch/plans.py) on torch
+# tensors. The dropout scalars change from call to call (a fresh seed per
+# step): they are `Word`s, the last five call values of every plan
+# (`drop_values`).
+def _drop_words(first):
+    """The kernels' DROP_PARAMS as per-call words, call values first..first+4."""
+    return (Word(first, "uint64"), Word(first + 1, "uint64"), Word(first + 2, "uint64"),
+            Word(first + 3, "float64"), Word(first + 4, "int32"))
+
+
+@functools.lru_cache(maxsize=64)
+def _scale_word(scale):
+    return word(np.float64(scale))
+
+
+def drop_values(drop):
+    """The call values of `_drop_words` for a DropoutSpec (as `_drop_args`)."""
+    return (drop.key, drop.offset, drop.threshold, _scale_word(drop.scale),
+            1 if drop.active else 0)
+
+
+def _stream() -> int:
+    return cp.cuda.get_current_stream().ptr
+
+
 # ------------------------------------------------------------ edge_softmax
+# the call values of a SoftmaxPlan, in `run`'s order (forward / backward)
+SM_SCORES, SM_OUT, SM_LSE, SM_DROP = 0, 1, 2, 3
+SMB_SCORES, SMB_LSE, SMB_GRAD, SMB_OUT, SMB_DROP = 0, 1, 2, 3, 4
+
+
+class SoftmaxPlan(LaunchPlan):
+    """edge_softmax's launch for one (graph, H, value type, direction).
+
+    forward run(stream, (scores, out, lse, *drop_values)): scores, out [E, H]
+    caller order, lse [num_dst, H] (lse_dtype).
+    backward run(stream, (scores, lse, grad, grad_scores, *drop_values))."""
+
+    def __init__(self, graph, H, vtype, backward):
+        itype, T = _names(graph, vtype)
+        n = graph.num_dst
+        launches = []
+        if n and H and not (backward and graph.num_edges == 0):
+            name = f"softmax_{'bwd' if backward else 'fwd'}<{T}, {C_INDEX[itype]}>"
+            bufs = ((Slot(SMB_SCORES), Slot(SMB_LSE), Slot(SMB_GRAD), Slot(SMB_OUT))
+                    if backward else (Slot(SM_SCORES), Slot(SM_OUT), Slot(SM_LSE)))
+            launches.append(Launch(get_function("attention", vtype, itype, name),
+                                   _grid(n, 32), (graph.indptr, caller_ids(graph), *bufs,
+                                                  np.int64(n), np.int32(H),
+                                                  *_drop_words(len(bufs))), name=name))
+        super().__init__(launches, device=graph_device(graph))
+
+
+def softmax_plan(graph, H, vtype, backward, context=contextlib.nullcontext) -> SoftmaxPlan:
+    """The cached SoftmaxPlan; `context` as in segment._cached_plan."""
+    return _cached_plan(graph, ("cuda_softmax", H, vtype, bool(backward)),
+                        lambda: SoftmaxPlan(graph, H, vtype, backward), context)
+
+
 def edge_softmax_fwd(graph, scores, drop, vtype):
     """(out [E, H] caller order, lse [num_dst, H])."""
     E, H = scores.shape
@@ -170,11 +254,8 @@ def edge_softmax_fwd(graph, scores, drop, vtype):
     lse = cp.empty((graph.num_dst, H), dtype=lse_dtype(vtype))
     if graph.num_dst == 0 or H == 0:
         return out, lse
-    itype, T = _names(graph, vtype)
-    fn = get_function("attention", vtype, itype, f"softmax_fwd<{T}, {C_INDEX[itype]}>")
-    fn(_grid(graph.num_dst, 32), (BLOCK,),
-       (graph.indptr, caller_ids(graph), scores, out, lse, np.int64(graph.num_dst),
-        np.int32(H), *_drop_args(drop)))
+    softmax_plan(graph, H, vtype, False).run(
+        _stream(), (scores.data.ptr, out.data.ptr, lse.data.ptr, *drop_values(drop)))
     return out, lse
 
 
@@ -184,20 +265,90 @@ def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
     out = cp.empty_like(scores)
     if graph.num_dst == 0 or H == 0 or E == 0:
         return out
-    itype, T = _names(graph, vtype)
-    fn = get_function("attention", vtype, itype, f"softmax_bwd<{T}, {C_INDEX[itype]}>")
-    fn(_grid(graph.num_dst, 32), (BLOCK,),
-       (graph.indptr, caller_ids(graph), scores, lse, grad, out, np.int64(graph.num_dst),
-        np.int32(H), *_drop_args(drop)))
+    softmax_plan(graph, H, vtype, True).run(
+        _stream(), (scores.data.ptr, lse.data.ptr, grad.data.ptr, out.data.ptr,
+                    *drop_values(drop)))
     return out
 
 
 # ---------------------------------------------------------- edge_attention
-def _kernel(kernel, score, vtype, itype, vec, nch, grp, has_e, *flags):
+def _kernel_name(kernel, score, vtype, itype, vec, nch, grp, has_e, *flags):
     T, I = C_VALUE[vtype], C_INDEX[itype]
     extra = "".join(f", {str(f).lower()}" for f in flags)
-    return get_function("attention", vtype, itype, f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, "
-                        f"{nch}, {grp}, {str(has_e).lower()}{extra}>")
+    return f"{kernel}<{KINDS[score]}, {T}, {I}, {vec}, {nch}, {grp}, {str(has_e).lower()}{extra}>"
+
+
+def _kernel(kernel, score, vtype, itype, *args):
+    return get_function("attention", vtype, itype,
+                        _kernel_name(kernel, score, vtype, itype, *args))
+
+
+# the call values of an AttnFwdPlan, in `run`'s order
+(AF_S, AF_DN, AF_ED, AF_ATT, AF_V, AF_BIAS, AF_OUT, AF_OUT_B, AF_LSE, AF_ALPHA, AF_WORKSPACE,
+ AF_DROP) = range(12)
+
+
+class AttnFwdPlan(LaunchPlan):
+    """The forward's launches for one (graph, score, value type, H, C, edge
+    term?, bias?, alpha?, negative_slope, scale, launch shape): attn_fwd on
+    its persistent grid, attn_combine over split rows, and with alpha the
+    attn_fwd pass writing it.
+
+    run(stream, (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha, workspace,
+    *drop_values)): the score slots (score_slots; 0: absent), out and out_b
+    [num_dst, H, C], lse [num_dst, H] (acc type), alpha [E, H] and a
+    workspace of `workspace_bytes` for the split rows' (m, l, acc) states."""
+
+    def __init__(self, graph, score, vtype, H, C, has_e, has_bias, need_alpha, slope, scale,
+                 shape):
+        itype = _ITYPE[np.dtype(graph.index_dtype)]
+        acc = _acc(vtype)
+        vec, NCH, GRP, group, nch = shape
+        plan = task_plan(graph, DEFAULT_CHUNK)
+        ntask = int(plan.task_row.shape[0])
+        slots = plan.num_slots
+        a = np.dtype(acc).itemsize
+        offsets, self.workspace_bytes = layout([slots * H * a, slots * H * a, slots * H * C * a])
+        p_m, p_l, p_acc = (None if o is None else Slot(AF_WORKSPACE, o) for o in offsets)
+        fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
+        grid, slot_begin = _persistent_grid(fwd, graph, plan, H, group)
+        slot_begin = None if slot_begin is NULL else slot_begin
+        ins = [Slot(k) for k in (AF_S, AF_DN, AF_ED, AF_ATT, AF_V, AF_BIAS)]
+        common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
+                  graph.indices, caller_ids(graph), *ins)
+        scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
+                   np.int32(DEFAULT_CHUNK), np.int32(group), acc(slope), acc(scale),
+                   *_drop_words(AF_DROP))
+        name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
+        launches = [Launch(fwd, grid, common + (Slot(AF_OUT), Slot(AF_OUT_B), Slot(AF_LSE), None,
+                                                p_m, p_l, p_acc) + scalars + (np.int32(0),),
+                           name=name)]
+        num_split = int(plan.split_row.shape[0])
+        if num_split:
+            g1 = lane_group(C)
+            cname = f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>"
+            launches.append(Launch(
+                get_function("attention", vtype, itype, cname), _grid(num_split * H, g1),
+                (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, Slot(AF_BIAS), Slot(AF_OUT),
+                 Slot(AF_OUT_B), Slot(AF_LSE), np.int64(num_split), np.int32(H), np.int32(C),
+                 np.int32(g1)), name=cname))
+        if need_alpha and graph.num_edges:
+            launches.append(Launch(fwd, grid, common + (Slot(AF_OUT), None, Slot(AF_LSE),
+                                                        Slot(AF_ALPHA), None, None, None)
+                                   + scalars + (np.int32(1),), name=name))
+        super().__init__(launches, device=graph_device(graph))
+
+
+def fwd_plan(graph, score, vtype, H, C, has_e, has_bias, need_alpha, params, shape,
+             context=contextlib.nullcontext) -> AttnFwdPlan:
+    """The cached AttnFwdPlan of this request (shape: `shape_for`'s); `context`
+    as in segment._cached_plan."""
+    key = ("cuda_attention_fwd", score, vtype, H, C, bool(has_e), bool(has_bias),
+           bool(need_alpha), params.negative_slope, params.scale, shape, PERSISTENT,
+           RESIDENT_BLOCKS)
+    return _cached_plan(graph, key, lambda: AttnFwdPlan(
+        graph, score, vtype, H, C, has_e, has_bias, need_alpha, params.negative_slope,
+        params.scale, shape), context)
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
@@ -214,38 +365,18 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     out_b = cp.empty_like(out) if bias is not None else None
     if graph.num_dst == 0 or H == 0 or C == 0:
         return out, lse, alpha, out_b       # nothing to write
-    itype = _ITYPE[np.dtype(graph.index_dtype)]
     # (the bias is read per value, so its alignment does not matter)
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat"
-                                       else (V, out))
-    plan = task_plan(graph, DEFAULT_CHUNK)
-    ntask = int(plan.task_row.shape[0])
-    slots = plan.num_slots
-    p_m = cp.empty((slots, H), dtype=acc) if slots else None
-    p_l = cp.empty((slots, H), dtype=acc) if slots else None
-    p_acc = cp.empty((slots, H, C), dtype=acc) if slots else None
-    fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, Ed is not None)
-    grid, slot_begin = _persistent_grid(fwd, graph, plan, H, group)
-    common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
-              graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, _arg(bias))
-    scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
-               np.int32(DEFAULT_CHUNK), np.int32(group), acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
-    fwd(grid, (BLOCK,),
-        common + (out, _arg(out_b), lse, NULL, _arg(p_m), _arg(p_l), _arg(p_acc)) + scalars
-        + (np.int32(0),))
-    num_split = int(plan.split_row.shape[0])
-    if num_split:
-        comb = get_function("attention", vtype, itype,
-                            f"attn_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}>")
-        g1 = lane_group(C)
-        comb(_grid(num_split * H, g1), (BLOCK,),
-             (plan.split_row, plan.slot_ptr, p_m, p_l, p_acc, _arg(bias), out, _arg(out_b),
-              lse, np.int64(num_split),
-              np.int32(H), np.int32(C), np.int32(g1)))
-    if need_alpha and graph.num_edges:
-        fwd(grid, (BLOCK,),
-            common + (out, NULL, lse, alpha, NULL, NULL, NULL) + scalars + (np.int32(1),))
+    shape = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat" else (V, out))
+    plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
+                    params, shape)
+    ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+    plan.run(_stream(), (*(_ptr(a) for a in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha,
+                                             ws)), *drop_values(params.drop)))
     return out, lse, alpha, out_b
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
 
 
 def _vtype(V, arrays):
@@ -310,6 +441,144 @@ def _block_gatt(ntask, H, C, group, acc):
     return False, 0
 
 
+# the call values of an AttnBwdPlan, in `run`'s order
+(AB_S, AB_DN, AB_ED, AB_ATT, AB_V, AB_LSE, AB_G, AB_OUT, AB_GS, AB_GDN, AB_GED, AB_GV, AB_GATT,
+ AB_WORKSPACE, AB_DROP) = range(15)
+
+
+class AttnBwdPlan(LaunchPlan):
+    """The deterministic backward's launches for one (graph, score, value
+    type, H, C, edge term?, wanted gradients, negative_slope, scale, launch
+    shape), given a cotangent of out and none of alpha: the target pass
+    attn_bwd_dst over the CSR (delta from out where the source pass needs
+    it, else attn_delta), spmm_combine of its split rows, the source pass
+    attn_bwd_src over the transpose and its combines, then gatv2's grad_att
+    column sum (`gatt_sum`, a ColumnSumPlan run after the launches).
+    wants: (gS, gDn, gEd, gV, gatt), the gradients of SLOT_NAMES' slots and att.
+
+    run(stream, (S, Dn, Ed, att, V, lse, g, out, gS, gDn, gEd, gV, gatt,
+    workspace, *drop_values)): the forward's inputs (score_slots), lse and
+    out (without the bias), the cotangent g [num_dst, H, C], the wanted
+    gradients (0: not wanted; gatt [H * C] in the acc type, which is the
+    value type here) and a workspace of `workspace_bytes` (delta, the split
+    rows' partial sums, grad_att's partial rows, the column sum's levels)."""
+
+    def __init__(self, graph, score, vtype, H, C, has_e, wants, slope, scale, shape):
+        need_gS, need_gDn, need_gEd, need_gV, need_gatt = wants
+        itype = _ITYPE[np.dtype(graph.index_dtype)]
+        acc = _acc(vtype)
+        a = np.dtype(acc).itemsize
+        Cs = 1 if score == "gat" else C
+        vec, NCH, GRP, group, nch = shape
+        src_pass = need_gS or need_gV
+        dst_pass = need_gDn or need_gEd or need_gatt
+        nd = graph.num_dst
+        dplan = task_plan(graph, DEFAULT_CHUNK) if dst_pass else None
+        dtask = int(dplan.task_row.shape[0]) if dst_pass else 0
+        block_gatt, smem = _block_gatt(dtask, H, C, group, acc) if need_gatt else (False, 0)
+        if dst_pass:
+            dst = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e, False,
+                          block_gatt)
+            dgrid, dslots = _persistent_grid(dst, graph, dplan, H, group, smem)
+        gatt_rows = (dgrid[0] if block_gatt else dtask) if need_gatt else 0
+        t = graph.transpose() if src_pass else None
+        splan = task_plan(t, DEFAULT_CHUNK) if src_pass else None
+        s_slots = splan.num_slots if src_pass else 0
+        self.gatt_sum = (column_sum_plan("attention", vtype, itype, gatt_rows, H * C, False,
+                                         False, GATT_SUM_ROWS) if need_gatt else None)
+        # delta, p_dn, grad_att's partial rows, p_s, p_v, the column sum's levels
+        d_slots = dplan.num_slots if dst_pass else 0
+        offsets, self.workspace_bytes = layout(
+            [nd * H * a if src_pass else 0, d_slots * H * Cs * a if need_gDn else 0,
+             gatt_rows * H * C * a, s_slots * H * Cs * a if need_gS else 0,
+             s_slots * H * C * a if need_gV else 0,
+             self.gatt_sum.workspace_bytes if need_gatt else 0])
+        delta, p_dn, gatt_part, p_s, p_v, sum_ws = (None if o is None else Slot(AB_WORKSPACE, o)
+                                                    for o in offsets)
+        self.gatt_offsets = (offsets[2], offsets[5])
+        ins = tuple(Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V, AB_LSE, AB_G))
+        scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
+                   np.int32(group), acc(slope), acc(scale), *_drop_words(AB_DROP))
+        launches = []
+        if dst_pass:
+            # the fused case: the target pass computes delta from out itself
+            launches.append(Launch(
+                dst, dgrid,
+                (dplan.task_row, dplan.task_begin, dplan.task_slot,
+                 None if dslots is NULL else dslots, graph.indptr, graph.indices,
+                 caller_ids(graph), *ins, None, Slot(AB_OUT), delta,
+                 Slot(AB_GDN) if need_gDn else None, p_dn, Slot(AB_GED) if need_gEd else None,
+                 gatt_part, None, None, np.int64(dtask)) + scalars, smem=smem,
+                name=_kernel_name("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e,
+                                  False, block_gatt)))
+            if need_gDn:
+                launches += _combine_launches(dplan, p_dn, Slot(AB_GDN), H * Cs, vtype, itype)
+        elif src_pass:
+            name = f"attn_delta<{C_VALUE[vtype]}>"
+            g1 = lane_group(C)
+            launches.append(Launch(get_function("attention", vtype, itype, name),
+                                   _grid(nd * H, g1),
+                                   (Slot(AB_G), Slot(AB_OUT), delta, np.int64(nd), np.int32(H),
+                                    np.int32(C), np.int32(g1)), name=name))
+        if src_pass:
+            src = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)
+            sgrid, sslots = _persistent_grid(src, t, splan, H, group)
+            stask = int(splan.task_row.shape[0])
+            launches.append(Launch(
+                src, sgrid,
+                (splan.task_row, splan.task_begin, splan.task_slot,
+                 None if sslots is NULL else sslots, t.indptr, t.indices,
+                 transpose_caller_ids(graph), *ins, None, delta,
+                 Slot(AB_GS) if need_gS else None, p_s, Slot(AB_GV) if need_gV else None, p_v,
+                 np.int64(stask)) + scalars,
+                name=_kernel_name("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)))
+            if need_gS:
+                launches += _combine_launches(splan, p_s, Slot(AB_GS), H * Cs, vtype, itype)
+            if need_gV:
+                launches += _combine_launches(splan, p_v, Slot(AB_GV), H * C, vtype, itype)
+        super().__init__(launches, device=graph_device(graph))
+
+    def run(self, stream, ptrs):
+        super().run(stream, ptrs)
+        if self.gatt_sum is not None:
+            ws = ptrs[AB_WORKSPACE]
+            part, sum_ws = (0 if o is None else ws + o for o in self.gatt_offsets)
+            self.gatt_sum.run(stream, (part, ptrs[AB_GATT], sum_ws))
+
+
+def _combine_launches(plan, partial, out, width, vtype, itype):
+    """`_combine`'s launch as a plan's (none without split rows)."""
+    num_split = int(plan.split_row.shape[0])
+    if not num_split or partial is None:
+        return []
+    name = f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>"
+    group = lane_group(width)
+    return [Launch(get_function("spmm", vtype, itype, name), _grid(num_split, group),
+                   (plan.split_row, plan.slot_ptr, partial, None, None, out,
+                    np.int64(num_split), np.int32(width), np.int32(group)), name=name)]
+
+
+def bwd_plan(graph, score, vtype, H, C, has_e, wants, params, shape,
+             context=contextlib.nullcontext) -> AttnBwdPlan:
+    """The cached AttnBwdPlan of this request (wants: a tuple of five bools);
+    `context` as in segment._cached_plan."""
+    key = ("cuda_attention_bwd", score, vtype, H, C, bool(has_e), tuple(wants),
+           params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS)
+    return _cached_plan(graph, key, lambda: AttnBwdPlan(
+        graph, score, vtype, H, C, has_e, wants, params.negative_slope, params.scale, shape),
+        context)
+
+
+def plan_serves_backward(score, vtype, grad_out, grad_alpha, params, wants):
+    """Whether AttnBwdPlan serves a backward: fp32/fp64, a cotangent of out
+    and none of alpha, no float atomics asked for (see edge_attention_bwd);
+    never with BACKWARD_PLANS off."""
+    need_gS, _, _, need_gV, _ = wants
+    atomic = not params.deterministic and score in ATOMIC_SCORES and (need_gS or need_gV)
+    return (BACKWARD_PLANS and vtype in ("float32", "float64") and grad_out is not None and grad_alpha is None
+            and not atomic and any(wants))
+
+
 def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
     """{input name: gradient or None} (see fastgnn/ops/attention.py)."""
     S, Dn, Ed, att, V = score_slots(score, arrays)
@@ -344,6 +613,22 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         return grads
     out = cp.ascontiguousarray(out)
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
+    wants = (need_gS, need_gDn, need_gEd, need_gV, need_gatt)
+    if plan_serves_backward(score, vtype, g, ga, params, wants):
+        shape = _shape(vtype, C, (S, Dn, Ed, att, V, g, out) if score != "gat" else (V, g, out))
+        plan = bwd_plan(graph, score, vtype, H, C, Ed is not None, wants, params, shape)
+        made = [cp.empty_like(like) if want else None
+                for want, like in zip(wants, (S, Dn, Ed, V))]
+        gatt = cp.empty(H * C, dtype=acc) if need_gatt else None
+        ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+        plan.run(_stream(), (*(_ptr(x) for x in (S, Dn, Ed, att, V, lse, g, out, *made, gatt,
+                                                 ws)), *drop_values(params.drop)))
+        for name, grad in zip((s_name, d_name, e_name, v_name), made):
+            if grad is not None:
+                grads[name] = grad
+        if need_gatt:
+            grads["att"] = gatt.reshape(att.shape)
+        return {name: grads[name] for name in SCORE_INPUTS[score]}
     # deterministic=False (for ATOMIC_SCORES): the target pass scatters the
     # source-side gradients too (float atomics) and the source pass does not run
     atomic = (not params.deterministic and score in ATOMIC_SCORES and (need_gS or need_gV))

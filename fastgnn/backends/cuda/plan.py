@@ -71,6 +71,29 @@ def address(a) -> int:
     return int(a.data.ptr)
 
 
+class Word(Slot):
+    """A scalar parameter given per call: call value `index` (an int: the
+    scalar's bit pattern, zero-extended to 64 bits; see `word`) written into
+    the slot as it is. kind: its C type as a NumPy dtype name ("uint64",
+    "float64", "int32", ...)."""
+    __slots__ = ("kind",)
+
+    def __init__(self, index: int, kind: str):
+        super().__init__(index, 0)
+        self.kind = np.dtype(kind).name
+
+    def __repr__(self):
+        return f"Word({self.index}, {self.kind})"
+
+
+def word(value) -> int:
+    """The 64-bit slot pattern (an int) of a NumPy scalar, for a `Word`."""
+    raw = np.zeros(8, dtype=np.uint8)
+    b = np.frombuffer(value.tobytes(), dtype=np.uint8)
+    raw[:b.shape[0]] = b
+    return int(raw.view(np.uint64)[0])
+
+
 PTR = "ptr"           # the kind of a pointer parameter (else its scalar's dtype name)
 
 
@@ -89,6 +112,8 @@ def pack(args):
         kinds.append(PTR)
         if isinstance(a, Slot):
             dynamic.append((i, a.index, a.offset))
+            if isinstance(a, Word):
+                kinds[-1] = a.kind
         elif a is None:
             continue
         elif isinstance(a, np.generic):
