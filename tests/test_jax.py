@@ -219,6 +219,47 @@ def test_op_on_gpu_matches_reference(name, vtype, graph_ei, rng):
     _check(outs0, grads, ref_outs, ref_grads, vtype, "gpu, eager")
 
 
+GPU_16BIT = ["spmm-sum", "segment-mean", "segment-max", "edge_softmax", "attention-gat",
+             "attention-gatv2", "attention-dot"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", GPU_16BIT)
+def test_op_on_gpu_16bit_matches_reference(name, dtype, graph_ei, rng):
+    """bfloat16 (carried to the kernels as int16 bits) and float16 on the
+    GPU: outputs within the dtype's tolerance of the float64 reference on
+    the same (rounded) inputs, gradients within 3e-2, dtypes kept."""
+    import fastgnn
+    dev = _jax_gpu()
+    if dev is None or not fastgnn.gpu_available():
+        pytest.skip("needs a GPU that both JAX and CuPy see")
+    g, ei = graph_ei
+    inputs, fn, reference = _build(name, rng, ei, dtype)
+    inputs = jax.device_put(inputs, dev)
+    outs0 = fn(g, **inputs)
+    cts = jax.device_put(tuple(_arr(rng, o.shape, dtype) for o in outs0), dev)
+    (_, outs), grads = jax.jit(lambda a: _loss(fn, g, cts)(a))(inputs)
+    wide = {k: np.asarray(v, np.float64) for k, v in jax.device_get(inputs).items()}
+    ref_outs, ref_grads = reference(ei, wide, [np.asarray(c, np.float64) for c in cts])
+    for k, (o, r) in enumerate(zip(outs, ref_outs)):
+        assert o.dtype == jnp.dtype(dtype), f"output {k} has dtype {o.dtype}"
+        assert_close(np.asarray(o, np.float64), r, dtype, f"gpu {dtype}: output {k}")
+    for n, r in ref_grads.items():
+        assert grads[n].dtype == jnp.dtype(dtype)
+        assert_close(np.asarray(grads[n], np.float64), r, dtype, f"gpu {dtype}: grad of {n}",
+                     tol=3e-2)
+
+
+def test_16bit_on_the_cpu_is_refused(graph_ei):
+    if jax.default_backend() != "cpu":
+        pytest.skip("the refusal is the CPU's")
+    g, _ = graph_ei
+    for dt in (jnp.bfloat16, jnp.float16):
+        with pytest.raises(TypeError, match="GPU only"):
+            fj.spmm(g, jnp.ones((N, F), dt))
+
+
 # ------------------------------------------------------------- gcn_norm
 def test_gcn_norm(vtype, graph_ei, rng):
     g, ei = graph_ei

@@ -13,8 +13,9 @@ they run, residuals, vmap). Layers as plain functions of (params, graph, x)
 with `init` functions: `fastgnn.jax.nn`; thin Flax NNX modules over them
 (where flax is installed): `fastgnn.jax.nnx`.
 
-On the CPU the Numba kernels run through host callbacks
-(`jax.pure_callback`); float32, and float64 with `jax_enable_x64`.
+The kernels run as buffer callbacks on XLA's own buffers: the CUDA kernels
+on XLA's stream on a GPU, the Numba kernels on the CPU. Value types:
+float32, float64 with `jax_enable_x64`, and bfloat16 / float16 on the GPU.
 """
 from ._graph import Graph
 from .ops import edge_attention, edge_softmax, gcn_norm, segment_reduce, spmm

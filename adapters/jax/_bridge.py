@@ -30,7 +30,9 @@ How it runs:
 - `jax.vmap` runs through the callbacks' sequential rule: a batch of B
   calls the kernels B times, one example after the other (correct, not
   vectorised);
-- integer inputs (a dropout seed) and absent inputs (None) get no cotangent.
+- integer inputs (a dropout seed) and absent inputs (None) get no cotangent;
+- bfloat16 reaches the kernels as int16 bits with `vtype="bfloat16"` (CuPy
+  has no bf16 dtype), float16 as itself; both on the GPU only.
 """
 from __future__ import annotations
 
@@ -131,6 +133,17 @@ def _xla_stream(cp, ptr: int, device: int):
     return s
 
 
+def _cupy_view(cp, b):
+    """A CuPy array on XLA buffer b's memory (no copy); bfloat16, which CuPy
+    has no dtype for, as int16 bits (the core's `vtype="bfloat16"` form)."""
+    if b.dtype != jnp.bfloat16:
+        return cp.asarray(b)
+    ptr = int(b.__cuda_array_interface__["data"][0])
+    shape = tuple(b.shape)
+    mem = cp.cuda.UnownedMemory(ptr, 2 * int(np.prod(shape, dtype=np.int64)), b)
+    return cp.ndarray(shape, dtype=cp.int16, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+
 def _run_on_gpu(fn, ctx, outs, bufs, device):
     """fn(cupy, *CuPy views of bufs) on XLA's stream, written into outs."""
     global _cupy
@@ -139,9 +152,9 @@ def _run_on_gpu(fn, ctx, outs, bufs, device):
         _cupy = cupy
     cp = _cupy
     with cp.cuda.Device(device), _xla_stream(cp, int(ctx.stream), device):
-        results = fn(cp, *(cp.asarray(b) for b in bufs))
+        results = fn(cp, *(_cupy_view(cp, b) for b in bufs))
         for o, r in zip(outs, results):
-            cp.asarray(o)[...] = r
+            _cupy_view(cp, o)[...] = r
 
 
 def _callback(fn, specs, *args):
@@ -198,7 +211,16 @@ def _as_result(xp, a, spec, what):
     if a.shape != tuple(shape):
         raise RuntimeError(f"{what}: the kernel returned shape {a.shape}, the shape rule "
                            f"says {tuple(shape)}")
+    if dtype == jnp.bfloat16:               # the kernels' bf16 results are int16 bits
+        if a.dtype.itemsize != 2 or a.dtype.kind not in "iu":
+            raise RuntimeError(f"{what}: a bfloat16 result came back as {a.dtype}")
+        return xp.ascontiguousarray(a)
     return xp.ascontiguousarray(a, dtype=dtype)
+
+
+def _zeros(xp, shape, dtype):
+    """A zero gradient (bfloat16 zeros as int16 bits: the same bytes)."""
+    return xp.zeros(shape, np.int16 if dtype == jnp.bfloat16 else dtype)
 
 
 def _forward_callback(call: _Call):
@@ -221,7 +243,7 @@ def _backward_callback(call: _Call, specs):
             raise RuntimeError(f"{call.op.name}: bwd returned {len(grads)} gradients for "
                                f"{len(call.op.inputs)} inputs")
         wanted = [g for g, w in zip(grads, call.grads) if w]
-        return tuple(xp.zeros(s, d) if g is None else _as_result(xp, g, (s, d), call.op.name)
+        return tuple(_zeros(xp, s, d) if g is None else _as_result(xp, g, (s, d), call.op.name)
                      for g, (s, d) in zip(wanted, specs))
     return fn
 
@@ -270,6 +292,13 @@ def apply(op: Op, graph, *arrays, **static):
                  for s, dt in op.outputs(graph.core, shapes, static))
     grads = tuple(v is not None and n not in op.scalars and jnp.issubdtype(v.dtype, jnp.inexact)
                   for n, v in zip(op.inputs, vals))
+    half = {v.dtype.name for n, v in zip(op.inputs, vals)
+            if v is not None and n in op.features and v.dtype in (jnp.bfloat16, jnp.float16)}
+    if half and jax.default_backend() == "cpu":
+        raise TypeError(f"{op.name}: {'/'.join(sorted(half))} inputs run on the GPU only (the "
+                        "CPU kernels take float32 and float64); cast them with .astype(jnp.float32)")
+    if "bfloat16" in half:
+        static["vtype"] = "bfloat16"        # the core's name for int16-carried bf16
     call = _Call(op, graph, tuple(sorted(static.items())), outs,
                  tuple(v is not None for v in vals), grads)
     result = _bridge(call, tuple(vals))
