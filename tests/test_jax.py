@@ -190,12 +190,25 @@ def test_op_matches_reference(name, mode, op_vtype, graph_ei, rng):
                    ref_outs, ref_grads, vtype, f"vmap[{b}]")
 
 
-def _jax_gpu():
-    """JAX's first GPU, or None (a CPU-only jaxlib, or no device)."""
+def _gpu_run(name, dtype, graph_ei, rng):
+    """One case on JAX's first GPU under jit and grad (skips without a GPU
+    that both JAX and CuPy see): (eager outputs, jitted outputs, gradients,
+    inputs, cotangents, reference)."""
+    import fastgnn
     try:
-        return jax.devices("gpu")[0]
+        dev = jax.devices("gpu")[0]
     except RuntimeError:
-        return None
+        dev = None
+    if dev is None or not fastgnn.gpu_available():
+        pytest.skip("needs a GPU that both JAX and CuPy see")
+    g, ei = graph_ei
+    inputs, fn, reference = _build(name, rng, ei, dtype)
+    inputs = jax.device_put(inputs, dev)
+    outs0 = fn(g, **inputs)
+    assert all(o.devices() == {dev} for o in outs0), "outputs left the GPU"
+    cts = jax.device_put(tuple(_arr(rng, o.shape, dtype) for o in outs0), dev)
+    (_, outs), grads = jax.jit(lambda a: _loss(fn, g, cts)(a))(inputs)
+    return outs0, outs, grads, jax.device_get(inputs), jax.device_get(cts), reference
 
 
 @pytest.mark.gpu
@@ -203,18 +216,8 @@ def _jax_gpu():
 def test_op_on_gpu_matches_reference(name, vtype, graph_ei, rng):
     """On a GPU the kernels run on XLA's buffers and stream: outputs stay on
     the device and equal the reference, under jit and grad."""
-    import fastgnn
-    dev = _jax_gpu()
-    if dev is None or not fastgnn.gpu_available():
-        pytest.skip("needs a GPU that both JAX and CuPy see")
-    g, ei = graph_ei
-    inputs, fn, reference = _build(name, rng, ei, vtype)
-    inputs = jax.device_put(inputs, dev)
-    outs0 = fn(g, **inputs)
-    assert all(o.devices() == {dev} for o in outs0), "outputs left the GPU"
-    cts = jax.device_put(tuple(_arr(rng, o.shape, vtype) for o in outs0), dev)
-    (_, outs), grads = jax.jit(lambda a: _loss(fn, g, cts)(a))(inputs)
-    ref_outs, ref_grads = reference(ei, jax.device_get(inputs), jax.device_get(cts))
+    outs0, outs, grads, inputs, cts, reference = _gpu_run(name, vtype, graph_ei, rng)
+    ref_outs, ref_grads = reference(graph_ei[1], inputs, cts)
     _check(outs, grads, ref_outs, ref_grads, vtype, "gpu, jit")
     _check(outs0, grads, ref_outs, ref_grads, vtype, "gpu, eager")
 
@@ -230,18 +233,9 @@ def test_op_on_gpu_16bit_matches_reference(name, dtype, graph_ei, rng):
     """bfloat16 (carried to the kernels as int16 bits) and float16 on the
     GPU: outputs within the dtype's tolerance of the float64 reference on
     the same (rounded) inputs, gradients within 3e-2, dtypes kept."""
-    import fastgnn
-    dev = _jax_gpu()
-    if dev is None or not fastgnn.gpu_available():
-        pytest.skip("needs a GPU that both JAX and CuPy see")
-    g, ei = graph_ei
-    inputs, fn, reference = _build(name, rng, ei, dtype)
-    inputs = jax.device_put(inputs, dev)
-    outs0 = fn(g, **inputs)
-    cts = jax.device_put(tuple(_arr(rng, o.shape, dtype) for o in outs0), dev)
-    (_, outs), grads = jax.jit(lambda a: _loss(fn, g, cts)(a))(inputs)
-    wide = {k: np.asarray(v, np.float64) for k, v in jax.device_get(inputs).items()}
-    ref_outs, ref_grads = reference(ei, wide, [np.asarray(c, np.float64) for c in cts])
+    _, outs, grads, inputs, cts, reference = _gpu_run(name, dtype, graph_ei, rng)
+    wide = {k: np.asarray(v, np.float64) for k, v in inputs.items()}
+    ref_outs, ref_grads = reference(graph_ei[1], wide, [np.asarray(c, np.float64) for c in cts])
     for k, (o, r) in enumerate(zip(outs, ref_outs)):
         assert o.dtype == jnp.dtype(dtype), f"output {k} has dtype {o.dtype}"
         assert_close(np.asarray(o, np.float64), r, dtype, f"gpu {dtype}: output {k}")
