@@ -131,8 +131,11 @@ def test_signature_parser_reads_every_kernel():
     sigs = kernel_signatures()
     for name in ("spmm_fwd", "spmm_combine", "sddmm", "segment_fwd", "segment_combine",
                  "segment_coef", "segment_bwd", "segment_bwd_capped", "segment_arg_scatter",
-                 "column_sum", "cast_from_acc"):
+                 "column_sum", "cast_from_acc", "attn_fwd", "attn_combine", "attn_bwd_dst",
+                 "attn_bwd_src", "attn_delta", "softmax_fwd", "softmax_bwd"):
         assert name in sigs, name
+    assert sigs["softmax_fwd"] == ["ptr"] * 5 + ["int64", "int32", "uint64", "uint64", "uint64",
+                                                 "float64", "int32"]
     assert sigs["column_sum"] == ["ptr", "ptr", "int64", "int32", "int32"]
     assert sigs["segment_bwd"][-5:] == ["int64", "int32", "int64", "int32", "int32"]
 
@@ -236,11 +239,11 @@ def _plans_of(graph):
     return [v for v in graph.cache.values() if isinstance(v, plan.LaunchPlan)]
 
 
-def _check_launches(recorded, graph, sigs):
-    """Every recorded launch is one of the graph's plans' launches, with its
-    parameter block as packed, on the caller's stream."""
+def _check_launches(recorded, graph, sigs, extra=()):
+    """Every recorded launch is one of the graph's plans' (or `extra` plans')
+    launches, with its parameter block as packed, on the caller's stream."""
     by_func = {}
-    for p in _plans_of(graph):
+    for p in [*_plans_of(graph), *extra]:
         for l in p.launches:
             by_func.setdefault(l.params_ptr, l)
     for func, grid, block, smem, stream, params in recorded:
@@ -450,6 +453,75 @@ def test_edge_attention_forward_plan_runs_end_to_end_against_fakes(fake_cuda, sc
     assert main.values[_F["dkey"]] == fastgnn.ops.attention.dropout_spec(0.3, 6, 0).key
 
 
+# attn_bwd_dst's and attn_bwd_src's parameters by position (kernels_cuda/attention.cu)
+_COMMON = "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att V lse g ga "
+_D = {name: i for i, name in enumerate(
+    (_COMMON + "out delta gDn p_dn gEd gatt_part aS aV num_tasks").split())}
+_S = {name: i for i, name in enumerate((_COMMON + "delta gS p_s gV p_v num_tasks").split())}
+
+
+@pytest.mark.parametrize("score", ["gat", "gatv2", "dot"])
+def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, score):
+    """edge_attention forward + backward on plans (edge term, bias, dropout):
+    the target pass (fused delta), the source pass over the transpose, the
+    split rows' combines, gatv2's grad_att column sum; each gradient's
+    address in its slot, the bias gradient's column sum, every launch
+    matching its kernel's signature, nothing through DLPack."""
+    g, t = _attention_case(score)
+    s_name, d_name, e_name, v_name = cuda_attention.SLOT_NAMES[score]
+    out = ft.edge_attention(g, score, **t, dropout=0.3, seed=5)
+    names = list(t)
+    grads = dict(zip(names, torch.autograd.grad(out, [t[n] for n in names],
+                                                torch.ones_like(out))))
+    assert all(grads[n].shape == t[n].shape for n in names)
+    (bwd,) = _by_name(g, cuda_attention.AttnBwdPlan)
+    kinds = [l.name.split("<")[0] for l in bwd.launches]
+    assert kinds[:2] == ["attn_bwd_dst", "spmm_combine"] and "attn_bwd_src" in kinds
+    dst = bwd.launches[0]
+    src = bwd.launches[kinds.index("attn_bwd_src")]
+    assert dst.values[_D["out"]] != 0 and dst.values[_D["ga"]] == 0    # fused delta
+    assert dst.values[_D["delta"]] == src.values[_S["delta"]] != 0
+    assert dst.values[_D["gDn"]] == grads[d_name].data_ptr()
+    assert dst.values[_D["gEd"]] == grads[e_name].data_ptr()
+    assert dst.values[_D["aS"]] == dst.values[_D["aV"]] == 0
+    assert src.values[_S["gS"]] == grads[s_name].data_ptr()
+    if score == "gatv2":
+        assert src.values[_S["gV"]] == 0 and dst.values[_D["gatt_part"]] != 0
+        assert bwd.gatt_sum.launches[-1].values[1] == grads["att"].data_ptr()
+    else:
+        assert src.values[_S["gV"]] == grads[v_name].data_ptr()
+        assert dst.values[_D["gatt_part"]] == 0 and bwd.gatt_sum is None
+    sigs = kernel_signatures()
+    _check_launches(fake_cuda, g, sigs, extra=cuda_spmm._column_sum_plans.values())
+    sums = [bwd.gatt_sum] if bwd.gatt_sum else []
+    n_fwd = len(_by_name(g, cuda_attention.AttnFwdPlan)[0].launches)
+    n_bias = sum(len(p.launches) for p in cuda_spmm._column_sum_plans.values()
+                 if p is not bwd.gatt_sum)
+    assert len(fake_cuda) == n_fwd + len(bwd.launches) + len(sums and sums[0].launches) + n_bias
+
+
+def test_attention_backward_plan_of_the_source_side_alone_runs_attn_delta(fake_cuda):
+    """Only v wants a gradient: no target pass, delta from attn_delta, then
+    the source pass; a cotangent of the weights or float atomics take the
+    core instead (no backward plan)."""
+    g, t = _attention_case("gat")
+    v = t["v"]
+    fixed = {n: x.detach() for n, x in t.items() if n != "v"}
+    out = ft.edge_attention(g, "gat", **fixed, v=v)
+    gv, = torch.autograd.grad(out, [v], torch.ones_like(out))
+    (bwd,) = _by_name(g, cuda_attention.AttnBwdPlan)
+    assert [l.name.split("<")[0] for l in bwd.launches][:2] == ["attn_delta", "attn_bwd_src"]
+    assert bwd.launches[1].values[_S["gV"]] == gv.data_ptr()
+    assert bwd.launches[1].values[_S["gS"]] == 0
+    _check_launches(fake_cuda, g, kernel_signatures())
+    params = fastgnn.ops.attention._attention_params("gatv2", 0.2, None, 8, 0.0, 0, 0, False)
+    serves = cuda_attention.plan_serves_backward
+    assert not serves("gatv2", "float32", 1, None, params, (True,) * 5)    # atomics asked for
+    assert serves("gatv2", "float32", 1, None, params, (False, True, False, False, True))
+    assert not serves("gat", "float32", 1, 2, params, (True,) * 5)         # grad_alpha
+    assert not serves("gat", "bfloat16", 1, None, params, (True,) * 5)
+
+
 def test_attention_backward_without_a_plan_takes_the_core_on_the_residuals(fake_cuda,
                                                                            monkeypatch):
     """With BACKWARD_PLANS off, the plan forward's residuals go to the core's
@@ -491,10 +563,43 @@ def test_attention_plan_path_declines_what_it_does_not_serve(fake_cuda, monkeypa
 
 
 # ------------------------------------------------------------------- GPU
+_GPU_ATTENTION = ("gat", "gat_weights", "gatv2", "dot", "softmax")
+
+
+def _gpu_attention_case(case, graph, gen, H=4, C=16):
+    """(leaves, op(*leaves), cotangent makers per output) of an attention
+    case on the GPU: edge terms, a bias, dropout with a fixed seed."""
+    n, E = graph.num_dst, graph.num_edges
+
+    def r(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+    half = [lambda o: torch.ones_like(o) * 0.5]
+    drop = dict(dropout=0.3, seed=123, offset=7)
+    if case == "softmax":
+        return [r(E, H)], lambda s: ft.edge_softmax(graph, s, **drop), half
+    if case in ("gat", "gat_weights"):
+        names, leaves = ("a_src", "a_dst", "a_edge", "v", "bias"), [r(n, H), r(n, H), r(E, H),
+                                                                     r(n, H, C), r(H * C)]
+    elif case == "gatv2":
+        names, leaves = ("xl", "xr", "att", "xe", "bias"), [r(n, H, C), r(n, H, C), r(1, H, C),
+                                                            r(E, H, C), r(H * C)]
+    else:
+        names, leaves = ("q", "k", "v", "ee", "bias"), [r(n, H, C), r(n, H, C), r(n, H, C),
+                                                        r(E, H, C), r(H, C)]
+    score = "gat" if case == "gat_weights" else case
+    weights = case == "gat_weights"
+
+    def op(*tensors):
+        return ft.edge_attention(graph, score, **dict(zip(names, tensors)), **drop,
+                                 return_attention_weights=weights)
+    return leaves, op, half + ([lambda a: torch.ones_like(a) * 0.25] if weights else [])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not (fastgnn.gpu_available() and torch.cuda.is_available()),
                     reason="needs a CUDA device visible to CuPy and torch")
-@pytest.mark.parametrize("case", ["gcn", "mean", "sum_auto", "max", "mean_max_std"])
+@pytest.mark.parametrize("case", ["gcn", "mean", "sum_auto", "max", "mean_max_std", "gat",
+                                  "gat_weights", "gatv2", "dot", "softmax"])
 def test_gpu_plan_path_matches_the_bridge_bitwise(case, monkeypatch):
     """The same kernels with the same arguments: outputs and gradients of
     the plan path equal the DLPack bridge's bit for bit, on PyTorch's
@@ -504,7 +609,11 @@ def test_gpu_plan_path_matches_the_bridge_bitwise(case, monkeypatch):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x0 = torch.randn(n, f, device="cuda", generator=gen)
     b0 = torch.randn(f, device="cuda", generator=gen)
-    if case == "gcn":
+    leaves0, cotangents = None, None
+    if case in _GPU_ATTENTION:
+        graph = ft.to_graph(ei, n)
+        leaves0, op, cotangents = _gpu_attention_case(case, graph, gen)
+    elif case == "gcn":
         graph, cw = fastgnn.gcn_norm_weights(ft.to_graph(ei, n))
 
         def op(x, b):
@@ -523,6 +632,12 @@ def test_gpu_plan_path_matches_the_bridge_bitwise(case, monkeypatch):
             return out + b.repeat(out.shape[1] // f)
 
     def step():
+        if leaves0 is not None:          # attention: every input, its own cotangents
+            leaves = [t.clone().requires_grad_() for t in leaves0]
+            outs = op(*leaves)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            grads = torch.autograd.grad(outs, leaves, [c(o) for c, o in zip(cotangents, outs)])
+            return (*(o.detach() for o in outs), *grads)
         x, b = x0.clone().requires_grad_(), b0.clone().requires_grad_()
         out = op(x * 1, b)
         gx, gb = torch.autograd.grad(out, [x, b], torch.ones_like(out) * 0.5)
@@ -538,6 +653,13 @@ def test_gpu_plan_path_matches_the_bridge_bitwise(case, monkeypatch):
     step()                                  # the first plan call builds what is missing
     bridge_runs.clear()
     got = step()
+    if case == "gat_weights":
+        # a cotangent of the weights: the backward takes the core (on DLPack
+        # views of the plan forward's residuals), the forward its plan
+        assert bridge_runs
+        bridge_runs.clear()
+        with torch.no_grad():
+            op(*leaves0)
     assert not bridge_runs                  # forward and backward on the plans
     for w, g in zip(want, got):
         assert torch.equal(w, g)

@@ -610,7 +610,39 @@ class EdgeAttentionPath:
         return ((ret, alpha) if want else (ret,)), not want, res
 
     def backward(self, graph, res, grad_outs, needs, tensor_kw):
-        return _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw)
+        from fastgnn.backends.attention_spec import SLOT_NAMES
+        g = grad_outs[0]
+        ga = grad_outs[1] if len(grad_outs) > 1 else None
+        score, be, has = res.score, _attention_backend(), res.inputs
+        s_name, d_name, e_name, v_name = SLOT_NAMES[score]
+        wants = (bool(needs[s_name]), bool(needs[d_name]), e_name in has and bool(needs[e_name]),
+                 score != "gatv2" and bool(needs[v_name]), score == "gatv2" and bool(needs["att"]))
+        if tensor_kw or not be.plan_serves_backward(score, res.vtype, g, ga, res.params, wants):
+            return _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw)
+        g, out, dev = _dense(g), res.out, res.out.device
+        H, C = out.shape[1], out.shape[2]
+        S, Dn, Ed, att, V = (res.backend_view(n) for n in (s_name, d_name, e_name, "att", v_name))
+        try:
+            shape = be.shape_for(res.vtype, C, H, [t.data_ptr() for t in (
+                (S, Dn, Ed, att, V, g, out) if score != "gat" else (V, g, out)) if t is not None])
+        except NotImplementedError:
+            return _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw)
+        plan = be.bwd_plan(graph, score, res.vtype, H, C, Ed is not None, wants, res.params,
+                           shape, context=_scope(dev))
+        made = [torch.empty(like.shape, dtype=like.dtype, device=dev) if want else None
+                for want, like in zip(wants, (S, Dn, Ed, V))]
+        gatt = torch.empty(H * C, dtype=out.dtype, device=dev) if wants[4] else None
+        ws = _bytes(plan.workspace_bytes, dev)
+        plan.run(_torch_stream_ptr(dev.index),
+                 (*(_ptr(t) for t in (S, Dn, Ed, att, V, res.lse, g, out, *made, gatt, ws)),
+                  *be.drop_values(res.params.drop)))
+        grads = {n: t for n, t in zip((s_name, d_name, e_name, v_name), made) if t is not None}
+        if gatt is not None:
+            grads["att"] = gatt
+        if "bias" in has and needs["bias"]:
+            grads["bias"] = column_sums(g.reshape(-1, H * C), res.vtype, graph.index_dtype)
+        return [None if n not in grads else grads[n].reshape(res.shapes[n])
+                for n in _ATTN_INPUTS]
 
 
 def _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw):

@@ -122,7 +122,7 @@ TASK_COST_EDGES = 4
 # False: edge_attention's backward runs its launches one by one (CuPy) and
 # fastgnn.torch's plan path hands it to the bridge; True: the common case
 # (plan_serves_backward) runs an AttnBwdPlan.
-BACKWARD_PLANS = False
+BACKWARD_PLANS = True
 _resident: dict = {}
 ON_CLEAR.append(_resident.clear)      # recompiled kernels get their own occupancy
 
