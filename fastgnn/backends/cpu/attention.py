@@ -320,16 +320,17 @@ def _edge_terms(kind, V, Ed, has_e, j, i, ce, h, s, drop_on, key, offset, thresh
                 lse, g, has_g, ga, has_ga, delta):
     """Backward terms of edge ce, head h, from its recomputed score s:
     (w = p z, ds = p (z <g_i, m_e> + ga_e - D_i))."""
+    # The optional terms are loops of 0 or 1 (C) trips, not `if` blocks: an
+    # `if` around a loop in an inlined helper keeps LLVM from optimising the
+    # caller's edge loop (GAT backward, 12 K edges x 4 heads: 2.8 -> 0.66 ms).
     H = V.shape[1]
     pr = np.exp(s - np.float64(lse[i, h]))
     z = _factor(drop_on, key, offset, threshold, dscale, ce, H, h)
-    dp = 0.0
-    if has_g and z != 0.0:
-        gd = 0.0
-        for c in range(V.shape[2]):
-            gd += np.float64(g[i, h, c]) * _msg(kind, V, Ed, has_e, j, ce, h, c)
-        dp = z * gd
-    if has_ga:
+    gd = 0.0
+    for c in range(V.shape[2] if has_g else 0):
+        gd += np.float64(g[i, h, c]) * _msg(kind, V, Ed, has_e, j, ce, h, c)
+    dp = z * gd if z != 0.0 else 0.0
+    for _ in range(1 if has_ga else 0):
         dp += np.float64(ga[ce, h])
     return pr * z, pr * (dp - delta[i, h])
 

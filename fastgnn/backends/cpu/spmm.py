@@ -1,8 +1,10 @@
 """Numba kernels of the SpMM family.
 
-spmm:  one parallel task per target row; each walks its CSR segment and
-       accumulates w_e * c[src_e] * x[src_e] into the output row (the
-       caller's dtype), then applies the row scale r[row] and adds the bias.
+spmm:  one parallel task per chunk of target rows; each row walks its CSR
+       segment and accumulates w_e * c[src_e] * x[src_e] (in the caller's
+       dtype, as the CUDA kernel's accumulator for fp32/fp64) into a per-chunk
+       scratch row, then applies the row scale r[row], adds the bias and
+       stores the row once.
 column_sums: sums over rows, the bias gradient (float64 accumulation, row order).
 sddmm: one parallel task per target row; for each in-edge, the dot product
        of grad_out[row] with x[src] (accumulated in float64).
@@ -13,24 +15,30 @@ import numpy as np
 
 @numba.njit(parallel=True, cache=True)
 def _spmm_rows(indptr, indices, weights, has_weight, row_scale, has_row, col_scale, has_col,
-               bias, has_bias, x, out):
+               bias, has_bias, x, out, nchunks):
     n, f = out.shape
-    for i in numba.prange(n):
-        for k in range(f):
-            out[i, k] = 0
-        for e in range(indptr[i], indptr[i + 1]):
-            j = indices[e]
-            w = weights[e] if has_weight else 1.0
-            if has_col:
-                w *= col_scale[j]
+    one = x.dtype.type(1)
+    for c in numba.prange(nchunks):
+        acc = np.empty(f, dtype=out.dtype)      # per-chunk scratch: the row stays in L1
+        for i in range(c * n // nchunks, (c + 1) * n // nchunks):
             for k in range(f):
-                out[i, k] += w * x[j, k]
-        if has_row:
+                acc[k] = 0
+            for e in range(indptr[i], indptr[i + 1]):
+                j = indices[e]
+                w = weights[e] if has_weight else one
+                if has_col:
+                    w *= col_scale[j]
+                for k in range(f):
+                    acc[k] += w * x[j, k]
+            if has_row:
+                r = row_scale[i]
+                for k in range(f):
+                    acc[k] *= r
+            if has_bias:
+                for k in range(f):
+                    acc[k] += bias[k]
             for k in range(f):
-                out[i, k] *= row_scale[i]
-        if has_bias:
-            for k in range(f):
-                out[i, k] += bias[k]
+                out[i, k] = acc[k]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -43,6 +51,11 @@ def _sddmm_rows(indptr, indices, a, b, out):
             for k in range(f):
                 acc += a[i, k] * b[j, k]
             out[e] = acc
+
+
+def _num_chunks(rows):
+    """Row chunks for the parallel loops (a few per thread; scratch is per chunk)."""
+    return max(min(rows, 4 * numba.get_num_threads()), 1)
 
 
 def _or_empty(a, dtype):
@@ -59,7 +72,8 @@ def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale
     r, has_r = _or_empty(row_scale, x.dtype)
     c, has_c = _or_empty(col_scale, x.dtype)
     b, has_b = _or_empty(bias, x.dtype)
-    _spmm_rows(graph.indptr, graph.indices, w, has_w, r, has_r, c, has_c, b, has_b, x, out)
+    _spmm_rows(graph.indptr, graph.indices, w, has_w, r, has_r, c, has_c, b, has_b, x, out,
+               _num_chunks(graph.num_dst))
     return out
 
 
