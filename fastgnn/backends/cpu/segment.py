@@ -56,8 +56,16 @@ def _product(nonzero_product, zeros):
 def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
                       out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
                       res_mul, res_mul_zero, has_mul, nchunks):
+    """Each statistic has its own loop over the features, chosen per edge
+    outside it, so the per-element loops carry no flag tests; max/min start
+    from the row's first edge (no "no value yet" test; the update is
+    `!(v <= m) and m == m`, the NaN and first-tie rules of kernels_cuda)."""
     n = indptr.shape[0] - 1
     f = x.shape[1]
+    need_sum = False
+    for r in range(ops.shape[0]):
+        if ops[r] in (0, 1, 4, 5):
+            need_sum = True
     for c in numba.prange(nchunks):
         r0, r1 = _chunk(c, nchunks, n)
         s = np.empty(f)
@@ -73,28 +81,46 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need
             for k in range(f):
                 s[k] = 0.0
                 q[k] = 0.0
-                mx[k] = 0.0
-                mn[k] = 0.0
-                amx[k] = -1
-                amn[k] = -1
                 pr[k] = 1.0
                 zc[k] = 0
+            if start < end:
+                j0 = indices[start]
+                for k in range(f):
+                    mx[k] = x[j0, k]
+                    mn[k] = x[j0, k]
+                    amx[k] = 0
+                    amn[k] = 0
+            else:
+                for k in range(f):
+                    mx[k] = 0.0
+                    mn[k] = 0.0
+                    amx[k] = -1
+                    amn[k] = -1
             for e in range(start, end):
                 j = indices[e]
-                for k in range(f):
-                    v = np.float64(x[j, k])
-                    s[k] += v
-                    if need_sq:
+                p = e - start
+                if need_sum:
+                    for k in range(f):
+                        s[k] += x[j, k]
+                if need_sq:
+                    for k in range(f):
+                        v = np.float64(x[j, k])
                         q[k] += v * v
-                    if need_max:
-                        if amx[k] < 0 or v > mx[k] or (v != v and mx[k] == mx[k]):
+                if need_max and p > 0:
+                    for k in range(f):
+                        v = np.float64(x[j, k])
+                        if not (v <= mx[k]) and mx[k] == mx[k]:
                             mx[k] = v
-                            amx[k] = e - start
-                    if need_min:
-                        if amn[k] < 0 or v < mn[k] or (v != v and mn[k] == mn[k]):
+                            amx[k] = p
+                if need_min and p > 0:
+                    for k in range(f):
+                        v = np.float64(x[j, k])
+                        if not (v >= mn[k]) and mn[k] == mn[k]:
                             mn[k] = v
-                            amn[k] = e - start
-                    if need_mul:
+                            amn[k] = p
+                if need_mul:
+                    for k in range(f):
+                        v = np.float64(x[j, k])
                         if v == 0:
                             zc[k] += 1
                         else:
@@ -104,20 +130,26 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need
             for r in range(ops.shape[0]):
                 op = ops[r]
                 base = r * f
-                for k in range(f):
-                    if deg == 0:
-                        val = 1.0 if op == 6 else 0.0
-                    elif op == 6:
-                        val = _product(pr[k], zc[k])
-                    elif op == 0:
-                        val = s[k]
-                    elif op == 1:
-                        val = s[k] * inv
-                    elif op == 2:
-                        val = mx[k]
-                    elif op == 3:
-                        val = mn[k]
-                    else:
+                if deg == 0:
+                    for k in range(f):
+                        out[i, base + k] = 1.0 if op == 6 else 0.0
+                elif op == 6:
+                    for k in range(f):
+                        out[i, base + k] = _product(pr[k], zc[k])
+                elif op == 0:
+                    for k in range(f):
+                        out[i, base + k] = s[k]
+                elif op == 1:
+                    for k in range(f):
+                        out[i, base + k] = s[k] * inv
+                elif op == 2:
+                    for k in range(f):
+                        out[i, base + k] = mx[k]
+                elif op == 3:
+                    for k in range(f):
+                        out[i, base + k] = mn[k]
+                else:
+                    for k in range(f):
                         m = s[k] * inv
                         val = q[k] * inv - m * m
                         if op == 5:
@@ -126,7 +158,7 @@ def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need
                             val = np.sqrt(val)
                             if val <= _STD_MIN:
                                 val = 0.0
-                    out[i, base + k] = val
+                        out[i, base + k] = val
             if has_args and need_max:
                 for k in range(f):
                     argmax[i, k] = amx[k]
@@ -203,16 +235,23 @@ def _segment_bwd_rows(t_indptr, t_indices, t_pos, x, a, has_a, b, has_b, cc, cd,
             for te in range(t_indptr[j], t_indptr[j + 1]):
                 i = t_indices[te]
                 p = t_pos[te]
-                for k in range(f):
-                    if has_a:
+                # one loop per term, chosen outside it (no flag tests per element)
+                if has_a:
+                    for k in range(f):
                         acc_a[k] += a[i, k]
-                    if has_b:
+                if has_b:
+                    for k in range(f):
                         acc_b[k] += b[i, k]
-                    if has_max and argmax[i, k] == p:
-                        acc_a[k] += g[i, off_max + k]
-                    if has_min and argmin[i, k] == p:
-                        acc_a[k] += g[i, off_min + k]
-                    if has_c:           # mul: coef_c / x[j], or coef_d where x[j] == 0
+                if has_max:
+                    for k in range(f):
+                        if argmax[i, k] == p:
+                            acc_a[k] += g[i, off_max + k]
+                if has_min:
+                    for k in range(f):
+                        if argmin[i, k] == p:
+                            acc_a[k] += g[i, off_min + k]
+                if has_c:           # mul: coef_c / x[j], or coef_d where x[j] == 0
+                    for k in range(f):
                         acc_c[k] += cc[i, k] if x[j, k] != 0 else cd[i, k]
             for k in range(f):
                 val = acc_a[k]
