@@ -269,6 +269,8 @@ def _models():
         "gcn": lambda: _Net(ft.GCNConv(F, 16), ft.GCNConv(16, 5)),
         "sage-max": lambda: _Net(ft.SAGEConv(F, 16, aggr="max"), ft.SAGEConv(16, 5, aggr="max")),
         "gatv2": lambda: _Net(ft.GATv2Conv(F, 8, heads=2), ft.GATv2Conv(16, 5)),
+        "transformer": lambda: _Net(ft.TransformerConv(F, 8, heads=2),
+                                    ft.TransformerConv(16, 5)),
     }
 
 
@@ -342,7 +344,7 @@ def test_cuda_graph_training_step_replays_eager_losses(kind, seed):
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["gcn", "sage-max", "gatv2"])
+@pytest.mark.parametrize("kind", ["gcn", "sage-max", "gatv2", "transformer"])
 def test_reduce_overhead_training_matches_eager(kind, seed):
     dev = "cuda"
     ei, x = _graph(seed, dev), torch.randn(N, F, device=dev)

@@ -93,6 +93,8 @@ def _attention_bwd(graph, res, grad_out, grad_alpha=None, **flags):
 EDGE_ATTENTION = Op("edge_attention", _attention_fwd, _attention_bwd, inputs=_ATTN_INPUTS,
                     features=_ATTN_INPUTS, bwd_flags={f"needs_{n}": n for n in _ATTN_INPUTS},
                     cuda=plans.EDGE_ATTENTION)
+# the plan path's backward falls back to this op's bridge where no plan serves
+plans.EDGE_ATTENTION.op = EDGE_ATTENTION
 
 
 # ------------------------------------------------------------------ dropout

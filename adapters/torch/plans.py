@@ -40,6 +40,7 @@ from fastgnn._array import check_deterministic, is_cupy
 from fastgnn.backends.cuda.plan import address
 from fastgnn.ops.segment import parse_reduce
 
+from . import custom_ops
 from ._autograd import PlanResiduals, _torch_stream_ptr, device_scope
 
 VTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
@@ -427,11 +428,19 @@ class SoftmaxResiduals(PlanResiduals):
 _SOFTMAX_STATIC = frozenset({"dropout", "seed", "offset"})
 
 
+# _COMPILED: inside a torch.compile program (a custom op's kernel) the
+# attention ops take the DLPack bridge, not their plans: under CUDA graph
+# trees (mode="reduce-overhead") the plan path's TransformerConv program
+# failed the trees' check that every output lies in their pool (H200), while
+# the bridge passes it; a captured or compiled program pays host time once
+# per replay or not at all, so the plans' saving matters in eager mode.
 class EdgeSoftmaxPath:
     """`Op.cuda` of EDGE_SOFTMAX (static: dropout, seed, offset). Takes fp32/
     fp64 scores [E] or [E, H] on a graph with edges and targets."""
 
     def forward(self, graph, static, tensors, needs):
+        if custom_ops.in_kernel():
+            return None         # compiled programs take the bridge (see _COMPILED)
         s, = tensors
         if (not ATTENTION_PLANS or s is None or s.dtype not in ATTN_VTYPES
                 or s.dim() not in (1, 2) or graph is None or graph.num_edges == 0
@@ -565,7 +574,11 @@ class EdgeAttentionPath:
     bridge (the core's backward on DLPack views of the residuals) where
     its plan does not serve."""
 
+    op = None    # the torch Op it serves (set by attention.py: its bridge backward)
+
     def forward(self, graph, static, tensors, needs):
+        if custom_ops.in_kernel():
+            return None         # compiled programs take the bridge (see _COMPILED)
         got = _attention_inputs(graph, static, tensors)
         if got is None:
             return None
@@ -618,7 +631,7 @@ class EdgeAttentionPath:
         wants = (bool(needs[s_name]), bool(needs[d_name]), e_name in has and bool(needs[e_name]),
                  score != "gatv2" and bool(needs[v_name]), score == "gatv2" and bool(needs["att"]))
         if tensor_kw or not be.plan_serves_backward(score, res.vtype, g, ga, res.params, wants):
-            return _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw)
+            return _attention_bridge_backward(self.op, graph, res, grad_outs, needs, tensor_kw)
         g, out, dev = _dense(g), res.out, res.out.device
         H, C = out.shape[1], out.shape[2]
         S, Dn, Ed, att, V = (res.backend_view(n) for n in (s_name, d_name, e_name, "att", v_name))
@@ -626,7 +639,7 @@ class EdgeAttentionPath:
             shape = be.shape_for(res.vtype, C, H, [t.data_ptr() for t in (
                 (S, Dn, Ed, att, V, g, out) if score != "gat" else (V, g, out)) if t is not None])
         except NotImplementedError:
-            return _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw)
+            return _attention_bridge_backward(self.op, graph, res, grad_outs, needs, tensor_kw)
         plan = be.bwd_plan(graph, score, res.vtype, H, C, Ed is not None, wants, res.params,
                            shape, context=_scope(dev))
         made = [torch.empty(like.shape, dtype=like.dtype, device=dev) if want else None
@@ -645,10 +658,9 @@ class EdgeAttentionPath:
                 for n in _ATTN_INPUTS]
 
 
-def _attention_bridge_backward(graph, res, grad_outs, needs, tensor_kw):
-    """The core's backward (the bridge) on the plan forward's residuals."""
+def _attention_bridge_backward(op, graph, res, grad_outs, needs, tensor_kw):
+    """The core's backward (the bridge) of `op` on the plan forward's residuals."""
     from ._autograd import _backward
-    from .attention import EDGE_ATTENTION as op
     dev = res.out.device
     with device_scope(dev):
         core = res.core(graph)
