@@ -292,6 +292,12 @@ def apply(op: Op, graph, *arrays, **static):
                  for s, dt in op.outputs(graph.core, shapes, static))
     grads = tuple(v is not None and n not in op.scalars and jnp.issubdtype(v.dtype, jnp.inexact)
                   for n, v in zip(op.inputs, vals))
+    # 16-bit float inputs that do not carry the value type (edge weights) go
+    # to the kernels in float32, as the core takes them (JAX casts the
+    # gradient back)
+    vals = [v.astype(jnp.float32) if v is not None and n not in op.features
+            and n not in op.scalars and v.dtype in (jnp.bfloat16, jnp.float16) else v
+            for n, v in zip(op.inputs, vals)]
     half = {v.dtype.name for n, v in zip(op.inputs, vals)
             if v is not None and n in op.features and v.dtype in (jnp.bfloat16, jnp.float16)}
     if half and jax.default_backend() == "cpu":
