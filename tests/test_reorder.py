@@ -290,6 +290,19 @@ def test_auto_reorders_a_shuffled_mesh_and_keeps_small_graphs(rng):
     assert order(small, "auto", num_nodes=m).is_identity
 
 
+def test_auto_keeps_an_order_with_some_locality_of_its_own(rng):
+    """A shuffled mesh with a tenth of its edges made local again (a crawl
+    order's share): auto keeps it; fully shuffled, it reorders."""
+    ei, n = shuffled(*generators.grid(128), rng)
+    assert not order(ei, "auto", num_nodes=n, seed=1).is_identity
+    local = rng.random(ei.shape[1]) < 0.1
+    near = ei.copy()
+    near[1, local] = np.minimum(near[0, local] + 1, n - 1)
+    assert locality(near[0], near[1])["window_fraction"] >= 0.05
+    p = order(near, "auto", num_nodes=n, seed=1)
+    assert p.is_identity and p.info["reason"] == "partly local already"
+
+
 def test_methods_table_is_complete():
     assert set(METHODS) == {"rcm", "degree", "cluster", "metis", "random", "identity", "auto"}
 
