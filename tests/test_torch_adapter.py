@@ -515,6 +515,16 @@ def test_no_grad_calls_run_the_inference_forward(monkeypatch, device):
     real_plan = plans.segment_forward
     monkeypatch.setattr(plans, "segment_forward",
                         lambda *a: seen.append(a[3]) or real_plan(*a))
+    # on the CPU the CPU plan path serves the inference calls (no residuals)
+    from fastgnn.torch import cpu_plans
+    real_cpu = cpu_plans.SEGMENT_REDUCE.forward
+
+    def cpu_plan(*a):
+        done = real_cpu(*a)
+        if done is not None:
+            seen.append(False)
+        return done
+    monkeypatch.setattr(cpu_plans.SEGMENT_REDUCE, "forward", cpu_plan)
     ei = torch.from_numpy(awkward_edge_index(40, 200, seed=2)).to(device)
     x = torch.randn(40, 6, dtype=torch.float32, device=device, requires_grad=True)
     reduce = ["mean", "max", "min", "std"]

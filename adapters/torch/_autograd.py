@@ -59,12 +59,14 @@ class Op:
                the bridge) or (outputs tuple, single, PlanResiduals), and
                backward(graph, res, grad_outs, needs, tensor_kw) -> one
                gradient tensor or None per input (see adapters/torch/plans.py)
+    cpu:       the op's CPU plan path, or None: forward as cuda's, serving only
+               calls that need no gradient (adapters/torch/cpu_plans.py)
     """
 
     def __init__(self, name: str, fwd: Callable, bwd: Callable, inputs, *, features=(),
                  fwd_flags: Mapping[str, str] | None = None,
                  bwd_flags: Mapping[str, str] | None = None, vtype_arg: str | None = "vtype",
-                 cuda=None):
+                 cuda=None, cpu=None):
         self.name = name
         self.fwd = fwd
         self.bwd = bwd
@@ -74,6 +76,7 @@ class Op:
         self.bwd_flags = dict(bwd_flags or {})
         self.vtype_arg = vtype_arg
         self.cuda = cuda
+        self.cpu = cpu
         for name_ in (*self.features, *self.fwd_flags.values(), *self.bwd_flags.values()):
             if name_ not in self.inputs:
                 raise ValueError(f"Op {name}: {name_!r} is not one of its inputs {self.inputs}")
@@ -379,8 +382,9 @@ def _forward(op: Op, graph, static: dict, tensors, needs: dict):
     residuals, bf16?, device). On CUDA, the op's launch plan path when it
     serves the call."""
     device = _device_of(tensors)
-    if device.type == "cuda" and op.cuda is not None and PLANS:
-        done = op.cuda.forward(graph, static, tensors, needs)
+    plan = op.cuda if device.type == "cuda" else op.cpu
+    if plan is not None and PLANS:
+        done = plan.forward(graph, static, tensors, needs)
         if done is not None:
             outs, single, res = done
             return outs, single, res, False, device

@@ -14,7 +14,7 @@ from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
 from ._autograd import (Op, _backward, _forward, _torch_stream_ptr, apply, device_scope, to_array,
                         to_tensor)
-from . import custom_ops, plans
+from . import cpu_plans, custom_ops, plans
 from .gemm import g_w, tf32_allowed, x_wt
 from .graph_cache import _is_edge_index_type, graph_input, is_dgl_graph, resolve
 
@@ -123,7 +123,8 @@ def _spmm_fwd(graph, x, edge_weight, bias, **static):
 SPMM = Op("spmm", _spmm_fwd, spmm_bwd, inputs=("x", "edge_weight", "bias"),
           features=("x", "bias"), fwd_flags={"needs_weight_grad": "edge_weight"},
           bwd_flags={"needs_x_grad": "x", "needs_weight_grad": "edge_weight",
-                     "needs_bias_grad": "bias"}, cuda=plans.SPMM)
+                     "needs_bias_grad": "bias"}, cuda=plans.SPMM,
+          cpu=cpu_plans.SPMM)
 
 
 def _rows(x):
@@ -271,7 +272,8 @@ def _segment_csr_bwd(_graph, res, grad_out):
 
 
 SEGMENT_REDUCE = Op("segment_reduce", segment_reduce_fwd, _segment_reduce_bwd, inputs=("x",),
-                    features=("x",), fwd_flags={"needs_x_grad": "x"}, cuda=plans.SEGMENT_REDUCE)
+                    features=("x",), fwd_flags={"needs_x_grad": "x"}, cuda=plans.SEGMENT_REDUCE,
+                    cpu=cpu_plans.SEGMENT_REDUCE)
 SEGMENT_CSR = Op("segment_csr", _segment_csr_fwd, _segment_csr_bwd, inputs=("ptr", "src"),
                  features=("src",), fwd_flags={"needs_x_grad": "src"})
 

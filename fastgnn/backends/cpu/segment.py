@@ -267,6 +267,27 @@ def _coef_dtype(vtype):
     return np.float64 if vtype == "float64" else np.float32
 
 
+def segment_fwd_runner(graph, dtype, codes):
+    """run(x, out) -> out: the inference forward (no residuals) for one graph,
+    value dtype and reduction tuple, its arguments other than x and out
+    prepared once. `segment_fwd` builds one per inference call; fastgnn.torch
+    keeps them (its CPU plans). out: [num_dst, len(codes) * F] in x's dtype."""
+    ops = np.array([CODES[c] for c in codes], dtype=np.int64)
+    need_max, need_min, need_mul = "max" in codes, "min" in codes, "mul" in codes
+    need_sq = "var" in codes or "std" in codes
+    none = np.empty((0, 0), dtype=np.dtype(dtype))
+    args = np.empty((0, 0), dtype=graph.position_dtype if need_max or need_min
+                    else graph.index_dtype)
+    indptr, indices, nchunks = graph.indptr, graph.indices, _num_chunks(graph.num_dst)
+
+    def run(x, out):
+        _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul, out,
+                          args, args, False, none, False, none, False, none, none, False,
+                          nchunks)
+        return out
+    return run
+
+
 def segment_fwd(graph, x, codes, vtype, residuals=True):
     """(out, argmax, argmin, mean, std, mul): out [num_dst, len(codes)*F] in
     x's dtype (see module docstring); with residuals (training) also argmax /
@@ -277,6 +298,9 @@ def segment_fwd(graph, x, codes, vtype, residuals=True):
     precision when mul is: the product, and what a zero input's gradient is
     scaled by (the product of the others for a row's only zero, else the
     product again); None otherwise."""
+    if not residuals:
+        out = np.empty((graph.num_dst, len(codes) * x.shape[1]), dtype=x.dtype)
+        return segment_fwd_runner(graph, x.dtype, codes)(x, out), None, None, None, None, None
     f, n = x.shape[1], graph.num_dst
     ops = np.array([CODES[c] for c in codes], dtype=np.int64)
     need_max, need_min, need_mul = "max" in codes, "min" in codes, "mul" in codes

@@ -13,32 +13,76 @@ import numba
 import numpy as np
 
 
-@numba.njit(parallel=True, cache=True)
-def _spmm_rows(indptr, indices, weights, has_weight, row_scale, has_row, col_scale, has_col,
-               bias, has_bias, x, out, nchunks):
-    n, f = out.shape
+@numba.njit(cache=True)
+def _spmm_range(indptr, indices, weights, has_weight, row_scale, has_row, col_scale, has_col,
+                bias, has_bias, x, out, lo, hi):
+    """Rows lo..hi-1 of out. Edges are taken four at a time into one pass over
+    the features, acc[k] = (((acc[k] + w0 x0[k]) + w1 x1[k]) + w2 x2[k]) + w3 x3[k]:
+    the same additions in the same order as one edge per pass (bitwise the
+    same sums), with acc[k] loaded and stored once per four edges instead of
+    once per edge. Unit weights (no edge weight, no column scale) add x[j]
+    itself (1 * x == x: the same values, no multiply)."""
+    f = out.shape[1]
     one = x.dtype.type(1)
-    for c in numba.prange(nchunks):
-        acc = np.empty(f, dtype=out.dtype)      # per-chunk scratch: the row stays in L1
-        for i in range(c * n // nchunks, (c + 1) * n // nchunks):
-            for k in range(f):
-                acc[k] = 0
-            for e in range(indptr[i], indptr[i + 1]):
+    acc = np.empty(f, dtype=out.dtype)      # scratch: the row stays in L1
+    unit = not (has_weight or has_col)
+    for i in range(lo, hi):
+        for k in range(f):
+            acc[k] = 0
+        e, end = indptr[i], indptr[i + 1]
+        if unit:
+            while e + 3 < end:
+                j0, j1, j2, j3 = indices[e], indices[e + 1], indices[e + 2], indices[e + 3]
+                for k in range(f):
+                    acc[k] = (((acc[k] + x[j0, k]) + x[j1, k]) + x[j2, k]) + x[j3, k]
+                e += 4
+            while e < end:
+                j = indices[e]
+                for k in range(f):
+                    acc[k] += x[j, k]
+                e += 1
+        else:
+            while e + 3 < end:
+                j0, j1, j2, j3 = indices[e], indices[e + 1], indices[e + 2], indices[e + 3]
+                w0 = weights[e] if has_weight else one
+                w1 = weights[e + 1] if has_weight else one
+                w2 = weights[e + 2] if has_weight else one
+                w3 = weights[e + 3] if has_weight else one
+                if has_col:
+                    w0 *= col_scale[j0]
+                    w1 *= col_scale[j1]
+                    w2 *= col_scale[j2]
+                    w3 *= col_scale[j3]
+                for k in range(f):
+                    acc[k] = (((acc[k] + w0 * x[j0, k]) + w1 * x[j1, k])
+                              + w2 * x[j2, k]) + w3 * x[j3, k]
+                e += 4
+            while e < end:
                 j = indices[e]
                 w = weights[e] if has_weight else one
                 if has_col:
                     w *= col_scale[j]
                 for k in range(f):
                     acc[k] += w * x[j, k]
-            if has_row:
-                r = row_scale[i]
-                for k in range(f):
-                    acc[k] *= r
-            if has_bias:
-                for k in range(f):
-                    acc[k] += bias[k]
+                e += 1
+        if has_row:
+            r = row_scale[i]
             for k in range(f):
-                out[i, k] = acc[k]
+                acc[k] *= r
+        if has_bias:
+            for k in range(f):
+                acc[k] += bias[k]
+        for k in range(f):
+            out[i, k] = acc[k]
+
+
+@numba.njit(parallel=True, cache=True)
+def _spmm_rows(indptr, indices, weights, has_weight, row_scale, has_row, col_scale, has_col,
+               bias, has_bias, x, out, nchunks):
+    n = out.shape[0]
+    for c in numba.prange(nchunks):
+        _spmm_range(indptr, indices, weights, has_weight, row_scale, has_row, col_scale,
+                    has_col, bias, has_bias, x, out, c * n // nchunks, (c + 1) * n // nchunks)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -58,8 +102,41 @@ def _num_chunks(rows):
     return max(min(rows, 4 * numba.get_num_threads()), 1)
 
 
+# Below this many edge x feature products a call runs the serial kernel:
+# the parallel launch costs more than the work it splits (and with one
+# Numba thread there is nothing to split).
+SERIAL_MAX_WORK = 1 << 16
+
+
+def _serial(work):
+    return work < SERIAL_MAX_WORK or numba.get_num_threads() == 1
+
+
 def _or_empty(a, dtype):
     return (a.astype(dtype, copy=False), True) if a is not None else (np.empty(0, dtype), False)
+
+
+def spmm_runner(graph, dtype, weight_csr=None, row_scale=None, col_scale=None):
+    """run(x, out, bias=None) for one graph, value dtype and set of constant
+    weights and scales: the kernel's arguments other than x, out and bias
+    (weights and scales in `dtype`, the serial/parallel choice) prepared
+    once. `spmm` builds one per call; fastgnn.torch keeps them (its CPU plans)."""
+    dtype = np.dtype(dtype)
+    w, has_w = _or_empty(weight_csr, dtype)
+    r, has_r = _or_empty(row_scale, dtype)
+    c, has_c = _or_empty(col_scale, dtype)
+    indptr, indices, n = graph.indptr, graph.indices, graph.num_dst
+    none = np.empty(0, dtype)
+    nchunks = _num_chunks(n)
+
+    def run(x, out, bias=None):
+        b, has_b = (none, False) if bias is None else (bias, True)
+        if _serial(graph.num_edges * x.shape[1]):
+            _spmm_range(indptr, indices, w, has_w, r, has_r, c, has_c, b, has_b, x, out, 0, n)
+        else:
+            _spmm_rows(indptr, indices, w, has_w, r, has_r, c, has_c, b, has_b, x, out, nchunks)
+        return out
+    return run
 
 
 def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale=None,
@@ -68,13 +145,8 @@ def spmm(graph, x, weight_csr, vtype, path="auto", deterministic=True, row_scale
     (path and deterministic are GPU options; the CPU kernel is always
     deterministic)."""
     out = np.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
-    w, has_w = _or_empty(weight_csr, x.dtype)
-    r, has_r = _or_empty(row_scale, x.dtype)
-    c, has_c = _or_empty(col_scale, x.dtype)
-    b, has_b = _or_empty(bias, x.dtype)
-    _spmm_rows(graph.indptr, graph.indices, w, has_w, r, has_r, c, has_c, b, has_b, x, out,
-               _num_chunks(graph.num_dst))
-    return out
+    b = None if bias is None else bias.astype(x.dtype, copy=False)
+    return spmm_runner(graph, x.dtype, weight_csr, row_scale, col_scale)(x, out, b)
 
 
 def column_sums(x, vtype, index_dtype=None):
