@@ -1,11 +1,13 @@
 """Numba kernels of the reduction family.
 
-segment_fwd: one parallel task per chunk of target rows; each row walks its
-    CSR segment ONCE, accumulating in float64 the union of the statistics the
-    requested reductions need (sum, sum of squares, max + CSR position, min +
-    CSR position, product of the nonzero values + zero count), then writes
-    every requested block of the [num_dst, R*F] output. Max/min: the first
-    CSR position wins ties; a NaN, once seen, stays. When training it also
+segment_fwd: one parallel task per chunk of target rows (serial in the
+    calling thread with one Numba thread or little work); each row
+    accumulates the union of the statistics the requested reductions need
+    (sums and sum of squares in float64, max / min in x's dtype, with their
+    CSR positions when training, product of the nonzero values + zero
+    count), one walk of its CSR segment per statistic, then writes every
+    requested block of the [num_dst, R*F] output. Max/min: the first CSR
+    position wins ties; a NaN, once seen, stays. When training it also
     writes the argmax/argmin positions (of the winning edge within its row,
     Graph.position_dtype) and the mean/std/mul residuals of the backward.
 segment_bwd: one fused pass over the target rows building coef_a/coef_b from
@@ -33,6 +35,10 @@ import numpy as np
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
 _STD_EPS = 1e-5
 _STD_MIN = np.sqrt(_STD_EPS)
+# Below this many edge x feature visits the forward runs serially in the
+# calling thread (as spmm's kernel): the parallel launch costs more than the
+# work it splits, and with one Numba thread there is nothing to split.
+SERIAL_MAX_WORK = 1 << 16
 
 
 def _num_chunks(rows):
@@ -52,132 +58,232 @@ def _product(nonzero_product, zeros):
     return nonzero_product * 0.0 if zeros > 0 else nonzero_product
 
 
-@numba.njit(parallel=True, cache=True)
-def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
-                      out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
-                      res_mul, res_mul_zero, has_mul, nchunks):
-    """Each statistic has its own loop over the features, chosen per edge
-    outside it, so the per-element loops carry no flag tests; max/min start
-    from the row's first edge (no "no value yet" test; the update is
-    `!(v <= m) and m == m`, the NaN and first-tie rules of kernels_cuda)."""
-    n = indptr.shape[0] - 1
+@numba.njit(inline="always")
+def _pick(v, m, is_max):
+    """m, or v where v beats it (max: v > m, min: v < m, or v is NaN) and m
+    is not NaN; `|`, not `or`: a select, no branch per element."""
+    return m if ((v <= m) if is_max else (v >= m)) | (m != m) else v
+
+
+@numba.njit(inline="always")
+def _extreme(acc, x, indices, e, last, is_max):
+    """acc = max (is_max) or min of acc and x[indices[e:last]], four edges per
+    pass over the features (one load and store of acc per four edges; the
+    same picks in the same order as one edge per pass)."""
+    f = acc.shape[0]
+    while e + 3 < last:
+        j0, j1, j2, j3 = indices[e], indices[e + 1], indices[e + 2], indices[e + 3]
+        for k in range(f):
+            m = _pick(x[j0, k], acc[k], is_max)
+            m = _pick(x[j1, k], m, is_max)
+            m = _pick(x[j2, k], m, is_max)
+            acc[k] = _pick(x[j3, k], m, is_max)
+        e += 4
+    while e < last:
+        j = indices[e]
+        for k in range(f):
+            acc[k] = _pick(x[j, k], acc[k], is_max)
+        e += 1
+
+
+@numba.njit(cache=True)
+def _segment_fwd_range(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
+                       out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
+                       res_mul, res_mul_zero, has_mul, r0, r1):
+    """Rows r0..r1-1. Each statistic has its own loops over the edges and
+    features, so the per-element loops carry no flag tests (an unneeded
+    statistic's loops run 0 trips); max/min start from the row's
+    first edge (no "no value yet" test) and update by a select,
+    `m = m if (v <= m) | (m != m) else v` (the NaN and first-tie rules of
+    kernels_cuda), which vectorizes where a branch does not. Max/min are kept
+    in x's dtype (exact: a comparison and a copy), the sums in float64; the
+    winning positions are tracked only when they are written (has_args)."""
     f = x.shape[1]
     need_sum = False
     for r in range(ops.shape[0]):
         if ops[r] in (0, 1, 4, 5):
             need_sum = True
-    for c in numba.prange(nchunks):
-        r0, r1 = _chunk(c, nchunks, n)
-        s = np.empty(f)
-        q = np.empty(f)
-        mx = np.empty(f)
-        mn = np.empty(f)
-        amx = np.empty(f, dtype=np.int64)
-        amn = np.empty(f, dtype=np.int64)
-        pr = np.empty(f)                        # product of the nonzero values
-        zc = np.empty(f, dtype=np.int64)        # zero values seen
-        for i in range(r0, r1):
-            start, end = indptr[i], indptr[i + 1]
+    fs = f if need_sum else 0
+    fq = f if need_sq else 0
+    fmul = f if need_mul else 0
+    fmx = f if need_max else 0
+    fmn = f if need_min else 0
+    famx = f if need_max and has_args else 0
+    famn = f if need_min and has_args else 0
+    s = np.empty(f)
+    q = np.empty(f)
+    mx = np.empty(f, dtype=x.dtype)
+    mn = np.empty(f, dtype=x.dtype)
+    amx = np.empty(f, dtype=np.int64)
+    amn = np.empty(f, dtype=np.int64)
+    pr = np.empty(f)                        # product of the nonzero values
+    zc = np.empty(f, dtype=np.int64)        # zero values seen
+    zero = x.dtype.type(0)
+    for i in range(r0, r1):
+        start, end = indptr[i], indptr[i + 1]
+        for k in range(fs):
+            s[k] = 0.0
+        for k in range(fq):
+            q[k] = 0.0
+        for k in range(fmul):
+            pr[k] = 1.0
+            zc[k] = 0
+        if start < end:
+            j0 = indices[start]
+            for k in range(fmx):
+                mx[k] = x[j0, k]
+            for k in range(fmn):
+                mn[k] = x[j0, k]
+            for k in range(famx):
+                amx[k] = 0
+            for k in range(famn):
+                amn[k] = 0
+        else:
+            for k in range(fmx):
+                mx[k] = zero
+            for k in range(fmn):
+                mn[k] = zero
+            for k in range(famx):
+                amx[k] = -1
+            for k in range(famn):
+                amn[k] = -1
+        # sums and, without positions, max/min (`_extreme`): four edges per
+        # pass over the features, one load and store of the accumulator per
+        # four edges (the same operations in the same order as one edge per
+        # pass: the same bits)
+        e = start
+        last = end if fs > 0 else start
+        while e + 3 < last:
+            j0, j1, j2, j3 = indices[e], indices[e + 1], indices[e + 2], indices[e + 3]
             for k in range(f):
-                s[k] = 0.0
-                q[k] = 0.0
-                pr[k] = 1.0
-                zc[k] = 0
-            if start < end:
-                j0 = indices[start]
+                s[k] = (((s[k] + x[j0, k]) + x[j1, k]) + x[j2, k]) + x[j3, k]
+            e += 4
+        while e < last:
+            j = indices[e]
+            for k in range(f):
+                s[k] += x[j, k]
+            e += 1
+        e = start
+        last = end if fq > 0 else start
+        while e + 3 < last:
+            j0, j1, j2, j3 = indices[e], indices[e + 1], indices[e + 2], indices[e + 3]
+            for k in range(f):
+                v0 = np.float64(x[j0, k])
+                v1 = np.float64(x[j1, k])
+                v2 = np.float64(x[j2, k])
+                v3 = np.float64(x[j3, k])
+                q[k] = (((q[k] + v0 * v0) + v1 * v1) + v2 * v2) + v3 * v3
+            e += 4
+        while e < last:
+            j = indices[e]
+            for k in range(f):
+                v = np.float64(x[j, k])
+                q[k] += v * v
+            e += 1
+        _extreme(mx, x, indices, start + 1, end if fmx > 0 and famx == 0 else 0, True)
+        _extreme(mn, x, indices, start + 1, end if fmn > 0 and famn == 0 else 0, False)
+        # one edge per pass: max/min with their positions, products
+        for e in range(start, end if famx > 0 or famn > 0 or fmul > 0 else start):
+            j = indices[e]
+            p = e - start
+            if p > 0:
+                for k in range(famx):
+                    v = x[j, k]
+                    if not (v <= mx[k]) and mx[k] == mx[k]:
+                        mx[k] = v
+                        amx[k] = p
+                for k in range(famn):
+                    v = x[j, k]
+                    if not (v >= mn[k]) and mn[k] == mn[k]:
+                        mn[k] = v
+                        amn[k] = p
+            for k in range(fmul):
+                v = np.float64(x[j, k])
+                if v == 0:
+                    zc[k] += 1
+                else:
+                    pr[k] *= v
+        deg = end - start
+        inv = 1.0 / deg if deg > 0 else 0.0
+        for r in range(ops.shape[0]):
+            op = ops[r]
+            base = r * f
+            if deg == 0:
                 for k in range(f):
-                    mx[k] = x[j0, k]
-                    mn[k] = x[j0, k]
-                    amx[k] = 0
-                    amn[k] = 0
+                    out[i, base + k] = 1.0 if op == 6 else 0.0
+            elif op == 6:
+                for k in range(f):
+                    out[i, base + k] = _product(pr[k], zc[k])
+            elif op == 0:
+                for k in range(f):
+                    out[i, base + k] = s[k]
+            elif op == 1:
+                for k in range(f):
+                    out[i, base + k] = s[k] * inv
+            elif op == 2:
+                for k in range(f):
+                    out[i, base + k] = mx[k]
+            elif op == 3:
+                for k in range(f):
+                    out[i, base + k] = mn[k]
             else:
                 for k in range(f):
-                    mx[k] = 0.0
-                    mn[k] = 0.0
-                    amx[k] = -1
-                    amn[k] = -1
-            for e in range(start, end):
-                j = indices[e]
-                p = e - start
-                if need_sum:
-                    for k in range(f):
-                        s[k] += x[j, k]
-                if need_sq:
-                    for k in range(f):
-                        v = np.float64(x[j, k])
-                        q[k] += v * v
-                if need_max and p > 0:
-                    for k in range(f):
-                        v = np.float64(x[j, k])
-                        if not (v <= mx[k]) and mx[k] == mx[k]:
-                            mx[k] = v
-                            amx[k] = p
-                if need_min and p > 0:
-                    for k in range(f):
-                        v = np.float64(x[j, k])
-                        if not (v >= mn[k]) and mn[k] == mn[k]:
-                            mn[k] = v
-                            amn[k] = p
-                if need_mul:
-                    for k in range(f):
-                        v = np.float64(x[j, k])
-                        if v == 0:
-                            zc[k] += 1
-                        else:
-                            pr[k] *= v
-            deg = end - start
-            inv = 1.0 / deg if deg > 0 else 0.0
-            for r in range(ops.shape[0]):
-                op = ops[r]
-                base = r * f
-                if deg == 0:
-                    for k in range(f):
-                        out[i, base + k] = 1.0 if op == 6 else 0.0
-                elif op == 6:
-                    for k in range(f):
-                        out[i, base + k] = _product(pr[k], zc[k])
-                elif op == 0:
-                    for k in range(f):
-                        out[i, base + k] = s[k]
-                elif op == 1:
-                    for k in range(f):
-                        out[i, base + k] = s[k] * inv
-                elif op == 2:
-                    for k in range(f):
-                        out[i, base + k] = mx[k]
-                elif op == 3:
-                    for k in range(f):
-                        out[i, base + k] = mn[k]
-                else:
-                    for k in range(f):
-                        m = s[k] * inv
-                        val = q[k] * inv - m * m
-                        if op == 5:
-                            if val < _STD_EPS:       # written so that NaN stays NaN
-                                val = _STD_EPS
-                            val = np.sqrt(val)
-                            if val <= _STD_MIN:
-                                val = 0.0
-                        out[i, base + k] = val
-            if has_args and need_max:
-                for k in range(f):
-                    argmax[i, k] = amx[k]
-            if has_args and need_min:
-                for k in range(f):
-                    argmin[i, k] = amn[k]
-            for k in range(f if has_mean or has_std else 0):
-                m = s[k] * inv
-                if has_mean:
-                    res_mean[i, k] = m
-                if has_std:
+                    m = s[k] * inv
                     val = q[k] * inv - m * m
-                    if val < _STD_EPS:
-                        val = _STD_EPS
-                    val = np.sqrt(val)
-                    res_std[i, k] = 0.0 if val <= _STD_MIN else val
-            for k in range(f if has_mul else 0):
-                res_mul[i, k] = _product(pr[k], zc[k])
-                res_mul_zero[i, k] = pr[k] if zc[k] == 1 else res_mul[i, k]
+                    if op == 5:
+                        if val < _STD_EPS:       # written so that NaN stays NaN
+                            val = _STD_EPS
+                        val = np.sqrt(val)
+                        if val <= _STD_MIN:
+                            val = 0.0
+                    out[i, base + k] = val
+        for k in range(famx):
+            argmax[i, k] = amx[k]
+        for k in range(famn):
+            argmin[i, k] = amn[k]
+        for k in range(f if has_mean or has_std else 0):
+            m = s[k] * inv
+            if has_mean:
+                res_mean[i, k] = m
+            if has_std:
+                val = q[k] * inv - m * m
+                if val < _STD_EPS:
+                    val = _STD_EPS
+                val = np.sqrt(val)
+                res_std[i, k] = 0.0 if val <= _STD_MIN else val
+        for k in range(f if has_mul else 0):
+            res_mul[i, k] = _product(pr[k], zc[k])
+            res_mul_zero[i, k] = pr[k] if zc[k] == 1 else res_mul[i, k]
+
+
+@numba.njit(parallel=True, cache=True)
+def _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
+                      out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
+                      res_mul, res_mul_zero, has_mul, nchunks):
+    n = indptr.shape[0] - 1
+    for c in numba.prange(nchunks):
+        r0, r1 = _chunk(c, nchunks, n)
+        _segment_fwd_range(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
+                           out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
+                           res_mul, res_mul_zero, has_mul, r0, r1)
+
+
+def _segment_fwd(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul, out, argmax,
+                 argmin, has_args, res_mean, has_mean, res_std, has_std, res_mul, res_mul_zero,
+                 has_mul, work):
+    """The forward over every row: serial (`_segment_fwd_range` in the calling
+    thread) with one Numba thread or below SERIAL_MAX_WORK edge x feature
+    visits, else the parallel kernel."""
+    n = indptr.shape[0] - 1
+    if work < SERIAL_MAX_WORK or numba.get_num_threads() == 1:
+        _segment_fwd_range(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
+                           out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
+                           res_mul, res_mul_zero, has_mul, 0, n)
+    else:
+        _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul,
+                          out, argmax, argmin, has_args, res_mean, has_mean, res_std, has_std,
+                          res_mul, res_mul_zero, has_mul, _num_chunks(n))
+    return out
 
 
 @numba.njit(parallel=True, cache=True)
@@ -278,13 +384,12 @@ def segment_fwd_runner(graph, dtype, codes):
     none = np.empty((0, 0), dtype=np.dtype(dtype))
     args = np.empty((0, 0), dtype=graph.position_dtype if need_max or need_min
                     else graph.index_dtype)
-    indptr, indices, nchunks = graph.indptr, graph.indices, _num_chunks(graph.num_dst)
+    indptr, indices, edges = graph.indptr, graph.indices, graph.num_edges
 
     def run(x, out):
-        _segment_fwd_rows(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul, out,
-                          args, args, False, none, False, none, False, none, none, False,
-                          nchunks)
-        return out
+        return _segment_fwd(indptr, indices, x, ops, need_sq, need_max, need_min, need_mul, out,
+                            args, args, False, none, False, none, False, none, none, False,
+                            edges * x.shape[1])
     return run
 
 
@@ -316,9 +421,9 @@ def segment_fwd(graph, x, codes, vtype, residuals=True):
              residuals and "std" in codes, residuals and need_mul, residuals and need_mul)
     argmax, argmin, mean, std, mul_out, mul_zero = (
         alloc(fl, dt) for fl, dt in zip(flags, (pos, pos, cdt, cdt, cdt, cdt)))
-    _segment_fwd_rows(graph.indptr, graph.indices, x, ops, need_sq, need_max, need_min, need_mul,
-                      out, argmax, argmin, residuals, mean, flags[2], std, flags[3],
-                      mul_out, mul_zero, flags[4], _num_chunks(n))
+    _segment_fwd(graph.indptr, graph.indices, x, ops, need_sq, need_max, need_min, need_mul,
+                 out, argmax, argmin, residuals, mean, flags[2], std, flags[3],
+                 mul_out, mul_zero, flags[4], graph.num_edges * f)
     res = tuple(a if fl else None for a, fl in zip((argmax, argmin, mean, std), flags))
     return (out, *res, (mul_out, mul_zero) if flags[4] else None)
 
