@@ -1,10 +1,10 @@
 """Numba kernels of the SpMM family.
 
-spmm:  one parallel task per chunk of target rows; each row walks its CSR
+spmm:  one parallel task per chunk of target rows (serial in the calling
+       thread with one Numba thread or little work); each row walks its CSR
        segment and accumulates w_e * c[src_e] * x[src_e] (in the caller's
-       dtype, as the CUDA kernel's accumulator for fp32/fp64) into a per-chunk
-       scratch row, then applies the row scale r[row], adds the bias and
-       stores the row once.
+       dtype, as the CUDA kernel's accumulator for fp32/fp64) in its output
+       row, then applies the row scale r[row] and adds the bias there.
 column_sums: sums over rows, the bias gradient (float64 accumulation, row order).
 sddmm: one parallel task per target row; for each in-edge, the dot product
        of grad_out[row] with x[src] (accumulated in float64).
@@ -16,30 +16,32 @@ import numpy as np
 @numba.njit(cache=True)
 def _spmm_range(indptr, indices, weights, has_weight, row_scale, has_row, col_scale, has_col,
                 bias, has_bias, x, out, lo, hi):
-    """Rows lo..hi-1 of out. Edges are taken four at a time into one pass over
-    the features, acc[k] = (((acc[k] + w0 x0[k]) + w1 x1[k]) + w2 x2[k]) + w3 x3[k]:
+    """Rows lo..hi-1 of out, each accumulated in place in its output row (in
+    the value type). Edges are taken four at a time into one pass over the
+    features, o[k] = (((o[k] + w0 x0[k]) + w1 x1[k]) + w2 x2[k]) + w3 x3[k]:
     the same additions in the same order as one edge per pass (bitwise the
-    same sums), with acc[k] loaded and stored once per four edges instead of
+    same sums), with o[k] loaded and stored once per four edges instead of
     once per edge. Unit weights (no edge weight, no column scale) add x[j]
     itself (1 * x == x: the same values, no multiply)."""
     f = out.shape[1]
     one = x.dtype.type(1)
-    acc = np.empty(f, dtype=out.dtype)      # scratch: the row stays in L1
     unit = not (has_weight or has_col)
     for i in range(lo, hi):
+        o = out[i]
         for k in range(f):
-            acc[k] = 0
+            o[k] = 0
         e, end = indptr[i], indptr[i + 1]
         if unit:
             while e + 3 < end:
-                j0, j1, j2, j3 = indices[e], indices[e + 1], indices[e + 2], indices[e + 3]
+                x0, x1 = x[indices[e]], x[indices[e + 1]]
+                x2, x3 = x[indices[e + 2]], x[indices[e + 3]]
                 for k in range(f):
-                    acc[k] = (((acc[k] + x[j0, k]) + x[j1, k]) + x[j2, k]) + x[j3, k]
+                    o[k] = (((o[k] + x0[k]) + x1[k]) + x2[k]) + x3[k]
                 e += 4
             while e < end:
-                j = indices[e]
+                xj = x[indices[e]]
                 for k in range(f):
-                    acc[k] += x[j, k]
+                    o[k] += xj[k]
                 e += 1
         else:
             while e + 3 < end:
@@ -53,27 +55,26 @@ def _spmm_range(indptr, indices, weights, has_weight, row_scale, has_row, col_sc
                     w1 *= col_scale[j1]
                     w2 *= col_scale[j2]
                     w3 *= col_scale[j3]
+                x0, x1, x2, x3 = x[j0], x[j1], x[j2], x[j3]
                 for k in range(f):
-                    acc[k] = (((acc[k] + w0 * x[j0, k]) + w1 * x[j1, k])
-                              + w2 * x[j2, k]) + w3 * x[j3, k]
+                    o[k] = (((o[k] + w0 * x0[k]) + w1 * x1[k]) + w2 * x2[k]) + w3 * x3[k]
                 e += 4
             while e < end:
                 j = indices[e]
                 w = weights[e] if has_weight else one
                 if has_col:
                     w *= col_scale[j]
+                xj = x[j]
                 for k in range(f):
-                    acc[k] += w * x[j, k]
+                    o[k] += w * xj[k]
                 e += 1
         if has_row:
             r = row_scale[i]
             for k in range(f):
-                acc[k] *= r
+                o[k] *= r
         if has_bias:
             for k in range(f):
-                acc[k] += bias[k]
-        for k in range(f):
-            out[i, k] = acc[k]
+                o[k] += bias[k]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -98,7 +99,7 @@ def _sddmm_rows(indptr, indices, a, b, out):
 
 
 def _num_chunks(rows):
-    """Row chunks for the parallel loops (a few per thread; scratch is per chunk)."""
+    """Row chunks for the parallel loops (a few per thread)."""
     return max(min(rows, 4 * numba.get_num_threads()), 1)
 
 
