@@ -360,11 +360,14 @@ def _arrays_in(obj, depth=0, found=None):
     return found
 
 
+_CPU = torch.device("cpu")
+
+
 def _device_of(tensors):
     for t in tensors:
-        if t is not None and t.device.type == "cuda":
+        if t is not None and t.is_cuda:        # (an attribute read: no torch.device built)
             return t.device
-    return torch.device("cpu")
+    return _CPU
 
 
 # ---------------------------------------------------------------- autograd

@@ -44,7 +44,7 @@ def _plans(graph) -> dict:
 
 def _array(t: torch.Tensor):
     """A dense contiguous CPU tensor as a NumPy array on its memory (None: not one)."""
-    if t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous():
+    if not t.is_cpu or t.layout != torch.strided or not t.is_contiguous():
         return None
     return (t.detach() if t.requires_grad else t).numpy()
 

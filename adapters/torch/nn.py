@@ -268,8 +268,8 @@ class GCNConv(torch.nn.Module):
         out, norm = _gcn_propagate(edge_index, n, x, edge_weight, self.bias, norm,
                                    normalize=self.normalize, add_self_loops=self.add_self_loops,
                                    improved=self.improved, reduce=self._reduce)
-        if self.normalize and self.cached:
-            self._cached_edge_index = norm
+        if self.normalize and self.cached and norm is not self._cached_edge_index:
+            self._cached_edge_index = norm          # (Module.__setattr__: only on a change)
         return out
 
     def __repr__(self):
