@@ -15,6 +15,7 @@ import torch
 import fastgnn
 import fastgnn.torch as ft
 from fastgnn.testing import awkward_edge_index
+from fastgnn.backends.cuda import streams
 from fastgnn.torch import _autograd
 
 gpu = pytest.mark.gpu
@@ -109,7 +110,7 @@ def world(monkeypatch):
     w = _World()
     monkeypatch.setattr(_autograd, "_cupy", _fake_cupy(w))
     monkeypatch.setattr(_autograd, "_raw_stream", lambda idx: w.torch_stream[idx])
-    monkeypatch.setattr(_autograd, "_streams", {})
+    monkeypatch.setattr(streams, "_views", {})
     monkeypatch.setattr(_autograd, "_mallocs", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: w.torch_dev)
     monkeypatch.setattr(torch.cuda, "device", lambda idx: _TorchDevice(w, idx))

@@ -44,6 +44,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from fastgnn.backends.cuda.streams import external_stream
+
 from ._graph import Graph
 
 __all__ = ["Op", "apply"]
@@ -105,32 +107,6 @@ else:                                               # older JAX
 
 _CUDA_DLPACK = 2            # kDLCUDA, the DLPack device type of a CUDA buffer
 _cupy = None                # the cupy module, imported on the first GPU call
-_streams: dict = {}         # (device, cudaStream_t) -> CuPy's view of XLA's stream
-
-
-class _StreamHandle:
-    """A raw cudaStream_t speaking the CUDA stream protocol (for CuPy >= 14)."""
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-    def __cuda_stream__(self):
-        return (0, self.ptr)
-
-
-def _xla_stream(cp, ptr: int, device: int):
-    """CuPy's view of XLA's compute stream `ptr` on `device` (cached)."""
-    key = (device, ptr)
-    s = _streams.get(key)
-    if s is None:
-        if hasattr(cp.cuda.Stream, "from_external"):
-            s = cp.cuda.Stream.from_external(_StreamHandle(ptr))
-        else:                                       # CuPy < 14
-            s = cp.cuda.ExternalStream(ptr, device)
-        if len(_streams) > 64:
-            _streams.clear()
-        _streams[key] = s
-    return s
 
 
 def _cupy_view(cp, b):
@@ -151,7 +127,7 @@ def _run_on_gpu(fn, ctx, outs, bufs, device):
         import cupy
         _cupy = cupy
     cp = _cupy
-    with cp.cuda.Device(device), _xla_stream(cp, int(ctx.stream), device):
+    with cp.cuda.Device(device), external_stream(cp, int(ctx.stream), device):
         results = fn(cp, *(_cupy_view(cp, b) for b in bufs))
         for o, r in zip(outs, results):
             _cupy_view(cp, o)[...] = r

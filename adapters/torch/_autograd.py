@@ -34,6 +34,7 @@ from torch.utils.dlpack import from_dlpack as _from_capsule
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from fastgnn._array import data_ptr, is_cupy
+from fastgnn.backends.cuda.streams import external_stream
 
 __all__ = ["Op", "FastgnnFunction", "PlanResiduals", "apply", "device_scope", "to_array",
            "to_tensor"]
@@ -90,7 +91,6 @@ class Op:
 # scope below enters only what is not already current, reads the stream as a
 # raw pointer, and caches CuPy's stream wrappers and the allocator per device.
 _local = threading.local()
-_streams: dict = {}       # (device, stream handle) -> CuPy stream object
 _mallocs: dict = {}       # device -> allocator function
 _cupy = None              # the cupy module, imported on first CUDA use
 # cudaStream_t of PyTorch's current stream on a device, without building a
@@ -114,32 +114,9 @@ def _torch_stream_ptr(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-class _StreamHandle:
-    """A raw cudaStream_t speaking the CUDA stream protocol (for CuPy >= 14)."""
-
-    def __init__(self, ptr: int):
-        self.ptr = ptr
-
-    def __cuda_stream__(self):
-        return (0, self.ptr)
-
-
 def _cupy_stream(cupy, device: int):
     """CuPy's view of PyTorch's current stream on `device` (cached per handle)."""
-    ptr = _torch_stream_ptr(device)
-    key = (device, ptr)
-    s = _streams.get(key)
-    if s is None:
-        if ptr == 0:
-            s = cupy.cuda.Stream.null           # the legacy default stream
-        elif hasattr(cupy.cuda.Stream, "from_external"):
-            s = cupy.cuda.Stream.from_external(_StreamHandle(ptr))
-        else:                                   # CuPy < 14
-            s = cupy.cuda.ExternalStream(ptr, device)
-        if len(_streams) > 256:                 # streams come and go; keep this small
-            _streams.clear()
-        _streams[key] = s
-    return s
+    return external_stream(cupy, _torch_stream_ptr(device), device)
 
 
 def _torch_malloc(cupy, device: int):
