@@ -73,9 +73,13 @@
 //     -> 2.90 ms, bf16 3.78 -> 3.02, max 1.85 -> 1.78;
 //   segment_fwd keeps SEG_FWD_UNROLL = 4 row gathers in flight per lane
 //     (max fp32 fwd 5.0 -> 3.8 ms against one at a time);
-//   segment_bwd steps one edge at a time (SEG_BWD_UNROLL = 1, against 2-4
+//   segment_bwd steps one edge at a time (UNROLL = 1, against 2-4
 //     edges in flight as registers allowed): max fp32 2.81 -> 2.07,
-//     bf16 2.70 -> 1.93, the 4-reduction backward fp32 11.9 -> 7.7; its
+//     bf16 2.70 -> 1.93, the 4-reduction backward fp32 11.9 -> 7.7. On a
+//     graph whose rows stay in L2 the walk waits on latency instead, and
+//     keeping SEG_BWD_WIDE_UNROLL edges in flight may pay: the arg-only
+//     walk (LIN = 0, NARG = 1) is also instantiated so, and the launcher
+//     times the two on the first call (segment.py, BwdPlan); its
 //     several-term instantiations (LIN + NARG > 1) run as
 //     segment_bwd_capped, which asks for SEG_BWD_MIN_BLOCKS = 4 blocks where
 //     SEG_CAPPED holds (fp32 4-reduction 7.70 -> 7.63), while a single term
@@ -83,7 +87,7 @@
 #define SEG_FWD_MIN_BLOCKS 4
 #define SEG_BWD_MIN_BLOCKS 4
 #define SEG_FWD_UNROLL 4
-#define SEG_BWD_UNROLL 1
+#define SEG_BWD_WIDE_UNROLL 4
 // (the cap only where it fits without spills: 4-byte accumulators and
 // indices, VEC <= 4; the compile check guards it)
 #define SEG_CAPPED(T, I, VEC) \
@@ -574,10 +578,10 @@ __global__ void segment_coef(const I* __restrict__ indptr,
     coef_d, arg0, g0,                                                                         \
     arg1, g1, addend, grad_x, partial, num_tasks, F, ldg, chunk, group
 
-template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P, int UNROLL>
 __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
     typedef typename value_traits<T>::acc_t A;
-    constexpr int UNROLL = SEG_BWD_UNROLL;     // edges in flight (see SEG_BWD_UNROLL above)
+    // UNROLL: edges in flight per lane (1, or SEG_BWD_WIDE_UNROLL; see the top)
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
     const int lane = group_lane(group);
@@ -683,15 +687,15 @@ __device__ __forceinline__ void segment_bwd_body(SEGMENT_BWD_PARAMS) {
 // The entries: one term without launch bounds, several terms (LIN + NARG >
 // 1, loader.segment_bwd_kernel) capped to SEG_BWD_MIN_BLOCKS blocks per
 // multiprocessor where SEG_CAPPED holds (__launch_bounds__(256, 1) elsewhere).
-template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
+template <typename T, typename I, int VEC, int LIN, int NARG, typename P, int UNROLL = 1>
 __global__ void segment_bwd(SEGMENT_BWD_PARAMS) {
-    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
+    segment_bwd_body<T, I, VEC, LIN, NARG, P, UNROLL>(SEGMENT_BWD_ARGS);
 }
 
 template <typename T, typename I, int VEC, int LIN, int NARG, typename P>
 __global__ void __launch_bounds__(256, SEG_CAPPED(T, I, VEC) && LIN < 3 ? SEG_BWD_MIN_BLOCKS : 1)
 segment_bwd_capped(SEGMENT_BWD_PARAMS) {
-    segment_bwd_body<T, I, VEC, LIN, NARG, P>(SEGMENT_BWD_ARGS);
+    segment_bwd_body<T, I, VEC, LIN, NARG, P, 1>(SEGMENT_BWD_ARGS);
 }
 
 // The max/min terms of the backward with float atomics (deterministic=False,

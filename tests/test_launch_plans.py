@@ -220,6 +220,11 @@ def fake_cuda(monkeypatch):
         launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
 
     monkeypatch.setattr(cuda_spmm, "cp", _NumpyAsCupy())   # task_plan with NumPy
+    monkeypatch.setattr(segment, "_scratch", lambda rows, F, vtype: np.empty((rows, F)))
+    # the backward walk's two forms "timed": the wide one (several edges in
+    # flight) measures faster, so that is the plan cached and launched
+    clock = iter([2.0, 1.0] * 1000)
+    monkeypatch.setattr(segment, "median_ms", lambda fn, **kw: next(clock))
     monkeypatch.setattr(segment, "get_function", get_function)
     monkeypatch.setattr(cuda_spmm, "get_function", get_function)
     monkeypatch.setattr(cuda_attention, "get_function", get_function)
@@ -276,6 +281,9 @@ def test_segment_plan_path_runs_end_to_end_against_fakes(fake_cuda, reduce):
     assert len(bwd) == 1
     walk = next(l for l in bwd[0].launches if "segment_bwd" in l.name)
     assert walk.values[16] == gx.data_ptr()                     # grad_x
+    # a max walk exists with several edges in flight, and measured faster here
+    assert bwd[0].unroll == (loader.WIDE_UNROLL if reduce == "max" else 1)
+    assert walk.name.endswith(f", {bwd[0].unroll}>") or "capped" in walk.name
     sigs = kernel_signatures()
     _check_launches(fake_cuda, g, sigs)
     assert len(fake_cuda) == 2 + len(bwd[0].launches)

@@ -162,11 +162,15 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
     args = [argmax if c == "max" else argmin for c in walk_args] + [0] * (2 - len(walk_args))
     # (the residuals are carved ALIGN-aligned out of one allocation)
     vec = seg.vec_for(vtype, F, *_spans(res.x, addend, grad))
-    plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope(dev))
-    ws = _bytes(plan.workspace_bytes, dev)
-    plan.run(_torch_stream_ptr(dev.index),
-             (_ptr(res.x), g.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
-              _ptr(addend), grad.data_ptr(), _ptr(ws)))
+
+    def buffers(plan):
+        ws = _bytes(plan.workspace_bytes, dev)
+        return (_ptr(res.x), g.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
+                _ptr(addend), grad.data_ptr(), _ptr(ws)), ws
+    stream = _torch_stream_ptr(dev.index)
+    plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope(dev),
+                        stream=stream, buffers=buffers)
+    plan.run(stream, buffers(plan)[0])
     return grad
 
 

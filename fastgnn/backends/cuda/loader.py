@@ -61,11 +61,22 @@ STAT_NOARG = 16
 SEGMENT_TERMS = ((1, 0), (2, 0), (0, 1), (0, 2), (2, 2), (3, 0), (3, 2))
 
 
-def segment_bwd_kernel(lin, narg):
-    """Name of segment_bwd's entry: several terms (lin + narg > 1) run
-    `segment_bwd_capped` (launch bounds for occupancy where the types allow,
-    SEG_CAPPED in kernels_cuda/segment.cu), one term `segment_bwd`."""
-    return "segment_bwd_capped" if lin + narg > 1 else "segment_bwd"
+# the walk instantiated with several edges in flight as well (SEG_BWD_WIDE_UNROLL
+# of kernels_cuda/segment.cu), at the widest vector: the arg-only backward of
+# max or min, timed against the one-edge walk per graph (segment.py, BwdPlan)
+WIDE_WALK_TERMS = ((0, 1),)
+WIDE_UNROLL = 4
+
+
+def segment_bwd_kernel(T, I, vec, lin, narg, P, unroll=1):
+    """Full name of segment_bwd's instantiation: several terms (lin + narg
+    > 1) run `segment_bwd_capped` (launch bounds for occupancy where the
+    types allow, SEG_CAPPED in kernels_cuda/segment.cu), one term
+    `segment_bwd` with `unroll` edges in flight (1, or WIDE_UNROLL for
+    WIDE_WALK_TERMS at the widest vector)."""
+    if lin + narg > 1:
+        return f"segment_bwd_capped<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
+    return f"segment_bwd<{T}, {I}, {vec}, {lin}, {narg}, {P}, {unroll}>"
 
 
 def segment_position_type(itype, ptype, needed):
@@ -82,9 +93,15 @@ def segment_position_type(itype, ptype, needed):
 SEGMENT_MAX_VEC = 4
 
 
+def segment_widest_vec(vtype):
+    """The widest VEC of the reduction kernels for this value type."""
+    return max(v for v in vec_widths(vtype) if v <= SEGMENT_MAX_VEC)
+
+
 def _segment_names(vt, it):
     T, I = C_VALUE[vt], C_INDEX[it]
     names = [f"segment_coef<{T}, {I}>", f"cast_from_acc<{T}>"]
+    widest = segment_widest_vec(vt)
     for vec in (v for v in vec_widths(vt) if v <= SEGMENT_MAX_VEC):
         for pt in (*NARROW_POSITIONS, it):
             P = C_POSITION[pt]
@@ -96,8 +113,11 @@ def _segment_names(vt, it):
             if pt == "uint16":
                 names += [f"segment_fwd<{T}, {I}, {vec}, {s | STAT_NOARG}, {P}>"
                           for s in SEGMENT_STATS if s & 12]
-            names += [f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>"
+            names += [segment_bwd_kernel(T, I, vec, lin, narg, P)
                       for lin, narg in SEGMENT_TERMS if narg or pt == it]
+            if vec == widest and pt != it:
+                names += [segment_bwd_kernel(T, I, vec, lin, narg, P, WIDE_UNROLL)
+                          for lin, narg in WIDE_WALK_TERMS]
     return names
 
 

@@ -34,12 +34,13 @@ import functools
 import cupy as cp
 import numpy as np
 
-from .loader import (C_INDEX, C_POSITION, C_VALUE, SEGMENT_MAX_VEC, SEGMENT_STATS, SEGMENT_TERMS,
-                     STAT_NOARG, VALUE_BYTES, get_function, segment_bwd_kernel,
-                     segment_position_type)
-from .plan import Launch, LaunchPlan, Slot, layout
-from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, from_acc, lane_group,
-                   spmm_vec, task_plan, to_acc)
+from .loader import (C_INDEX, C_POSITION, C_VALUE, NARROW_POSITIONS, SEGMENT_MAX_VEC,
+                     SEGMENT_STATS, SEGMENT_TERMS, STAT_NOARG, VALUE_BYTES, WIDE_UNROLL,
+                     WIDE_WALK_TERMS, get_function, segment_bwd_kernel, segment_position_type,
+                     segment_widest_vec)
+from .plan import Launch, LaunchPlan, Slot, address, layout
+from .spmm import (_ITYPE, BLOCK, BURST, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, from_acc,
+                   lane_group, median_ms, spmm_vec, task_plan, to_acc)
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD = 1, 2, 4, 8, 32
@@ -273,7 +274,7 @@ class BwdPlan(LaunchPlan):
     [num_src, F] and a workspace of `workspace_bytes` for the coefficient
     rows and the split rows' partial sums."""
 
-    def __init__(self, graph, codes, F, vtype, walk_args, vec, chunk):
+    def __init__(self, graph, codes, F, vtype, walk_args, vec, chunk, unroll=1):
         itype = _ITYPE[np.dtype(graph.index_dtype)]
         acc = np.dtype(_acc_dtype(vtype))
         R, n = len(codes), graph.num_dst
@@ -292,6 +293,10 @@ class BwdPlan(LaunchPlan):
         pos = graph.position_dtype if walk_args else np.dtype(graph.index_dtype)
         lin, narg = _terms(3 if has_c else 2 if has_b else int(has_a), len(walk_args))
         P = segment_position_type(itype, pos.name, narg > 0)
+        # the walk also exists with WIDE_UNROLL edges in flight (`bwd_plan` times the two)
+        self.has_wide = ((lin, narg) in WIDE_WALK_TERMS and pos.name in NARROW_POSITIONS
+                         and vec == segment_widest_vec(vtype))
+        self.unroll = unroll if self.has_wide else 1
         T, I = C_VALUE[vtype], C_INDEX[itype]
         group = lane_group(-(-F // vec))
         types = vtype, itype
@@ -309,7 +314,7 @@ class BwdPlan(LaunchPlan):
                      np.int64(n), np.int32(F), np.int32(R), np.int32(_packed(codes)))))
             num_tasks = int(tasks.task_row.shape[0])
             launches.append(_launch(
-                types, f"{segment_bwd_kernel(lin, narg)}<{T}, {I}, {vec}, {lin}, {narg}, {P}>",
+                types, segment_bwd_kernel(T, I, vec, lin, narg, P, self.unroll),
                 _grid(num_tasks, group),
                 (tasks.task_row, tasks.task_begin, tasks.task_slot, t.indptr, t.indices,
                  graph.transpose_positions if walk_args else None,
@@ -326,13 +331,49 @@ class BwdPlan(LaunchPlan):
         super().__init__(launches, device=graph_device(graph))
 
 
+def _timed_bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream, buffers):
+    """The BwdPlan of this request with the faster walk: where the walk
+    exists with WIDE_UNROLL edges in flight (`BwdPlan.has_wide`), both are
+    timed on this call's buffers (`buffers(plan)`: the addresses, in
+    BwdPlan.run's order, and what keeps them allocated; with a scratch
+    gradient, since the call's may be its own addend) by their kernels
+    (spmm.median_ms over BURST launches) and the faster kept. One edge at a time is faster on graphs whose rows
+    stream from DRAM (rmat20: the note at the top of kernels_cuda/segment.cu);
+    several can be on graphs whose rows stay in L2, where the walk waits on
+    latency."""
+    plan = BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk)
+    if not plan.has_wide or not plan.launches or buffers is None:
+        return plan
+    wide = BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk, unroll=WIDE_UNROLL)
+    scratch = _scratch(graph.num_src, F, vtype)
+    ptrs, keep = buffers(plan)          # (keep: the workspace, alive while timed)
+    timed = list(ptrs)
+    timed[BWD_GRAD] = address(scratch)
+    times = [median_ms(lambda p=p: p.run(stream, timed), burst=BURST) for p in (plan, wide)]
+    del keep, scratch
+    return wide if times[1] < times[0] else plan
+
+
+_VALUE_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
+                 "bfloat16": np.uint16}
+
+
+def _scratch(rows, F, vtype):
+    """An uninitialised [rows, F] array of the value type (bf16 as uint16)."""
+    return cp.empty((rows, F), dtype=_VALUE_DTYPES[vtype])
+
+
 def bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk=DEFAULT_CHUNK,
-             context=contextlib.nullcontext) -> BwdPlan:
+             context=contextlib.nullcontext, stream=0, buffers=None) -> BwdPlan:
     """The cached BwdPlan of this request (codes, walk_args: tuples);
-    `context` as in `_cached_plan`."""
+    `context` as in `_cached_plan`. Built on the first call, which passes
+    its `stream` and `buffers` (plan -> (the call's buffer addresses, its
+    workspace allocated; what holds them)) so that the walk's two forms can be timed
+    (`_timed_bwd_plan`); so a plan must be built before a CUDA graph
+    capture (fastgnn.torch.warm_up does)."""
     key = ("cuda_segment_bwd", codes, F, vtype, walk_args, vec, chunk)
-    return _cached_plan(graph, key,
-                        lambda: BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk), context)
+    return _cached_plan(graph, key, lambda: _timed_bwd_plan(
+        graph, codes, F, vtype, walk_args, vec, chunk, stream, buffers), context)
 
 
 def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
@@ -390,13 +431,19 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
     walk_args = tuple(c for c, _ in named)
     needs_x = any(c in ("var", "std", "mul") for c in codes)
     vec = vec_for(vtype, F, *_spans(x if needs_x else None, addend, grad, *(a for _, a in named)))
-    plan = bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk)
-    ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
     args = [a for _, a in named] + [None] * (2 - len(named))
     mul_out, mul_zero = (None, None) if mul is None else mul
-    plan.run(_stream(), (_ptr(x) if plan.needs_x else 0, g.data.ptr, _ptr(mean), _ptr(std),
-                         _ptr(mul_out), _ptr(mul_zero), _ptr(args[0]), _ptr(args[1]),
-                         _ptr(addend), grad.data.ptr, _ptr(ws)))
+
+    def buffers(plan):
+        ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
+        return (_ptr(x) if plan.needs_x else 0, g.data.ptr, _ptr(mean), _ptr(std),
+                _ptr(mul_out), _ptr(mul_zero), _ptr(args[0]), _ptr(args[1]), _ptr(addend),
+                grad.data.ptr, _ptr(ws)), ws
+    stream = _stream()
+    plan = bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream=stream,
+                    buffers=buffers)
+    ptrs, ws = buffers(plan)
+    plan.run(stream, ptrs)
     if atomic and same_acc:            # float/double: the max/min atomics go in last
         _arg_scatter(graph, atomic, grad, vtype, itype, R * F)
     return grad
