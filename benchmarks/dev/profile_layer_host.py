@@ -59,6 +59,30 @@ def host_ms(step, calls):
     return (t1 - t0) / calls * 1e3, (t2 - t0) / calls * 1e3
 
 
+def print_times(name, step, calls, unit="call", top=12, profiled=20):
+    """One line of host ms, wall ms, CUDA-event ms and GPU kernel ms per
+    step (torch.profiler over `profiled` steps), with the counts of the
+    costly CUDA runtime calls per step, then the `top` kernels."""
+    host, wall = host_ms(step, calls)
+    ev = event_ms(step, calls)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(profiled):
+            step()
+        torch.cuda.synchronize()
+    avg = prof.key_averages()
+    gpu = sum(e.self_device_time_total for e in avg
+              if e.device_type.name == "CUDA") / (profiled * 1e3)
+    counts = {e.key: e.count / profiled for e in avg if e.key in RUNTIME_CALLS}
+    print(f"== {name}: host {host:.3f} ms/{unit}, wall {wall:.3f}, events {ev:.3f}, "
+          f"GPU kernels {gpu:.3f} ms/{unit}; runtime calls per {unit}: "
+          + ", ".join(f"{k} {v:g}" for k, v in sorted(counts.items())), flush=True)
+    kernels = sorted((e for e in avg if e.device_type.name == "CUDA"),
+                     key=lambda e: -e.self_device_time_total)[:top]
+    for e in kernels:
+        print(f"   {e.self_device_time_total / (profiled * 1e3):7.3f} ms "
+              f"x{e.count / profiled:g}  {e.key[:90]}")
+
+
 def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200):
     dev = torch.device("cuda")
     g = graphs.make(spec, torch, dev)
@@ -80,22 +104,7 @@ def main(spec="file:.data/soc-brightkite.txt", layer="SAGEConv_max", calls=200):
     for name, step in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
         for _ in range(10):
             step()
-        host, wall = host_ms(step, calls)
-        ev = event_ms(step, calls)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                step()
-            torch.cuda.synchronize()
-        avg = prof.key_averages()
-        gpu = sum(e.self_device_time_total for e in avg if e.device_type.name == "CUDA") / 20e3
-        counts = {e.key: e.count / 20 for e in avg if e.key in RUNTIME_CALLS}
-        print(f"== {name}: host {host:.3f} ms/call, wall {wall:.3f}, events {ev:.3f}, "
-              f"GPU kernels {gpu:.3f} ms/call; runtime calls per call: "
-              + ", ".join(f"{k} {v:g}" for k, v in sorted(counts.items())), flush=True)
-        kernels = sorted((e for e in avg if e.device_type.name == "CUDA"),
-                         key=lambda e: -e.self_device_time_total)[:12]
-        for e in kernels:
-            print(f"   {e.self_device_time_total / 20e3:7.3f} ms x{e.count / 20:g}  {e.key[:90]}")
+        print_times(name, step, calls, "call", top=12)
         prof_py = cProfile.Profile()
         prof_py.enable()
         for _ in range(calls):
