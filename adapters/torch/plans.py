@@ -90,8 +90,9 @@ def _ptr(t) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _bytes(n: int, device) -> torch.Tensor | None:
-    return torch.empty(n, dtype=torch.uint8, device=device) if n else None
+def _bytes(n: int, like: torch.Tensor) -> torch.Tensor | None:
+    """n uninitialised bytes on like's device (None for 0)."""
+    return like.new_empty(n, dtype=torch.uint8) if n else None
 
 
 # ------------------------------------------------------- segment reductions
@@ -129,13 +130,16 @@ def segment_forward(graph, x: torch.Tensor, codes: tuple, residuals: bool):
     seg = _segment()
     vtype = VTYPES[x.dtype]
     dev, F, n = x.device, x.shape[1], graph.num_dst
-    out = torch.empty((n, len(codes) * F), dtype=x.dtype, device=dev)
+    out = x.new_empty((n, len(codes) * F))
     vec = seg.vec_for(vtype, F, *_spans(x, out))
     plan = seg.fwd_plan(graph, codes, F, vtype, residuals, vec, context=_scope(dev))
-    buffer = _bytes(plan.residual_bytes, dev)
-    addresses = seg.carve(_ptr(buffer), plan.residual_offsets)
-    ws = _bytes(plan.workspace_bytes, dev)
-    plan.run(_torch_stream_ptr(dev.index), (x.data_ptr(), out.data_ptr(), *addresses, _ptr(ws)))
+    # the residuals and the workspace in one allocation (one allocator call
+    # less per call; the workspace, the split rows' partial states, is small)
+    buffer = _bytes(plan.residual_bytes + plan.workspace_bytes, x)
+    base = _ptr(buffer)
+    addresses = seg.carve(base, plan.residual_offsets)
+    ws = base + plan.residual_bytes if plan.workspace_bytes else 0
+    plan.run(_torch_stream_ptr(dev.index), (x.data_ptr(), out.data_ptr(), *addresses, ws))
     if not residuals:
         return out, None
     keep_x = x if any(c in ("var", "std", "mul") for c in codes) else None
@@ -156,7 +160,7 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
         addend = _dense(addend)
         if vtype in ("float16", "bfloat16"):
             addend, out = addend.float(), None     # the walk adds acc_t (fp32) rows
-    grad = out if out is not None else torch.empty((graph.num_src, F), dtype=g.dtype, device=dev)
+    grad = out if out is not None else g.new_empty((graph.num_src, F))
     argmax, argmin, mean, std, mul_out, mul_zero = res.addresses
     walk_args = seg.arg_terms(res.codes)
     args = [argmax if c == "max" else argmin for c in walk_args] + [0] * (2 - len(walk_args))
@@ -164,7 +168,7 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
     vec = seg.vec_for(vtype, F, *_spans(res.x, addend, grad))
 
     def buffers(plan):
-        ws = _bytes(plan.workspace_bytes, dev)
+        ws = _bytes(plan.workspace_bytes, g)
         return (_ptr(res.x), g.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
                 _ptr(addend), grad.data_ptr(), _ptr(ws)), ws
     stream = _torch_stream_ptr(dev.index)
@@ -274,13 +278,13 @@ def _run_spmm(be, graph, x, weights, row_scale, col_scale, bias, chunk, vtype):
     """out [num_dst, F] = the custom kernel's SpMM of x on torch buffers (the
     scales and weights given by address, 0: none)."""
     F = x.shape[1]
-    out = torch.empty((graph.num_dst, F), dtype=x.dtype, device=x.device)
+    out = x.new_empty((graph.num_dst, F))
     vec = be.spmm_vec(vtype, F, *_spans(x, out, bias))
     plan = graph.cache.get(("cuda_spmm", F, vtype, bool(weights), chunk, vec))
     if plan is None:
         with device_scope(x.device):
             plan = be.spmm_plan(graph, F, vtype, bool(weights), chunk, vec)
-    ws = _bytes(plan.workspace_bytes, x.device)
+    ws = _bytes(plan.workspace_bytes, x)
     plan.run(_torch_stream_ptr(x.device.index),
              (x.data_ptr(), weights, row_scale, col_scale, _ptr(bias), out.data_ptr(), _ptr(ws)))
     return out
@@ -294,7 +298,7 @@ def column_sums(g: torch.Tensor, vtype: str, index_dtype) -> torch.Tensor:
     plan = be.column_sum_plan("spmm", vtype, be._ITYPE[np.dtype(index_dtype)], rows, cols,
                               True, False)
     out = torch.empty(cols, dtype=g.dtype, device=g.device)
-    ws = _bytes(plan.workspace_bytes, g.device)
+    ws = _bytes(plan.workspace_bytes, g)
     plan.run(_torch_stream_ptr(g.device.index), (g.data_ptr(), out.data_ptr(), _ptr(ws)))
     return out
 
@@ -613,7 +617,7 @@ class EdgeAttentionPath:
         out_b = torch.empty((nd, H, C), dtype=dtype, device=dev) if bias is not None else None
         plan = be.fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, want,
                            params, shape, context=_scope(dev))
-        ws = _bytes(plan.workspace_bytes, dev)
+        ws = _bytes(plan.workspace_bytes, out)
         plan.run(_torch_stream_ptr(dev.index),
                  (*(_ptr(t) for t in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha, ws)),
                   *be.drop_values(params.drop)))
@@ -649,7 +653,7 @@ class EdgeAttentionPath:
         made = [torch.empty(like.shape, dtype=like.dtype, device=dev) if want else None
                 for want, like in zip(wants, (S, Dn, Ed, V))]
         gatt = torch.empty(H * C, dtype=out.dtype, device=dev) if wants[4] else None
-        ws = _bytes(plan.workspace_bytes, dev)
+        ws = _bytes(plan.workspace_bytes, g)
         plan.run(_torch_stream_ptr(dev.index),
                  (*(_ptr(t) for t in (S, Dn, Ed, att, V, res.lse, g, out, *made, gatt, ws)),
                   *be.drop_values(res.params.drop)))
