@@ -393,12 +393,12 @@ class FastgnnFunction(torch.autograd.Function):
         needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
         outs, single, res, bf16, device = _forward(op, graph, static, tensors, needs)
         ctx.op, ctx.graph, ctx.bf16, ctx.device = op, graph, bf16, device
-        ctx.in_dtypes = [None if t is None else t.dtype for t in tensors]
         if any(needs.values()) and isinstance(res, PlanResiduals):
             ctx.res = res
             ctx.save_for_backward(*res.aliased)
         elif any(needs.values()):
             ctx.res = res
+            ctx.in_dtypes = [None if t is None else t.dtype for t in tensors]
             # Residuals may alias input memory (DLPack views). Saving those
             # inputs makes autograd's version check catch in-place edits
             # between forward and backward instead of giving wrong gradients.
@@ -422,8 +422,8 @@ class FastgnnFunction(torch.autograd.Function):
             return (None, None, None) + (None,) * n_in
         ctx.saved_tensors  # noqa: B018  (raises if a saved input was modified in place)
         needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
-        out = _backward(op, ctx.graph, ctx.res, ctx.device, ctx.bf16, ctx.in_dtypes, needs,
-                        grad_outs)
+        out = _backward(op, ctx.graph, ctx.res, ctx.device, ctx.bf16,
+                        getattr(ctx, "in_dtypes", None), needs, grad_outs)
         return (None, None, None, *out)
 
 

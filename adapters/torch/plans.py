@@ -63,12 +63,17 @@ def _graph_device(graph):
                         lambda: graph.indices.device.id if is_cupy(graph.indices) else None)
 
 
+# torch's current CUDA device index without torch.cuda.current_device()'s
+# Python wrapper (the call it makes); CPU builds of torch lack it
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 def _device_index(graph, t: torch.Tensor):
     """t's CUDA device index when a plan may run there: the graph's device and
     torch's current one (the CUfunctions and the stream are that device's);
     else None."""
-    idx = t.device.index
-    if graph is None or _graph_device(graph) != idx or torch.cuda.current_device() != idx:
+    idx = t.get_device()          # (an int: no torch.device built)
+    if graph is None or _graph_device(graph) != idx or _current_device() != idx:
         return None
     return idx
 

@@ -21,11 +21,12 @@ current allocator (PyTorch's when called through fastgnn.torch).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import cupy as cp
 import numpy as np
 
-from .loader import C_INDEX, C_VALUE, get_function, vec_widths
+from .loader import C_INDEX, C_VALUE, VALUE_BYTES, get_function, vec_widths
 from .plan import BLOCK, Launch, LaunchPlan, Slot, layout
 
 CHUNKS = (64, 256, 1024)     # custom-kernel task sizes tried by "auto"
@@ -262,10 +263,24 @@ class SpmmPlan(LaunchPlan):
         super().__init__(launches)
 
 
+@functools.lru_cache(maxsize=None)
+def _widest_vec(vtype, F, max_values):
+    """The widest vector width (<= 16 bytes, <= max_values values) dividing F."""
+    return max(v for v in vec_widths(vtype) if v <= max_values and F % v == 0)
+
+
 def spmm_vec(vtype, F, *spans, max_values=8):
     """VEC of the SpMM kernels: the widest vector (<= 16 bytes of the value
     type, <= max_values values) dividing F at which every (address,
-    itemsize) in `spans` is aligned for VEC of its own elements."""
+    itemsize) in `spans` is aligned for VEC of its own elements. (Asked on
+    every call: 16-byte aligned arrays of the value type, the allocators'
+    rule, take a memoised answer.)"""
+    size = VALUE_BYTES[vtype]
+    for a, s in spans:
+        if a & 15 or s != size:
+            break
+    else:
+        return _widest_vec(vtype, F, max_values)
     vec = 1
     for v in vec_widths(vtype):
         if v <= max_values and F % v == 0 and all(a % (v * s) == 0 for a, s in spans):
