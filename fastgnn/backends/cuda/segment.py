@@ -110,9 +110,10 @@ def _stream() -> int:
     return cp.cuda.get_current_stream().ptr
 
 
-def arg_terms(codes) -> tuple:
-    """The reductions of `codes` with an arg term in the backward ("max",
-    "min", in that order: the walk's and BwdPlan's order)."""
+@functools.lru_cache(maxsize=None)
+def arg_terms(codes: tuple) -> tuple:
+    """The reductions of `codes` (a tuple) with an arg term in the backward
+    ("max", "min", in that order: the walk's and BwdPlan's order)."""
     return tuple(c for c in ("max", "min") if c in codes)
 
 
