@@ -559,6 +559,28 @@ def table(records):
     return "\n".join(lines)
 
 
+def readme_table(records, models=None):
+    """Markdown for the README: per (data set, model), PyG eager, fastgnn
+    eager and fastgnn's captured step (mode "capture") in ms per epoch,
+    and the two speedups over PyG eager. models: the models shown (None: all)."""
+    from .report import _fmt
+    rows = OrderedDict()
+    for (ds, model, mode), fw in _pairs(records).items():
+        if models is None or model in models:
+            rows.setdefault((ds, model), {})[mode] = fw
+    head = ["data set", "model", "PyG eager", "fastgnn eager", "fastgnn captured step",
+            "x eager", "x captured"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (ds, model), by_mode in rows.items():
+        eager, cap = by_mode.get("eager", {}), by_mode.get("capture", {})
+        p, f, c = eager.get("pyg"), eager.get("fastgnn"), cap.get("fastgnn")
+        lines.append("| " + " | ".join([
+            ds, model, _ms(p) + " ms", _ms(f) + " ms", _ms(c) + " ms",
+            _fmt((f or {}).get("speedup_vs_pyg_eager"), ".2f") + "x",
+            _fmt((c or {}).get("speedup_vs_pyg_eager"), ".2f") + "x"]) + " |")
+    return "\n".join(lines)
+
+
 def summary(records):
     """Markdown lines: per mode, the geomean / min fastgnn speedup over the rows."""
     from .report import _fmt, _geomean

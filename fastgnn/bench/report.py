@@ -665,11 +665,14 @@ def main(argv=None):
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument("--readme-table", action="store_true",
                    help="print the compact README table (op and layer level: fastgnn vs PyG's "
-                        "fastest form vs turbo-gnn, fwd+bwd time, peak memory, speedups) "
-                        "instead of writing a report")
+                        "fastest form vs turbo-gnn, fwd+bwd time, peak memory, speedups; "
+                        "training records: ms per epoch of PyG eager, fastgnn eager and "
+                        "captured) instead of writing a report")
     p.add_argument("--dtype", default="fp32", help="--readme-table: dtype (default fp32)")
     p.add_argument("--graph", help="--readme-table: graph whose times are shown (default: the "
                                    "largest measured)")
+    p.add_argument("--models", nargs="+", help="--readme-table of training records: the models "
+                                               "shown (default: all)")
     args = p.parse_args(argv)
     if not args.readme_table and not args.out:
         p.error("--out is required (or --readme-table)")
@@ -679,6 +682,10 @@ def main(argv=None):
         mod = importlib.import_module("fastgnn.bench.report")
     mod._load_case_summaries()
     records, sources = mod.load_records(args.json)
+    if args.readme_table and records and all(r.get("kind") == "training" for r in records):
+        from .cases_training import readme_table
+        print(readme_table(records, args.models))
+        return 0
     mod.add_speedups(records)
     if args.readme_table:
         print(mod.readme_table(records, args.dtype, args.graph))
