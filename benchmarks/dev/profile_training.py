@@ -4,13 +4,16 @@ bench's 2-layer models goes, fastgnn against PyG from the same weights.
 Per (data set, model, framework) it prints the epoch's host ms (perf_counter
 over back-to-back epochs, no sync), CUDA-event ms (what the training bench
 reports), GPU kernel ms (torch.profiler, sum of device time), the per-epoch
-counts of CUDA runtime calls that block or cost, and the top kernels. An
+counts of CUDA runtime calls that block or cost, the top kernels and, for
+fastgnn, cProfile's top functions by own time. An
 epoch whose event time is close to its host time and far above its kernel
 time is host-bound.
 
     python benchmarks/dev/profile_training.py [data set] [model ...]
     python benchmarks/dev/profile_training.py tolokers GCN SAGE-mean GIN
 """
+import cProfile
+import pstats
 import sys
 
 import torch
@@ -20,6 +23,7 @@ from profile_layer_host import print_times   # benchmarks/dev/ (this folder)
 from fastgnn.bench import cases_training as tr
 
 HEADS = 4            # the training bench's default --heads
+TOP = 25             # cProfile rows printed for the fastgnn epochs
 
 
 def main(name="tolokers", models=("GCN", "SAGE-mean", "GIN")):
@@ -46,6 +50,16 @@ def main(name="tolokers", models=("GCN", "SAGE-mean", "GIN")):
             for _ in range(5):
                 epoch()
             print_times(f"{model_name} {framework}", epoch, 50, "epoch", top=8, profiled=10)
+            if framework == "fastgnn":
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(50):
+                    epoch()
+                prof.disable()
+                torch.cuda.synchronize()
+                st = pstats.Stats(prof)
+                print(f"   python function calls per epoch: {st.total_calls / 50:.0f}")
+                st.sort_stats("tottime").print_stats(TOP)
             del model, opt
 
 
