@@ -48,6 +48,38 @@ def test_training_rows(tmp_path):
     assert "| rmat8 | GAT | eager |" in md
 
 
+def test_readme_table_of_training_records(tmp_path, capsys):
+    """report --readme-table on training records: one row per (data set,
+    model) with PyG eager, fastgnn eager and the captured step side by side."""
+    from fastgnn.bench import report
+    base = {"kind": "training", "graph": "g", "status": "ok", "metric": "accuracy"}
+    recs = [dict(base, model="GCN", framework="pyg", mode="eager", ms_per_epoch=3.0),
+            dict(base, model="GCN", framework="fastgnn", mode="eager", ms_per_epoch=2.0,
+                 speedup_vs_pyg_eager=1.5),
+            dict(base, model="GCN", framework="fastgnn", mode="capture", ms_per_epoch=0.5,
+                 speedup_vs_pyg_eager=6.0),
+            dict(base, model="GAT", framework="pyg", mode="eager", ms_per_epoch=4.0)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(recs))
+    assert report.main([str(path), "--readme-table", "--models", "GCN"]) == 0
+    txt = capsys.readouterr().out
+    assert "| g | GCN | 3.000 ms | 2.000 ms | 0.500 ms | 1.50x | 6.00x |" in txt
+    assert "GAT" not in txt
+
+
+def test_readme_training_table_is_the_committed_results():
+    """The README's training table is what its command prints from the
+    committed JSON."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "fastgnn.bench.report",
+                          "benchmarks/results/training_h200.json", "--readme-table"],
+                         cwd=root, capture_output=True, text=True, check=True).stdout
+    assert out.strip() and out.strip() in (root / "README.md").read_text()
+
+
 def test_compile_failure_is_a_row(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("no compiler here")
