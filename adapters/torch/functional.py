@@ -10,6 +10,7 @@ from torch.autograd.function import once_differentiable
 
 import fastgnn
 from fastgnn.ops.segment import segment_csr_bwd, segment_csr_fwd, segment_reduce_bwd, segment_reduce_fwd
+from fastgnn.graph import Graph
 from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
 
 from ._autograd import (Op, _backward, _forward, _torch_stream_ptr, apply, device_scope, to_array,
@@ -151,6 +152,8 @@ def _resolve_for(edge_index_or_graph, x, num_nodes):
     says otherwise (`_node_sizes`)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if type(edge_index_or_graph) is Graph and not custom_ops.compiling():
+        return edge_index_or_graph, None        # (resolve's answer, without the sizes)
     return resolve(edge_index_or_graph, _node_sizes(edge_index_or_graph, x, num_nodes))
 
 

@@ -22,7 +22,10 @@ def _spmm_range(indptr, indices, weights, has_weight, row_scale, has_row, col_sc
     the same additions in the same order as one edge per pass (bitwise the
     same sums), with o[k] loaded and stored once per four edges instead of
     once per edge. Unit weights (no edge weight, no column scale) add x[j]
-    itself (1 * x == x: the same values, no multiply)."""
+    itself (1 * x == x: the same values, no multiply), eight edges per pass
+    while a row has eight left (2 cores, F = 32, fp32, one thread: clustered10
+    78 -> 69 us, knn10 43 -> 41, rmat10 37 -> 35; rows of fewer edges are
+    unchanged)."""
     f = out.shape[1]
     one = x.dtype.type(1)
     unit = not (has_weight or has_col)
@@ -32,6 +35,15 @@ def _spmm_range(indptr, indices, weights, has_weight, row_scale, has_row, col_sc
             o[k] = 0
         e, end = indptr[i], indptr[i + 1]
         if unit:
+            while e + 7 < end:
+                x0, x1 = x[indices[e]], x[indices[e + 1]]
+                x2, x3 = x[indices[e + 2]], x[indices[e + 3]]
+                x4, x5 = x[indices[e + 4]], x[indices[e + 5]]
+                x6, x7 = x[indices[e + 6]], x[indices[e + 7]]
+                for k in range(f):
+                    o[k] = (((((((o[k] + x0[k]) + x1[k]) + x2[k]) + x3[k]) + x4[k]) + x5[k])
+                            + x6[k]) + x7[k]
+                e += 8
             while e + 3 < end:
                 x0, x1 = x[indices[e]], x[indices[e + 1]]
                 x2, x3 = x[indices[e + 2]], x[indices[e + 3]]
