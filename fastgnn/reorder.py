@@ -60,9 +60,9 @@ O(E log E)):
     "auto"     a rule from cheap statistics (see `auto_rule` and
                docs/reordering.md): keep an order that is already local,
                else the better of RCM and cluster when it improves
-               locality enough, else keep. The
-               thresholds were set from CPU-side locality measures only and
-               still need the GPU study to confirm them.
+               locality enough and can pay for its cost within the calls
+               the graph will serve (options calls=100, width=128,
+               device), else keep.
 
 The input is a square `fastgnn.Graph` or an edge index [2, E] (NumPy, CuPy
 or any DLPack array; num_nodes= as in Graph.from_edge_index). Orders are
@@ -175,8 +175,9 @@ class _Input:
     """Host int64 (src, dst), node count, and the lazily built symmetric
     pattern (CSR indptr/indices, sorted, no loops or duplicates)."""
 
-    def __init__(self, src, dst, n):
+    def __init__(self, src, dst, n, device="cpu"):
         self.src, self.dst, self.n = src, dst, n
+        self.device = device        # where the input lived: "cuda" (CuPy) or "cpu"
         self._pattern = None
         self._rcm = None
 
@@ -230,7 +231,7 @@ def _read_input(graph_or_edge_index, num_nodes):
                              "a node order needs one node set")
         dst = _host(g.csr_rows).astype(np.int64)
         src = _host(g.indices).astype(np.int64)
-        return _Input(src, dst, g.num_dst)
+        return _Input(src, dst, g.num_dst, "cuda" if is_cupy(g.indices) else "cpu")
     try:
         ei = as_backend_array(graph_or_edge_index, "graph_or_edge_index")
     except TypeError:
@@ -240,6 +241,7 @@ def _read_input(graph_or_edge_index, num_nodes):
         raise ValueError(f"graph_or_edge_index must have shape [2, E], got {tuple(ei.shape)}")
     if ei.dtype.kind not in "iu":
         raise TypeError(f"graph_or_edge_index must hold integers, got dtype {ei.dtype}")
+    device = "cuda" if is_cupy(ei) else "cpu"
     ei = _host(ei).astype(np.int64)
     E = ei.shape[1]
     hi = int(ei.max()) if E else -1
@@ -250,7 +252,7 @@ def _read_input(graph_or_edge_index, num_nodes):
         raise ValueError(f"num_nodes must be non-negative, got {n}")
     if hi >= n:
         raise ValueError(f"graph_or_edge_index holds node {hi}, but num_nodes={n}")
-    return _Input(ei[0], ei[1], n)
+    return _Input(ei[0], ei[1], n, device)
 
 
 # ---------------------------------------------------------------- the methods
@@ -362,12 +364,8 @@ def _metis(inp, seed, *, parts=None, part_size=1024):
     return _group(inp, labels, "label"), {"parts": int(parts)}
 
 
-def _auto(inp, seed, *, candidates=("rcm", "cluster")):
-    return auto_rule(inp, seed=seed, candidates=candidates)
-
-
 METHODS = {"rcm": _rcm, "degree": _degree, "cluster": _cluster, "metis": _metis,
-           "random": _random, "identity": _identity, "auto": _auto}
+           "random": _random, "identity": _identity}      # and "auto", below auto_rule
 
 
 def order(graph_or_edge_index, method, *, seed=0, num_nodes=None, **options) -> Permutation:
@@ -416,6 +414,34 @@ MIN_GAIN = 0.85            # take RCM only if it cuts the mean log2 gap to this 
 MIN_NODES = 4096           # smaller graphs fit in cache in any order: keep
 SAMPLE = 1 << 20           # edges sampled for the statistics
 
+# The payback test (auto's `calls`): an order is worth computing only if it
+# can repay its cost within the calls it will serve. Bounds from the H200
+# study (benchmarks/results/reorder_study_h200.md, six graphs, five kernels):
+# no order sped any kernel up by more than 1.58x, so a call saves at most
+# 1 - 1/MAX_SPEEDUP of its time; no kernel took longer than 12 ps per edge and
+# feature on the GPU (GAT forward+backward on shuffled soc-brightkite), nor
+# 20 ns on the 2-core CPU (attention forward+backward, `fastgnn bench --quick`);
+# no order cost less on the host than its MIN_COST_PER_EDGE_S.
+MAX_SPEEDUP = 1.6
+SLOWEST_CALL_PER_EDGE_FEATURE_S = {"cuda": 12e-12, "cpu": 20e-9}
+MIN_COST_PER_EDGE_S = {"rcm": 0.097e-6, "cluster": 0.168e-6, "degree": 0.013e-6}
+DEFAULT_CALLS = 100        # kernel calls the reordered graph serves, unless told
+DEFAULT_WIDTH = 128        # features per node the calls move, unless told
+
+
+def payback_calls(cost_s, num_edges, width=DEFAULT_WIDTH, device="cuda"):
+    """The fewest calls in which an order that took `cost_s` seconds can pay
+    for itself on a graph of `num_edges` edges at `width` features: its cost
+    over the most a call can save (a 1 - 1/MAX_SPEEDUP share of the slowest
+    call the study measured per edge and feature on `device`). A lower
+    bound: real savings are smaller, so real break-evens are later."""
+    if device not in SLOWEST_CALL_PER_EDGE_FEATURE_S:
+        raise ValueError(f"device must be one of {sorted(SLOWEST_CALL_PER_EDGE_FEATURE_S)}, "
+                         f"got {device!r}")
+    saving = (1 - 1 / MAX_SPEEDUP) * max(num_edges, 1) * width \
+        * SLOWEST_CALL_PER_EDGE_FEATURE_S[device]
+    return cost_s / saving
+
 
 def locality(src, dst, inverse=None, *, window=WINDOW, sample=SAMPLE, seed=0):
     """Cheap locality statistics of an edge list under a relabelling
@@ -437,9 +463,22 @@ def locality(src, dst, inverse=None, *, window=WINDOW, sample=SAMPLE, seed=0):
             "gap_bits": float(np.log2(1.0 + gap).mean())}
 
 
-def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num_nodes=None):
+def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num_nodes=None,
+              calls=DEFAULT_CALLS, width=DEFAULT_WIDTH, device=None):
     """The rule behind order(..., "auto"): returns (perm, info).
 
+    calls:  the kernel calls the reordered graph will serve (a training run:
+            about epochs x layers x 2); None: as many as it takes.
+    width:  the features per node those calls move (default 128).
+    device: "cuda" or "cpu", where the calls run (default: where the input
+            is: a CuPy graph or edge index "cuda", else "cpu").
+
+    0. Payback: a candidate is considered only if it could pay for itself
+       within `calls` (`payback_calls`: its least cost per edge on the host,
+       MIN_COST_PER_EDGE_S, over the most a call can save); the one chosen
+       must also do so at its measured cost. On the GPU at width 128 that
+       takes at least 170 calls for "rcm" and 290 for "cluster", so with the
+       default 100 calls "auto" keeps the order there.
     1. Graphs below MIN_NODES nodes keep their order (they fit in cache).
     2. If the current order is already local -- at least KEEP_WINDOW_FRACTION
        of the edges join ids less than WINDOW apart, or the mean
@@ -465,8 +504,22 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
     if bad or not candidates:
         raise ValueError("candidates must name one or more of 'rcm', 'cluster', 'degree', "
                          f"got {candidates!r}")
-    n = inp.n
+    if calls is not None and (isinstance(calls, bool) or not isinstance(calls, (int, np.integer))
+                              or calls < 0):
+        raise ValueError(f"calls must be a non-negative integer or None, got {calls!r}")
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    device = inp.device if device is None else device
+    n, E = inp.n, inp.src.shape[0]
     ident = np.arange(n, dtype=np.int64)
+    if calls is not None:
+        need = {c: payback_calls(MIN_COST_PER_EDGE_S[c] * E, E, width, device)
+                for c in candidates}
+        candidates = tuple(c for c in candidates if need[c] <= calls)
+        if not candidates:
+            return ident, {"chosen": "identity", "payback_calls": need,
+                           "reason": f"no candidate can pay for itself in {calls} calls on "
+                                     f"{device} (needs at least {min(need.values()):.0f})"}
     if n < MIN_NODES:
         return ident, {"chosen": "identity", "reason": f"fewer than {MIN_NODES} nodes"}
     before = locality(inp.src, inp.dst, seed=seed)
@@ -480,17 +533,34 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
         return ident, info
     best = None
     for c in candidates:
+        t0 = time.perf_counter()
         perm = METHODS[c](inp, seed)[0]
+        cost = time.perf_counter() - t0
         after = locality(inp.src, inp.dst, _invert(perm), seed=seed)
-        info[c] = after
+        info[c] = dict(after, cost_s=cost)
         if best is None or after["gap_bits"] < best[2]["gap_bits"]:
-            best = (c, perm, after)
-    c, perm, after = best
+            best = (c, perm, after, cost)
+    c, perm, after, cost = best
     if after["gap_bits"] <= MIN_GAIN * before["gap_bits"]:
+        need = payback_calls(cost, E, width, device)
+        if calls is not None and need > calls:
+            info.update(chosen="identity", payback_calls={c: need},
+                        reason=f"{c} took {cost:.3g} s: it cannot pay for itself in {calls} "
+                               f"calls (needs at least {need:.0f})")
+            return ident, info
         info.update(chosen=c, reason="improves locality")
         return perm, info
     info.update(chosen="identity", reason="no candidate improves locality enough")
     return ident, info
+
+
+def _auto(inp, seed, *, candidates=("rcm", "cluster"), calls=DEFAULT_CALLS, width=DEFAULT_WIDTH,
+          device=None):
+    return auto_rule(inp, seed=seed, candidates=candidates, calls=calls, width=width,
+                     device=device)
+
+
+METHODS["auto"] = _auto
 
 
 # ---------------------------------------------------------------- applying

@@ -303,6 +303,40 @@ def test_auto_keeps_an_order_with_some_locality_of_its_own(rng):
     assert p.is_identity and p.info["reason"] == "partly local already"
 
 
+def test_auto_reorders_only_what_can_pay_for_itself(rng, monkeypatch):
+    """The payback test: on the GPU (device="cuda") no candidate can repay
+    its cost within the default 100 calls, so auto keeps the order and says
+    why; given enough calls (or calls=None) it reorders; an order whose
+    measured cost is too high for the calls is not taken either."""
+    from fastgnn import reorder
+    ei, n = shuffled(*generators.grid(128), rng)
+    p = order(ei, "auto", num_nodes=n, seed=1, device="cuda")
+    assert p.is_identity and "pay for itself in 100 calls" in p.info["reason"]
+    need = p.info["payback_calls"]
+    assert need["rcm"] == pytest.approx(
+        reorder.MIN_COST_PER_EDGE_S["rcm"] / ((1 - 1 / reorder.MAX_SPEEDUP) * 128 * 12e-12))
+    assert 100 < need["rcm"] < need["cluster"]
+    for calls in (10 ** 6, None):
+        assert order(ei, "auto", num_nodes=n, seed=1, device="cuda",
+                     calls=calls).info["chosen"] in ("rcm", "cluster")
+    # wider rows make each call longer: the same order pays back sooner
+    assert reorder.payback_calls(1.0, 1000, 1024, "cuda") == pytest.approx(
+        reorder.payback_calls(1.0, 1000, 128, "cuda") / 8)
+    # the measured cost decides too: every candidate passes the first bound,
+    # none repays its real cost in one call
+    monkeypatch.setattr(reorder, "MIN_COST_PER_EDGE_S", dict.fromkeys(("rcm", "cluster"), 0.0))
+    p = order(ei, "auto", num_nodes=n, seed=1, device="cuda", calls=1)
+    assert p.is_identity and "cannot pay for itself in 1 calls" in p.info["reason"]
+
+
+@pytest.mark.parametrize("bad, match", [({"calls": -1}, "calls"), ({"calls": 1.5}, "calls"),
+                                        ({"width": 0}, "width"), ({"device": "tpu"}, "device")])
+def test_auto_refuses_bad_payback_options(rng, bad, match):
+    ei, n = shuffled(*generators.grid(128), rng)
+    with pytest.raises(ValueError, match=match):
+        order(ei, "auto", num_nodes=n, **bad)
+
+
 def test_methods_table_is_complete():
     assert set(METHODS) == {"rcm", "degree", "cluster", "metis", "random", "identity", "auto"}
 
