@@ -82,6 +82,11 @@ def _scope(device):
     return lambda: device_scope(device)
 
 
+def _scope_of(t: torch.Tensor):
+    """A device scope for t's device, built only when called (plan builds)."""
+    return lambda: device_scope(t.device)
+
+
 def _dense(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     return t if t.is_contiguous() else t.contiguous()
@@ -104,6 +109,12 @@ def _bytes(n: int, like: torch.Tensor) -> torch.Tensor | None:
 @functools.lru_cache(maxsize=256)
 def _codes_of(reduce):
     return parse_reduce(reduce)[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_x(codes: tuple) -> bool:
+    """Whether the backward of `codes` reads x (var, std and mul do)."""
+    return any(c in ("var", "std", "mul") for c in codes)
 
 
 def _codes(reduce) -> tuple:
@@ -134,21 +145,22 @@ def segment_forward(graph, x: torch.Tensor, codes: tuple, residuals: bool):
     over the graph; residuals for `segment_backward` when asked (training)."""
     seg = _segment()
     vtype = VTYPES[x.dtype]
-    dev, F, n = x.device, x.shape[1], graph.num_dst
+    F, n = x.shape[1], graph.num_dst
     out = x.new_empty((n, len(codes) * F))
-    vec = seg.vec_for(vtype, F, *_spans(x, out))
-    plan = seg.fwd_plan(graph, codes, F, vtype, residuals, vec, context=_scope(dev))
+    vec = seg.vec_for(vtype, F, (x.data_ptr(), x.element_size()),
+                      (out.data_ptr(), out.element_size()))
+    plan = seg.fwd_plan(graph, codes, F, vtype, residuals, vec, context=_scope_of(x))
     # the residuals and the workspace in one allocation (one allocator call
     # less per call; the workspace, the split rows' partial states, is small)
     buffer = _bytes(plan.residual_bytes + plan.workspace_bytes, x)
     base = _ptr(buffer)
     addresses = seg.carve(base, plan.residual_offsets)
     ws = base + plan.residual_bytes if plan.workspace_bytes else 0
-    plan.run(_torch_stream_ptr(dev.index), (x.data_ptr(), out.data_ptr(), *addresses, ws))
+    plan.run(_torch_stream_ptr(x.get_device()), (x.data_ptr(), out.data_ptr(), *addresses, ws))
     if not residuals:
         return out, None
-    keep_x = x if any(c in ("var", "std", "mul") for c in codes) else None
-    return out, SegmentResiduals(codes, vtype, F, buffer, addresses, keep_x)
+    return out, SegmentResiduals(codes, vtype, F, buffer, addresses,
+                                 x if _reads_x(codes) else None)
 
 
 def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
@@ -159,7 +171,7 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
     output. out: where to write it (may be addend itself, as in
     `fastgnn.segment_reduce_bwd`); a new tensor when None."""
     seg = _segment()
-    vtype, F, dev = res.vtype, res.width, g.device
+    vtype, F = res.vtype, res.width
     g = _dense(g)
     if addend is not None:
         addend = _dense(addend)
@@ -176,8 +188,8 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
         ws = _bytes(plan.workspace_bytes, g)
         return (_ptr(res.x), g.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
                 _ptr(addend), grad.data_ptr(), _ptr(ws)), ws
-    stream = _torch_stream_ptr(dev.index)
-    plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope(dev),
+    stream = _torch_stream_ptr(g.get_device())
+    plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope_of(g),
                         stream=stream, buffers=buffers)
     plan.run(stream, buffers(plan)[0])
     return grad
