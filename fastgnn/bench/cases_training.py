@@ -58,7 +58,7 @@ import sys
 import time
 from collections import OrderedDict
 
-from . import core
+from . import core, report
 
 MODELS = ("GCN", "SAGE-mean", "SAGE-max", "GIN", "GAT", "GATv2", "Transformer")
 
@@ -579,6 +579,9 @@ def readme_table(records, models=None):
             _fmt((f or {}).get("speedup_vs_pyg_eager"), ".2f") + "x",
             _fmt((c or {}).get("speedup_vs_pyg_eager"), ".2f") + "x"]) + " |")
     return "\n".join(lines)
+
+
+report.README_TABLES["training"] = readme_table
 
 
 def summary(records):

@@ -24,6 +24,9 @@ from collections import Counter, OrderedDict
 # family-specific summaries: functions records -> markdown lines, appended by
 # the case modules on import and written after the headline tables
 SUMMARIES: list = []
+# README tables of other record kinds: kind -> function(records, models) ->
+# markdown, registered by their suite's module on import ("training")
+README_TABLES: dict = {}
 
 PLOT_DPI = 72
 
@@ -646,7 +649,7 @@ def load_records(paths):
 def _load_case_summaries():
     """Import the case modules so their report summaries register (no torch needed)."""
     import importlib
-    for m in ("cases_spmm", "cases_layers", "cases_segment", "cases_attention"):
+    for m in ("cases_spmm", "cases_layers", "cases_segment", "cases_attention", "cases_training"):
         try:
             importlib.import_module(f"fastgnn.bench.{m}")
         except Exception:  # noqa: BLE001 - a broken case module loses its summary only
@@ -682,9 +685,10 @@ def main(argv=None):
         mod = importlib.import_module("fastgnn.bench.report")
     mod._load_case_summaries()
     records, sources = mod.load_records(args.json)
-    if args.readme_table and records and all(r.get("kind") == "training" for r in records):
-        from .cases_training import readme_table
-        print(readme_table(records, args.models))
+    kinds = {r.get("kind") for r in records}
+    tables = mod.README_TABLES          # (the imported module's: registrations land there)
+    if args.readme_table and len(kinds) == 1 and next(iter(kinds)) in tables:
+        print(tables[next(iter(kinds))](records, args.models))
         return 0
     mod.add_speedups(records)
     if args.readme_table:
