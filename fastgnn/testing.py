@@ -149,3 +149,74 @@ def fresh_pyg_class(cls):
     _aggregate' not implemented". A fresh subclass gets its own rendering, so
     test order cannot matter."""
     return type(cls.__name__, (cls,), {})
+
+
+# ------------------------------------------------------ the fake CUDA world
+class FakeKernel:
+    """A compiled kernel as the CUDA loader returns it: .kernel.ptr is the CUfunction."""
+
+    def __init__(self, ptr):
+        self.kernel = type("Function", (), {"ptr": ptr})()
+
+
+class NumpyAsCupy:
+    """NumPy under CuPy's name, on device 0."""
+    cuda = type("cuda", (), {"runtime": type("runtime", (), {"getDevice": staticmethod(
+        lambda: 0)})})
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def get_array_module(*arrays):
+        return np
+
+
+def fake_cuda(monkeypatch):
+    """fastgnn.torch's CUDA plan path on CPU tensors, without a GPU (CuPy must
+    import): plans build on CPU graphs (NumPy task lists, kernels that are
+    addresses), their launches are recorded in the returned list as (func,
+    grid, block, smem, stream, params) instead of made, and the torch bridge
+    takes the plan path for CPU tensors (their device read as cuda:0, the
+    stream as 0xabc). The segment backward's timed choice of walk "measures"
+    the wide form faster. `monkeypatch` is pytest's (or a
+    pytest.MonkeyPatch); undoing it restores everything. Serves the plan
+    tests (tests/test_launch_plans.py) and measuring the plan path's host
+    cost on a CPU (benchmarks/dev/probe_plan_host_fake.py)."""
+    import torch
+
+    from fastgnn.backends.cuda import attention as cuda_attention
+    from fastgnn.backends.cuda import plan, segment
+    from fastgnn.backends.cuda import spmm as cuda_spmm
+    from fastgnn.torch import _autograd, plans
+
+    names = {}
+
+    def get_function(family, vtype, itype, name):
+        ptr = names.setdefault((family, vtype, itype, name), 0x10000 + 16 * len(names))
+        return FakeKernel(ptr)
+
+    launches = []
+
+    def launch_kernel(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
+
+    monkeypatch.setattr(cuda_spmm, "cp", NumpyAsCupy())   # task_plan with NumPy
+    monkeypatch.setattr(segment, "_scratch", lambda rows, F, vtype: np.empty((rows, F)))
+    # the backward walk's two forms "timed": the wide one (several edges in
+    # flight) measures faster, so that is the plan cached and launched
+    clock = iter([2.0, 1.0] * 1000)
+    monkeypatch.setattr(segment, "median_ms", lambda fn, **kw: next(clock))
+    monkeypatch.setattr(segment, "get_function", get_function)
+    monkeypatch.setattr(cuda_spmm, "get_function", get_function)
+    monkeypatch.setattr(cuda_attention, "get_function", get_function)
+    monkeypatch.setattr(cuda_attention, "cp", NumpyAsCupy())   # task_slots with NumPy
+    # a few resident blocks: the persistent grids walk slot ranges (slot_begin)
+    monkeypatch.setattr(cuda_attention, "RESIDENT_BLOCKS", 2)
+    monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})
+    monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
+    monkeypatch.setattr(plan, "ensure_context", lambda device: None)
+    monkeypatch.setattr(plans, "_device_index", lambda graph, t: 0)
+    monkeypatch.setattr(plans, "_torch_stream_ptr", lambda idx: 0xabc)
+    monkeypatch.setattr(_autograd, "_device_of", lambda tensors: torch.device("cuda", 0))
+    return launches

@@ -13,6 +13,7 @@ import torch
 
 import fastgnn
 import fastgnn.torch as ft
+from fastgnn import testing
 from fastgnn.testing import awkward_edge_index
 
 plan = pytest.importorskip("fastgnn.backends.cuda.plan")   # CuPy imports without a GPU
@@ -177,67 +178,16 @@ def test_launch_params_point_at_the_slots_and_fill_writes_addresses():
 
 
 # ---------------------------------------------------- the fake CUDA world
-class _Kernel:
-    """A compiled kernel as the loader returns it: .kernel.ptr is the CUfunction."""
-
-    def __init__(self, ptr):
-        self.kernel = type("Function", (), {"ptr": ptr})()
-
-
 def _read_params(params_ptr, n):
     """The n 8-byte parameter values cuLaunchKernel would read at kernelParams."""
     ptrs = (ctypes.c_uint64 * n).from_address(params_ptr)
     return [ctypes.c_uint64.from_address(p).value for p in ptrs]
 
 
-class _NumpyAsCupy:
-    """NumPy under CuPy's name, on device 0."""
-    cuda = type("cuda", (), {"runtime": type("runtime", (), {"getDevice": staticmethod(
-        lambda: 0)})})
-
-    def __getattr__(self, name):
-        return getattr(np, name)
-
-    @staticmethod
-    def get_array_module(*arrays):
-        return np
-
-
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """Plans build on CPU graphs (NumPy task lists, address kernels), launch
-    into a recorder, and the torch bridge takes the plan path for CPU tensors
-    (its device read as cuda:0)."""
-    names = {}
-
-    def get_function(family, vtype, itype, name):
-        ptr = names.setdefault((family, vtype, itype, name), 0x10000 + 16 * len(names))
-        return _Kernel(ptr)
-
-    launches = []
-
-    def launch_kernel(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
-
-    monkeypatch.setattr(cuda_spmm, "cp", _NumpyAsCupy())   # task_plan with NumPy
-    monkeypatch.setattr(segment, "_scratch", lambda rows, F, vtype: np.empty((rows, F)))
-    # the backward walk's two forms "timed": the wide one (several edges in
-    # flight) measures faster, so that is the plan cached and launched
-    clock = iter([2.0, 1.0] * 1000)
-    monkeypatch.setattr(segment, "median_ms", lambda fn, **kw: next(clock))
-    monkeypatch.setattr(segment, "get_function", get_function)
-    monkeypatch.setattr(cuda_spmm, "get_function", get_function)
-    monkeypatch.setattr(cuda_attention, "get_function", get_function)
-    monkeypatch.setattr(cuda_attention, "cp", _NumpyAsCupy())   # task_slots with NumPy
-    # a few resident blocks: the persistent grids walk slot ranges (slot_begin)
-    monkeypatch.setattr(cuda_attention, "RESIDENT_BLOCKS", 2)
-    monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})
-    monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
-    monkeypatch.setattr(plan, "ensure_context", lambda device: None)
-    monkeypatch.setattr(plans, "_device_index", lambda graph, t: 0)
-    monkeypatch.setattr(plans, "_torch_stream_ptr", lambda idx: 0xabc)
-    monkeypatch.setattr(_autograd, "_device_of", lambda tensors: torch.device("cuda", 0))
-    return launches
+    """The plan path on CPU tensors, launches recorded (fastgnn.testing.fake_cuda)."""
+    return testing.fake_cuda(monkeypatch)
 
 
 def _plans_of(graph):
