@@ -88,7 +88,10 @@ def _scope_of(t: torch.Tensor):
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
+    """t contiguous and outside autograd (detached only where it needs it:
+    a cotangent or a no-grad input already is)."""
+    if t.requires_grad:
+        t = t.detach()
     return t if t.is_contiguous() else t.contiguous()
 
 
