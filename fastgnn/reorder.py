@@ -418,10 +418,11 @@ SAMPLE = 1 << 20           # edges sampled for the statistics
 # can repay its cost within the calls it will serve. Bounds from the H200
 # study (benchmarks/results/reorder_study_h200.md, six graphs, five kernels):
 # no order sped any kernel up by more than 1.58x, so a call saves at most
-# 1 - 1/MAX_SPEEDUP of its time; no kernel took longer than 12 ps per edge and
-# feature on the GPU (GAT forward+backward on shuffled soc-brightkite), nor
-# 20 ns on the 2-core CPU (attention forward+backward, `fastgnn bench --quick`);
-# no order cost less on the host than its MIN_COST_PER_EDGE_S.
+# 1 - 1/MAX_SPEEDUP of its time in the graph's given order; there no kernel
+# took longer than 12 ps per edge and feature on the GPU (GAT forward+backward
+# on shuffled soc-brightkite), nor 20 ns on the 2-core CPU (attention
+# forward+backward, `fastgnn bench --quick`); no order cost less on the host
+# than its MIN_COST_PER_EDGE_S.
 MAX_SPEEDUP = 1.6
 SLOWEST_CALL_PER_EDGE_FEATURE_S = {"cuda": 12e-12, "cpu": 20e-9}
 MIN_COST_PER_EDGE_S = {"rcm": 0.097e-6, "cluster": 0.168e-6, "degree": 0.013e-6}
@@ -471,13 +472,14 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
             about epochs x layers x 2); None: as many as it takes.
     width:  the features per node those calls move (default 128).
     device: "cuda" or "cpu", where the calls run (default: where the input
-            is: a CuPy graph or edge index "cuda", else "cpu").
+            is: a CuPy graph or edge index "cuda", else "cpu"; pass
+            "cuda" for host arrays that will be trained on a GPU).
 
     0. Payback: a candidate is considered only if it could pay for itself
        within `calls` (`payback_calls`: its least cost per edge on the host,
        MIN_COST_PER_EDGE_S, over the most a call can save); the one chosen
        must also do so at its measured cost. On the GPU at width 128 that
-       takes at least 170 calls for "rcm" and 290 for "cluster", so with the
+       takes at least 168 calls for "rcm" and 292 for "cluster", so with the
        default 100 calls "auto" keeps the order there.
     1. Graphs below MIN_NODES nodes keep their order (they fit in cache).
     2. If the current order is already local -- at least KEEP_WINDOW_FRACTION
@@ -510,6 +512,9 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
         raise ValueError(f"width must be a positive integer, got {width!r}")
     device = inp.device if device is None else device
+    if device not in SLOWEST_CALL_PER_EDGE_FEATURE_S:
+        raise ValueError(f"device must be one of {sorted(SLOWEST_CALL_PER_EDGE_FEATURE_S)}, "
+                         f"got {device!r}")
     n, E = inp.n, inp.src.shape[0]
     ident = np.arange(n, dtype=np.int64)
     if calls is not None:

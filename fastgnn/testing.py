@@ -172,17 +172,29 @@ class NumpyAsCupy:
         return np
 
 
-def fake_cuda(monkeypatch):
+class Launches(list):
+    """The launches fake_cuda records, (func, grid, block, smem, stream,
+    params) each; `timed` holds (kernel name, parameter values) of those
+    made while a choice was being timed."""
+
+    def __init__(self):
+        super().__init__()
+        self.timed = []
+
+
+def fake_cuda(monkeypatch, wide_walk_wins=True):
     """fastgnn.torch's CUDA plan path on CPU tensors, without a GPU (CuPy must
     import): plans build on CPU graphs (NumPy task lists, kernels that are
-    addresses), their launches are recorded in the returned list as (func,
-    grid, block, smem, stream, params) instead of made, and the torch bridge
-    takes the plan path for CPU tensors (their device read as cuda:0, the
-    stream as 0xabc). The segment backward's timed choice of walk "measures"
-    the wide form faster. `monkeypatch` is pytest's (or a
-    pytest.MonkeyPatch); undoing it restores everything. Serves the plan
-    tests (tests/test_launch_plans.py) and measuring the plan path's host
-    cost on a CPU (benchmarks/dev/probe_plan_host_fake.py)."""
+    addresses), their launches are recorded in the returned `Launches` as
+    (func, grid, block, smem, stream, params) instead of made, and the torch
+    bridge takes the plan path for CPU tensors (their device read as cuda:0,
+    the stream as 0xabc). The segment backward's timed choice of walk runs
+    each form once (their kernels' names and parameter values recorded in
+    `Launches.timed`, not among the launches) and "measures" the wide
+    form faster when `wide_walk_wins`, else the one-edge form. `monkeypatch`
+    is pytest's (or a pytest.MonkeyPatch); undoing it restores everything.
+    Serves the plan tests (tests/test_launch_plans.py) and measuring the plan
+    path's host cost on a CPU (benchmarks/dev/probe_plan_host_fake.py)."""
     import torch
 
     from fastgnn.backends.cuda import attention as cuda_attention
@@ -196,17 +208,37 @@ def fake_cuda(monkeypatch):
         ptr = names.setdefault((family, vtype, itype, name), 0x10000 + 16 * len(names))
         return FakeKernel(ptr)
 
-    launches = []
+    launches = Launches()
 
     def launch_kernel(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
 
     monkeypatch.setattr(cuda_spmm, "cp", NumpyAsCupy())   # task_plan with NumPy
     monkeypatch.setattr(segment, "_scratch", lambda rows, F, vtype: np.empty((rows, F)))
-    # the backward walk's two forms "timed": the wide one (several edges in
-    # flight) measures faster, so that is the plan cached and launched
-    clock = iter([2.0, 1.0] * 1000)
-    monkeypatch.setattr(segment, "median_ms", lambda fn, **kw: next(clock))
+    monkeypatch.setattr(segment, "_capturing", lambda stream: False)
+    # the backward walk's two forms "timed" (one-edge first, then the wide
+    # one): each runs once, its launches kept apart, and the clock says which won
+    clock = iter(([2.0, 1.0] if wide_walk_wins else [1.0, 2.0]) * 1000)
+
+    timing = []
+    fill = plan.Launch.fill
+
+    def recording_fill(self, ptrs):
+        fill(self, ptrs)
+        if timing:
+            launches.timed.append((self.name, self.values[:len(self.kinds)].copy()))
+
+    def median_ms(fn, **kw):
+        n = len(launches)
+        timing.append(True)
+        try:
+            fn()
+        finally:
+            timing.pop()
+        del launches[n:]
+        return next(clock)
+    monkeypatch.setattr(plan.Launch, "fill", recording_fill)
+    monkeypatch.setattr(segment, "median_ms", median_ms)
     monkeypatch.setattr(segment, "get_function", get_function)
     monkeypatch.setattr(cuda_spmm, "get_function", get_function)
     monkeypatch.setattr(cuda_attention, "get_function", get_function)

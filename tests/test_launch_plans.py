@@ -190,6 +190,17 @@ def fake_cuda(monkeypatch):
     return testing.fake_cuda(monkeypatch)
 
 
+def test_segment_backward_keeps_the_one_edge_walk_where_it_measures_faster(monkeypatch):
+    testing.fake_cuda(monkeypatch, wide_walk_wins=False)
+    n = 300
+    ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=1))
+    g = ft.to_graph(ei, n)
+    x = torch.randn(n, 16, dtype=torch.float64, requires_grad=True)
+    torch.autograd.grad(ft.segment_reduce(g, x, "max").sum(), [x])
+    bwd, = [p for p in _plans_of(g) if isinstance(p, segment.BwdPlan)]
+    assert bwd.has_wide and bwd.unroll == 1
+
+
 def _plans_of(graph):
     return [v for v in graph.cache.values() if isinstance(v, plan.LaunchPlan)]
 
@@ -234,6 +245,12 @@ def test_segment_plan_path_runs_end_to_end_against_fakes(fake_cuda, reduce):
     # a max walk exists with several edges in flight, and measured faster here
     assert bwd[0].unroll == (loader.WIDE_UNROLL if reduce == "max" else 1)
     assert walk.name.endswith(f", {bwd[0].unroll}>") or "capped" in walk.name
+    if reduce == "max":
+        # both forms were timed on the call's buffers, but with a scratch gradient
+        walks = [(name, v) for name, v in fake_cuda.timed if name.startswith("segment_bwd")]
+        assert sorted(name[-2] for name, _ in walks) == ["1", str(loader.WIDE_UNROLL)]
+        for _, v in walks:
+            assert v[16] != gx.data_ptr() and v[4] == walk.values[4]   # grad_x; t_indices
     sigs = kernel_signatures()
     _check_launches(fake_cuda, g, sigs)
     assert len(fake_cuda) == 2 + len(bwd[0].launches)

@@ -330,7 +330,8 @@ def test_auto_reorders_only_what_can_pay_for_itself(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("bad, match", [({"calls": -1}, "calls"), ({"calls": 1.5}, "calls"),
-                                        ({"width": 0}, "width"), ({"device": "tpu"}, "device")])
+                                        ({"width": 0}, "width"), ({"device": "tpu"}, "device"),
+                                        ({"device": "tpu", "calls": None}, "device")])
 def test_auto_refuses_bad_payback_options(rng, bad, match):
     ei, n = shuffled(*generators.grid(128), rng)
     with pytest.raises(ValueError, match=match):

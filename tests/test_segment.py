@@ -537,6 +537,36 @@ def test_gpu_split_rows_merge_positions(device, hub, width):
 
 
 @pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
+@pytest.mark.parametrize("hub", [200, 3000], ids=["uint8", "uint16"])
+@pytest.mark.parametrize("width", [4, 128])
+def test_gpu_max_backward_walk_forms_agree_bitwise(device, hub, width, monkeypatch):
+    """The max backward's two walks (one edge at a time, and WIDE_UNROLL
+    edges in flight), each made the timed winner in turn, give bitwise the
+    same gradient (the same additions in the same order) on rows whose
+    degrees are no multiple of 4 and a split hub row, equal to the reference."""
+    from fastgnn.backends.cuda import loader
+    from fastgnn.backends.cuda import segment as cuda_segment
+    ei, _, x, go = _case(device, width, hub=hub, reduce="max")
+    n = x.shape[0]
+    x, go = x.astype(np.float32), go.astype(np.float32)
+    xd, god = to_device(x, device), to_device(go, device)
+    grads = []
+    for wide_wins in (False, True):
+        clock = iter([2.0, 1.0] if wide_wins else [1.0, 2.0])
+        monkeypatch.setattr(cuda_segment, "median_ms", lambda fn, **kw: next(clock))
+        g = Graph.from_edge_index(to_device(ei, device), num_nodes=n)    # fresh plan cache
+        _, argmax, argmin, mean, std, _ = cuda_segment.segment_fwd(g, xd, ("max",), "float32")
+        gx = cuda_segment.segment_bwd(g, xd, god, ("max",), mean, std, argmax, argmin, "float32")
+        plan, = [v for k, v in g.cache.items()
+                 if isinstance(k, tuple) and k[0] == "cuda_segment_bwd"]
+        assert plan.has_wide and plan.unroll == (loader.WIDE_UNROLL if wide_wins else 1)
+        grads.append(to_numpy(gx))
+    np.testing.assert_array_equal(grads[0], grads[1])
+    assert_close(grads[0], ref.segment_reduce_vjp(ei, x.astype(np.float64), "max", n,
+                                                  go.astype(np.float64)), "float32", "grad_x")
+
+
+@pytest.mark.parametrize("device", [p for p in devices() if p != "cpu"])
 @pytest.mark.parametrize("vtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("reduce", MULTI, ids=_id)
 @pytest.mark.parametrize("width", [8, 37, 128])

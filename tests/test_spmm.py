@@ -55,6 +55,29 @@ def test_spmm_matches_reference(device, reduce, weighted, width, dtype):
     assert np.all(to_numpy(out)[-30:] == 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpu_spmm_adds_edges_in_csr_order(dtype):
+    """The CPU kernel takes up to eight edges per pass over the features; its
+    sums are bitwise those of one edge at a time in CSR order (the order the
+    CUDA kernel adds them in), on rows of 0 to 29 edges and a hub."""
+    rng = np.random.default_rng(_seed())
+    n = 120
+    deg = np.concatenate([np.arange(30), rng.integers(0, 30, n - 31), [400]])
+    dst = np.repeat(np.arange(n), deg)
+    src = rng.integers(0, n, dst.shape[0])
+    g = Graph.from_edge_index(np.stack([src, dst]), num_nodes=n)
+    x = rng.standard_normal((n, 13)).astype(dtype)
+    w = rng.standard_normal(dst.shape[0])
+    for weight in (None, w):
+        want = np.zeros((n, 13), dtype=dtype)
+        ww = None if weight is None else g.to_csr_order(weight).astype(dtype)
+        for i in range(n):
+            for e in range(int(g.indptr[i]), int(g.indptr[i + 1])):
+                want[i] += x[g.indices[e]] if ww is None else ww[e] * x[g.indices[e]]
+        got = spmm(g, x, weight)
+        assert got.dtype == dtype and np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("device", devices())
 def test_bipartite_and_int64(device):
     ei, g, x, w, go = _case(device, 16, True, num_src=77, index_dtype=np.int64)

@@ -194,7 +194,8 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
     stream = _torch_stream_ptr(g.get_device())
     plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope_of(g),
                         stream=stream, buffers=buffers)
-    plan.run(stream, buffers(plan)[0])
+    ptrs, ws = buffers(plan)            # (ws: the workspace, alive through the launches)
+    plan.run(stream, ptrs)
     return grad
 
 

@@ -207,7 +207,9 @@ def make(spec: str, torch, device, seed: int = 0, reorder: str | None = None) ->
         name = built[2]
     if reorder is not None:
         from .. import reorder as _reorder
-        p = _reorder.order(ei, reorder, num_nodes=n, seed=seed)
+        # "auto" judges the order by where the calls run: the bench's device
+        opts = {"device": "cuda" if device.type == "cuda" else "cpu"} if reorder == "auto" else {}
+        p = _reorder.order(ei, reorder, num_nodes=n, seed=seed, **opts)
         ei = p.to(xp)[1][ei]
         name = f"{name}+{reorder}"
         desc = f"{desc}, reordered by {reorder} ({p.info.get('chosen', reorder)}, {p.time_s:.3g} s)"

@@ -343,7 +343,8 @@ def _timed_bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream, buffe
     several can be on graphs whose rows stay in L2, where the walk waits on
     latency."""
     plan = BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk)
-    if not plan.has_wide or not plan.launches or buffers is None:
+    if (not plan.has_wide or not plan.launches or buffers is None
+            or _capturing(stream)):     # (timing synchronises: never inside a capture)
         return plan
     wide = BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk, unroll=WIDE_UNROLL)
     scratch = _scratch(graph.num_src, F, vtype)
@@ -353,6 +354,12 @@ def _timed_bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream, buffe
     times = [median_ms(lambda p=p: p.run(stream, timed), burst=BURST) for p in (plan, wide)]
     del keep, scratch
     return wide if times[1] < times[0] else plan
+
+
+def _capturing(stream) -> bool:
+    """Whether `stream` (a cudaStream_t as int) is being captured into a CUDA graph."""
+    from cupy_backends.cuda.api import runtime
+    return bool(runtime.streamIsCapturing(stream))
 
 
 _VALUE_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
