@@ -430,15 +430,20 @@ DEFAULT_CALLS = 100        # kernel calls the reordered graph serves, unless tol
 DEFAULT_WIDTH = 128        # features per node the calls move, unless told
 
 
+def _check_device(device):
+    if device not in SLOWEST_CALL_PER_EDGE_FEATURE_S:
+        raise ValueError(f"device must be one of {sorted(SLOWEST_CALL_PER_EDGE_FEATURE_S)}, "
+                         f"got {device!r}")
+    return device
+
+
 def payback_calls(cost_s, num_edges, width=DEFAULT_WIDTH, device="cuda"):
     """The fewest calls in which an order that took `cost_s` seconds can pay
     for itself on a graph of `num_edges` edges at `width` features: its cost
     over the most a call can save (a 1 - 1/MAX_SPEEDUP share of the slowest
     call the study measured per edge and feature on `device`). A lower
     bound: real savings are smaller, so real break-evens are later."""
-    if device not in SLOWEST_CALL_PER_EDGE_FEATURE_S:
-        raise ValueError(f"device must be one of {sorted(SLOWEST_CALL_PER_EDGE_FEATURE_S)}, "
-                         f"got {device!r}")
+    _check_device(device)
     saving = (1 - 1 / MAX_SPEEDUP) * max(num_edges, 1) * width \
         * SLOWEST_CALL_PER_EDGE_FEATURE_S[device]
     return cost_s / saving
@@ -511,10 +516,7 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
         raise ValueError(f"calls must be a non-negative integer or None, got {calls!r}")
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width <= 0:
         raise ValueError(f"width must be a positive integer, got {width!r}")
-    device = inp.device if device is None else device
-    if device not in SLOWEST_CALL_PER_EDGE_FEATURE_S:
-        raise ValueError(f"device must be one of {sorted(SLOWEST_CALL_PER_EDGE_FEATURE_S)}, "
-                         f"got {device!r}")
+    device = _check_device(inp.device if device is None else device)
     n, E = inp.n, inp.src.shape[0]
     ident = np.arange(n, dtype=np.int64)
     if calls is not None:

@@ -78,11 +78,7 @@ def _device_index(graph, t: torch.Tensor):
     return idx
 
 
-def _scope(device):
-    return lambda: device_scope(device)
-
-
-def _scope_of(t: torch.Tensor):
+def _scope(t: torch.Tensor):
     """A device scope for t's device, built only when called (plan builds)."""
     return lambda: device_scope(t.device)
 
@@ -114,10 +110,6 @@ def _codes_of(reduce):
     return parse_reduce(reduce)[0]
 
 
-@functools.lru_cache(maxsize=256)
-def _reads_x(codes: tuple) -> bool:
-    """Whether the backward of `codes` reads x (var, std and mul do)."""
-    return any(c in ("var", "std", "mul") for c in codes)
 
 
 def _codes(reduce) -> tuple:
@@ -152,7 +144,7 @@ def segment_forward(graph, x: torch.Tensor, codes: tuple, residuals: bool):
     out = x.new_empty((n, len(codes) * F))
     vec = seg.vec_for(vtype, F, (x.data_ptr(), x.element_size()),
                       (out.data_ptr(), out.element_size()))
-    plan = seg.fwd_plan(graph, codes, F, vtype, residuals, vec, context=_scope_of(x))
+    plan = seg.fwd_plan(graph, codes, F, vtype, residuals, vec, context=_scope(x))
     # the residuals and the workspace in one allocation (one allocator call
     # less per call; the workspace, the split rows' partial states, is small)
     buffer = _bytes(plan.residual_bytes + plan.workspace_bytes, x)
@@ -163,7 +155,7 @@ def segment_forward(graph, x: torch.Tensor, codes: tuple, residuals: bool):
     if not residuals:
         return out, None
     return out, SegmentResiduals(codes, vtype, F, buffer, addresses,
-                                 x if _reads_x(codes) else None)
+                                 x if seg.reads_x(codes) else None)
 
 
 def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
@@ -192,7 +184,7 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
         return (_ptr(res.x), g.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
                 _ptr(addend), grad.data_ptr(), _ptr(ws)), ws
     stream = _torch_stream_ptr(g.get_device())
-    plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope_of(g),
+    plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope(g),
                         stream=stream, buffers=buffers)
     ptrs, ws = buffers(plan)            # (ws: the workspace, alive through the launches)
     plan.run(stream, ptrs)
@@ -483,7 +475,7 @@ class EdgeSoftmaxPath:
         H = 1 if x.dim() == 1 else x.shape[1]
         out = torch.empty(x.shape, dtype=x.dtype, device=dev)
         lse = torch.empty((graph.num_dst, H), dtype=_ACC[vtype], device=dev)
-        plan = be.softmax_plan(graph, H, vtype, False, context=_scope(dev))
+        plan = be.softmax_plan(graph, H, vtype, False, context=_scope(x))
         plan.run(_torch_stream_ptr(dev.index),
                  (x.data_ptr(), out.data_ptr(), lse.data_ptr(), *be.drop_values(drop)))
         return (out,), True, (SoftmaxResiduals(x, lse, drop, vtype) if needs["scores"] else None)
@@ -496,7 +488,7 @@ class EdgeSoftmaxPath:
         g, x = _dense(g), res.scores
         H = 1 if x.dim() == 1 else x.shape[1]
         gs = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        plan = be.softmax_plan(graph, H, res.vtype, True, context=_scope(x.device))
+        plan = be.softmax_plan(graph, H, res.vtype, True, context=_scope(x))
         plan.run(_torch_stream_ptr(x.device.index),
                  (x.data_ptr(), res.lse.data_ptr(), g.data_ptr(), gs.data_ptr(),
                   *be.drop_values(res.drop)))
@@ -637,7 +629,7 @@ class EdgeAttentionPath:
         alpha = torch.empty((E, H), dtype=dtype, device=dev) if want else None
         out_b = torch.empty((nd, H, C), dtype=dtype, device=dev) if bias is not None else None
         plan = be.fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, want,
-                           params, shape, context=_scope(dev))
+                           params, shape, context=_scope(out))
         ws = _bytes(plan.workspace_bytes, out)
         plan.run(_torch_stream_ptr(dev.index),
                  (*(_ptr(t) for t in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha, ws)),
@@ -670,7 +662,7 @@ class EdgeAttentionPath:
         except NotImplementedError:
             return _attention_bridge_backward(self.op, graph, res, grad_outs, needs, tensor_kw)
         plan = be.bwd_plan(graph, score, res.vtype, H, C, Ed is not None, wants, res.params,
-                           shape, context=_scope(dev))
+                           shape, context=_scope(out))
         made = [torch.empty(like.shape, dtype=like.dtype, device=dev) if want else None
                 for want, like in zip(wants, (S, Dn, Ed, V))]
         gatt = torch.empty(H * C, dtype=out.dtype, device=dev) if wants[4] else None

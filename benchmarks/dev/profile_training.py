@@ -17,7 +17,6 @@ import pstats
 import sys
 
 import torch
-import torch.nn.functional as F
 from profile_layer_host import print_times   # benchmarks/dev/ (this folder)
 
 from fastgnn.bench import cases_training as tr
@@ -40,12 +39,8 @@ def main(name="tolokers", models=("GCN", "SAGE-mean", "GIN")):
             model.to(dev).train()
             opt = torch.optim.Adam(model.parameters(), lr=tr.LR, weight_decay=tr.WEIGHT_DECAY)
 
-            def epoch():
-                opt.zero_grad(set_to_none=True)
-                out = model(data.x, data.edge_index)
-                loss = F.cross_entropy(out.index_select(0, data.train_idx), data.train_y)
-                loss.backward()
-                opt.step()
+            def epoch(model=model, opt=opt):
+                tr.train_step(model, opt, data)
 
             for _ in range(5):
                 epoch()

@@ -340,10 +340,24 @@ def evaluate(torch, model, data):
 # ------------------------------------------------------------------ one row
 
 
+def train_step(runner, opt, data, *, set_to_none=True):
+    """One training step: the gradients zeroed (set to None, or to 0 in place
+    for a captured step's static buffers), runner(x, edge_index), the cross
+    entropy on the training nodes, backward, the optimizer's step. Returns
+    the loss, detached."""
+    import torch.nn.functional as F
+    opt.zero_grad(set_to_none=set_to_none)
+    out = runner(data.x, data.edge_index)
+    # (the loss gathers by index: boolean indexing would sync the host every step)
+    loss = F.cross_entropy(out.index_select(0, data.train_idx), data.train_y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
 def train(torch, model, data, *, mode, epochs, warmup, seed, cuda):
     """Train `model` (its eager module; compiled per mode) for `epochs` epochs;
     returns the measurements. Raises whatever the framework raises."""
-    import torch.nn.functional as F
     if mode == "capture":
         return train_captured(torch, model, data, epochs=epochs, warmup=warmup, seed=seed)
     runner = model
@@ -365,12 +379,7 @@ def train(torch, model, data, *, mode, epochs, warmup, seed, cuda):
     def epoch():
         if mark is not None:
             mark()
-        opt.zero_grad(set_to_none=True)
-        out = runner(data.x, data.edge_index)
-        loss = F.cross_entropy(out.index_select(0, data.train_idx), data.train_y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
+        losses.append(train_step(runner, opt, data))
 
     torch.manual_seed(seed + 1)                 # the same dropout masks for both frameworks
     if cuda:
@@ -412,18 +421,12 @@ def train_captured(torch, model, data, *, epochs, warmup, seed):
     """Mode "capture": one training step (forward, loss, backward, capturable
     Adam) recorded once in a torch.cuda.CUDAGraph after `warmup` eager steps
     on a side stream, then replayed per epoch: no host work per epoch at all."""
-    import torch.nn.functional as F
     opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
                            capturable=True)
     model.train()
 
     def step():
-        opt.zero_grad(set_to_none=False)
-        out = model(data.x, data.edge_index)
-        loss = F.cross_entropy(out.index_select(0, data.train_idx), data.train_y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return train_step(model, opt, data, set_to_none=False)
 
     torch.manual_seed(seed + 1)
     torch.cuda.manual_seed_all(seed + 1)

@@ -111,6 +111,12 @@ def _stream() -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def reads_x(codes: tuple) -> bool:
+    """Whether the backward of `codes` (a tuple) reads x: var, std and mul do."""
+    return any(c in ("var", "std", "mul") for c in codes)
+
+
+@functools.lru_cache(maxsize=None)
 def arg_terms(codes: tuple) -> tuple:
     """The reductions of `codes` (a tuple) with an arg term in the backward
     ("max", "min", in that order: the walk's and BwdPlan's order)."""
@@ -282,7 +288,7 @@ class BwdPlan(LaunchPlan):
         has_a = any(c not in ("max", "min", "mul") for c in codes)
         has_b = any(c in ("var", "std") for c in codes)
         has_c = "mul" in codes
-        self.needs_x = has_b or has_c
+        self.needs_x = reads_x(codes)
         t = graph.transpose()
         tasks = task_plan(t, chunk)
         row = n * F * acc.itemsize
@@ -362,13 +368,9 @@ def _capturing(stream) -> bool:
     return bool(runtime.streamIsCapturing(stream))
 
 
-_VALUE_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16,
-                 "bfloat16": np.uint16}
-
-
 def _scratch(rows, F, vtype):
-    """An uninitialised [rows, F] array of the value type (bf16 as uint16)."""
-    return cp.empty((rows, F), dtype=_VALUE_DTYPES[vtype])
+    """Uninitialised bytes for [rows, F] values of the value type."""
+    return cp.empty(rows * F * VALUE_BYTES[vtype], dtype=np.uint8)
 
 
 def bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk=DEFAULT_CHUNK,
@@ -437,7 +439,7 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
         atomic = []
     grad = cp.empty((ns, F), dtype=dtype) if out is None else out
     walk_args = tuple(c for c, _ in named)
-    needs_x = any(c in ("var", "std", "mul") for c in codes)
+    needs_x = reads_x(codes)
     vec = vec_for(vtype, F, *_spans(x if needs_x else None, addend, grad, *(a for _, a in named)))
     args = [a for _, a in named] + [None] * (2 - len(named))
     mul_out, mul_zero = (None, None) if mul is None else mul
