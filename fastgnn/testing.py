@@ -180,9 +180,10 @@ class Launches(list):
     def __init__(self):
         super().__init__()
         self.timed = []
+        self.native = []
 
 
-def fake_cuda(monkeypatch, wide_walk_wins=True):
+def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
     """fastgnn.torch's CUDA plan path on CPU tensors, without a GPU (CuPy must
     import): plans build on CPU graphs (NumPy task lists, kernels that are
     addresses), their launches are recorded in the returned `Launches` as
@@ -191,7 +192,11 @@ def fake_cuda(monkeypatch, wide_walk_wins=True):
     the stream as 0xabc). The segment backward's timed choice of walk runs
     each form once (their kernels' names and parameter values recorded in
     `Launches.timed`, not among the launches) and "measures" the wide
-    form faster when `wide_walk_wins`, else the one-edge form. `monkeypatch`
+    form faster when `wide_walk_wins`, else the one-edge form. With
+    `native_node`, the ops whose plans serve their backward attach the native
+    backward node (fastgnn.torch.native, built for this torch), whose
+    launches are recorded in `Launches.native` as (func, grid, block, smem,
+    stream, parameter values); else they keep their Python nodes. `monkeypatch`
     is pytest's (or a pytest.MonkeyPatch); undoing it restores everything.
     Serves the plan tests (tests/test_launch_plans.py) and measuring the plan
     path's host cost on a CPU (benchmarks/dev/probe_plan_host_fake.py)."""
@@ -251,4 +256,36 @@ def fake_cuda(monkeypatch, wide_walk_wins=True):
     monkeypatch.setattr(plans, "_device_index", lambda graph, t: 0)
     monkeypatch.setattr(plans, "_torch_stream_ptr", lambda idx: 0xabc)
     monkeypatch.setattr(_autograd, "_device_of", lambda tensors: torch.device("cuda", 0))
+    from fastgnn.torch import native
+    monkeypatch.setattr(native, "ENABLED", bool(native_node))
+    if native_node:
+        monkeypatch.setattr(_autograd, "_torch_stream_ptr", lambda idx: 0xabc)
+        _fake_native_launches(monkeypatch, native, launches)
     return launches
+
+
+def _fake_native_launches(monkeypatch, native, launches):
+    """The native node's cuLaunchKernel as a recording ctypes function: each
+    launch's parameter values are read during the call (the node's
+    parameter block lives only then), their count from the launch's kernel."""
+    import ctypes
+    counts = {}
+    build = native.ProgramBuilder.build
+
+    def counting_build(self, results, keep):
+        for func, _grid, _block, _smem, values, _dynamic in self.launches:
+            counts[func] = len(values)
+        return build(self, results, keep)
+
+    def record(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        n = counts[func]
+        ptrs = (ctypes.c_uint64 * n).from_address(params)
+        launches.native.append((func, (gx, gy, gz), (bx, by, bz), smem, stream,
+                                [ctypes.c_uint64.from_address(p).value for p in ptrs]))
+        return 0
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, *[ctypes.c_uint] * 7,
+                             ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p)
+    fn = proto(record)
+    launches.native_fn = fn          # (alive as long as the recorded world)
+    monkeypatch.setattr(native.ProgramBuilder, "build", counting_build)
+    monkeypatch.setattr(native, "launch_fn", lambda: ctypes.cast(fn, ctypes.c_void_p).value)

@@ -126,7 +126,7 @@ def test_wheel_holds_only_the_fastgnn_namespace(tmp_path):
             assert zf.read(top_level[0]).decode().split() == ["fastgnn"]
     stray = [n for n in names if not (n.startswith("fastgnn/") or ".dist-info/" in n)]
     assert not stray, f"wheel installs files outside the fastgnn package: {stray}"
-    for n in ("fastgnn/__init__.py", "fastgnn/torch/__init__.py",
+    for n in ("fastgnn/__init__.py", "fastgnn/torch/__init__.py", "fastgnn/torch/native.cpp",
               "fastgnn/kernels_cuda/__init__.py"):
         assert n in names, f"{n} missing from the wheel"
     kernels = [p.name for p in KERNELS.iterdir() if p.suffix in (".cu", ".cuh")]

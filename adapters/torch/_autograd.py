@@ -36,6 +36,8 @@ from torch.utils.dlpack import to_dlpack as _to_dlpack
 from fastgnn._array import data_ptr, is_cupy
 from fastgnn.backends.cuda.streams import external_stream
 
+from . import native as _native
+
 __all__ = ["Op", "FastgnnFunction", "PlanResiduals", "apply", "device_scope", "to_array",
            "to_tensor"]
 
@@ -356,18 +358,18 @@ class PlanResiduals:
     __slots__ = ("aliased",)
 
 
-def _forward(op: Op, graph, static: dict, tensors, needs: dict):
+def _forward(op: Op, graph, static: dict, tensors, needs: dict, done=None):
     """op.fwd on the tensors' arrays, with each fwd flag set from `needs`
     (input name -> gradient wanted): (outputs as tensors, single output?,
     residuals, bf16?, device). On CUDA, the op's launch plan path when it
     serves the call."""
     device = _device_of(tensors)
     plan = op.cuda if device.type == "cuda" else op.cpu
-    if plan is not None and PLANS:
+    if done is None and plan is not None and PLANS:
         done = plan.forward(graph, static, tensors, needs)
-        if done is not None:
-            outs, single, res = done
-            return outs, single, res, False, device
+    if done:
+        outs, single, res = done
+        return outs, single, res, False, device
     bf16 = any(t is not None and t.dtype == torch.bfloat16
                for name, t in zip(op.inputs, tensors) if name in op.features)
     with device_scope(device):
@@ -389,9 +391,11 @@ class FastgnnFunction(torch.autograd.Function):
     static, *tensors). Use `apply` rather than calling it directly."""
 
     @staticmethod
-    def forward(ctx, op: Op, graph, static: dict, *tensors):
-        needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
-        outs, single, res, bf16, device = _forward(op, graph, static, tensors, needs)
+    def forward(ctx, op: Op, graph, static: dict, done, *tensors):
+        # done: the plan path's forward when `apply` already ran it (False:
+        # it does not serve the call; None: not asked yet)
+        needs = dict(zip(op.inputs, ctx.needs_input_grad[4:]))
+        outs, single, res, bf16, device = _forward(op, graph, static, tensors, needs, done)
         ctx.op, ctx.graph, ctx.bf16, ctx.device = op, graph, bf16, device
         if any(needs.values()) and isinstance(res, PlanResiduals):
             ctx.res = res
@@ -419,12 +423,12 @@ class FastgnnFunction(torch.autograd.Function):
         op = ctx.op
         n_in = len(op.inputs)
         if ctx.res is None:
-            return (None, None, None) + (None,) * n_in
+            return (None, None, None, None) + (None,) * n_in
         ctx.saved_tensors  # noqa: B018  (raises if a saved input was modified in place)
-        needs = dict(zip(op.inputs, ctx.needs_input_grad[3:]))
+        needs = dict(zip(op.inputs, ctx.needs_input_grad[4:]))
         out = _backward(op, ctx.graph, ctx.res, ctx.device, ctx.bf16,
                         getattr(ctx, "in_dtypes", None), needs, grad_outs)
-        return (None, None, None, *out)
+        return (None, None, None, None, *out)
 
 
 def _backward(op: Op, graph, res, device, bf16: bool, in_dtypes, needs: dict, grad_outs,
@@ -489,5 +493,21 @@ def apply(op: Op, graph, *tensors, **static):
         outs, single, _, _, _ = _forward(op, graph, static, tensors,
                                          dict.fromkeys(op.inputs, False))
         return outs[0] if single else outs
-    return FastgnnFunction.apply(op, graph, static, *tensors)
+    cuda = op.cuda
+    if cuda is not None and PLANS and hasattr(cuda, "native"):
+        device = _device_of(tensors)
+        if device.type == "cuda" and _native.available():
+            needs = {name: t is not None and t.requires_grad for name, t in zip(op.inputs, tensors)}
+            done = cuda.forward(graph, static, tensors, needs)
+            if done is None:                    # the bridge serves it
+                return FastgnnFunction.apply(op, graph, static, False, *tensors)
+            outs, single, res = done
+            spec = cuda.native(graph, res, outs, needs)
+            if spec is None:
+                return FastgnnFunction.apply(op, graph, static, done, *tensors)
+            program, saved, held, addresses = spec
+            outs = _native.attach(program, outs, tensors, saved, held, addresses,
+                                  _torch_stream_ptr(device.index))
+            return outs[0] if single else tuple(outs)
+    return FastgnnFunction.apply(op, graph, static, None, *tensors)
 

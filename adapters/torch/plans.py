@@ -191,6 +191,39 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
     return grad
 
 
+def segment_native(graph, res: SegmentResiduals, out: torch.Tensor):
+    """(Program, saved, held, addresses) of the native backward of a
+    `segment_forward` call with residuals (see native.py): the BwdPlan that
+    `segment_backward` runs, its walk's form timed now on scratch buffers
+    (the forward's output standing in for the cotangent)."""
+    from . import native
+    seg = _segment()
+    vtype, F, codes = res.vtype, res.width, res.codes
+    vec = seg.vec_for(vtype, F, *_spans(res.x), (0, out.element_size()))
+    key = ("native_segment", codes, F, vtype, vec)
+    program = graph.cache.get(key)
+    if program is None:
+        walk_args = seg.arg_terms(codes)
+        argmax, argmin, mean, std, mul_out, mul_zero = res.addresses
+
+        def buffers(plan):
+            grad, ws = out.new_empty((graph.num_src, F)), _bytes(plan.workspace_bytes, out)
+            args = [argmax if c == "max" else argmin for c in walk_args] + [0, 0]
+            return (_ptr(res.x), out.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
+                    0, grad.data_ptr(), _ptr(ws)), (grad, ws)
+        plan = seg.bwd_plan(graph, codes, F, vtype, walk_args, vec, context=_scope(out),
+                            stream=_torch_stream_ptr(out.get_device()), buffers=buffers)
+        b = native.ProgramBuilder("segment_reduce", 7, [out.shape], [16], 1)
+        a = b.address          # the addresses: x, argmax, argmin, mean, std, mul's two
+        grad = b.buffer((graph.num_src, F), out.dtype)
+        ws = b.buffer((plan.workspace_bytes,), torch.uint8) if plan.workspace_bytes else 0
+        args = [a(1) if c == "max" else a(2) for c in walk_args] + [0, 0]
+        b.run(plan, (a(0), b.cotangent(0), a(3), a(4), a(5), a(6), args[0], args[1], 0, grad, ws))
+        program = graph.cache.setdefault(key, b.build([grad], (plan,)))
+    held = () if res.buffer is None else (res.buffer,)
+    return program, res.aliased, held, (_ptr(res.x), *res.addresses)
+
+
 _SEGMENT_STATIC = frozenset({"reduce", "deterministic"})
 
 
@@ -219,6 +252,9 @@ class SegmentReducePath:
         if g is None or not needs["x"]:
             return [None]
         return [segment_backward(graph, res, g, tensor_kw.get("addend"), tensor_kw.get("out"))]
+
+    def native(self, graph, res, outs, needs):
+        return segment_native(graph, res, outs[0])
 
 
 SEGMENT_REDUCE = SegmentReducePath()
@@ -400,6 +436,49 @@ class SpmmPath:
         if needs["bias"] and res.has_bias:
             gb = column_sums(g, res.vtype, graph.index_dtype)
         return [gx, None, gb]
+
+
+    def native(self, graph, res, outs, needs):
+        """(Program, saved, held, addresses) of the native backward (see
+        native.py): the transpose's SpMM and the bias's column sums that
+        `backward` runs; None where a scale is a caller's tensor (its
+        address would be baked into the program)."""
+        if isinstance(res.row_scale, torch.Tensor) or isinstance(res.col_scale, torch.Tensor):
+            return None
+        from . import native
+        out, = outs
+        F, vtype = out.shape[1], res.vtype
+        want_x, want_bias = bool(needs["x"]), bool(needs["bias"]) and res.has_bias
+        wt, rs, cs = _addr(res.weights_t), _addr(res.row_scale), _addr(res.col_scale)
+        key = ("native_spmm", F, vtype, wt, rs, cs, res.chunk_t, want_x, want_bias)
+        program = graph.cache.get(key)
+        if program is None:
+            be = _spmm_backend()
+            b = native.ProgramBuilder("spmm", 0, [out.shape], [16], 3)
+            results, keep = [None, None, None], [res.weights_t, res.row_scale, res.col_scale]
+            if want_x:
+                t = graph.cache["transpose"]            # (the forward found it)
+                vec = be.spmm_vec(vtype, F, (0, out.element_size()), (0, out.element_size()))
+                plan = t.cache.get(("cuda_spmm", F, vtype, bool(wt), res.chunk_t, vec))
+                if plan is None:
+                    with device_scope(out.device):
+                        plan = be.spmm_plan(t, F, vtype, bool(wt), res.chunk_t, vec)
+                gx = b.buffer((graph.num_src, F), out.dtype)
+                ws = b.buffer((plan.workspace_bytes,), torch.uint8) if plan.workspace_bytes else 0
+                # the forward's kernel over the transpose, scales swapped
+                b.run(plan, (b.cotangent(0), wt, cs, rs, 0, gx, ws))
+                results[0] = gx
+                keep.append(plan)
+            if want_bias:
+                plan = be.column_sum_plan("spmm", vtype, be._ITYPE[np.dtype(graph.index_dtype)],
+                                          graph.num_dst, F, True, False)
+                gb = b.buffer((F,), out.dtype)
+                ws = b.buffer((plan.workspace_bytes,), torch.uint8) if plan.workspace_bytes else 0
+                b.run(plan, (b.cotangent(0), gb, ws))
+                results[2] = gb
+                keep.append(plan)
+            program = graph.cache.setdefault(key, b.build(results, tuple(keep)))
+        return program, (), (), ()
 
 
 def _addr(a) -> int:
