@@ -255,11 +255,11 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
     monkeypatch.setattr(plan, "ensure_context", lambda device: None)
     monkeypatch.setattr(plans, "_device_index", lambda graph, t: 0)
     monkeypatch.setattr(plans, "_torch_stream_ptr", lambda idx: 0xabc)
+    monkeypatch.setattr(_autograd, "_torch_stream_ptr", lambda idx: 0xabc)
     monkeypatch.setattr(_autograd, "_device_of", lambda tensors: torch.device("cuda", 0))
     from fastgnn.torch import native
     monkeypatch.setattr(native, "ENABLED", bool(native_node))
     if native_node:
-        monkeypatch.setattr(_autograd, "_torch_stream_ptr", lambda idx: 0xabc)
         _fake_native_launches(monkeypatch, native, launches)
     return launches
 

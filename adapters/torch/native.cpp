@@ -15,7 +15,7 @@
 //   launches: CUfunction, grid, block, shared bytes, the parameter block's
 //             fixed 8-byte slots, and (slot, table index, byte offset) for
 //             each pointer written per call (0 stays 0: an absent buffer)
-//   buffers:  shape, dtype, zero-filled or not, on the first cotangent's device
+//   buffers:  shape and dtype, allocated uninitialised on the first cotangent's device
 //   results:  per differentiable input, the buffer that is its gradient (-1: none)
 // Launches go through the driver's cuLaunchKernel, whose address Python
 // passes in (tests pass a recording fake), on the stream recorded at attach:
@@ -65,6 +65,10 @@ NodePtr self_of(T* self) {
 
 // CUresult cuLaunchKernel(CUfunction, gx, gy, gz, bx, by, bz, shared bytes,
 //                         CUstream, void** params, void** extra)
+// byte alignment of every cotangent a program reads (a misaligned one is
+// copied): the kernels' widest vector load, so programs may take any VEC
+constexpr uint64_t kCotangentAlign = 16;
+
 using LaunchFn = int (*)(uint64_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, uint64_t, void**, void**);
 
@@ -77,10 +81,9 @@ struct Launch {
   std::vector<std::array<int64_t, 3>> dynamic;     // (slot, table index, offset)
 };
 
-struct Buffer {
+struct Buffer {                                    // allocated uninitialised per backward
   std::vector<int64_t> shape;
   at::ScalarType dtype;
-  bool zero;
 };
 
 struct Program {
@@ -88,7 +91,6 @@ struct Program {
   LaunchFn launch_fn = nullptr;
   int64_t num_addresses = 0;                       // forward addresses per call
   std::vector<std::vector<int64_t>> out_shapes;    // per output (cotangent shape)
-  std::vector<int64_t> align;                      // per cotangent: byte alignment it needs
   std::vector<Buffer> buffers;
   std::vector<Launch> launches;
   std::vector<int64_t> results;                    // per input: buffer index or -1
@@ -122,8 +124,8 @@ struct Program {
     launches.push_back(std::move(l));
   }
 
-  void add_buffer(std::vector<int64_t> shape, int64_t dtype, bool zero) {
-    buffers.push_back({std::move(shape), static_cast<at::ScalarType>(dtype), zero});
+  void add_buffer(std::vector<int64_t> shape, int64_t dtype) {
+    buffers.push_back({std::move(shape), static_cast<at::ScalarType>(dtype)});
   }
 };
 
@@ -161,7 +163,7 @@ struct NativeBackward : public Node {
         g = at::zeros(p.out_shapes[k], cot_options);
       } else {
         g = g.contiguous();
-        if (reinterpret_cast<uint64_t>(g.data_ptr()) % static_cast<uint64_t>(p.align[k])) {
+        if (reinterpret_cast<uint64_t>(g.data_ptr()) % kCotangentAlign) {
           g = g.clone();              // (the caching allocator's blocks are aligned)
         }
       }
@@ -172,8 +174,7 @@ struct NativeBackward : public Node {
     std::vector<at::Tensor> bufs;
     bufs.reserve(p.buffers.size());
     for (const auto& b : p.buffers) {
-      auto o = options.dtype(b.dtype);
-      at::Tensor t = b.zero ? at::zeros(b.shape, o) : at::empty(b.shape, o);
+      at::Tensor t = at::empty(b.shape, options.dtype(b.dtype));
       table.push_back(t.numel() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0);
       bufs.push_back(std::move(t));
     }
@@ -264,22 +265,19 @@ std::vector<at::Tensor> attach(const std::shared_ptr<Program>& program,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Program, std::shared_ptr<Program>>(m, "Program")
       .def(py::init([](std::string name, uint64_t launch_fn, int64_t num_addresses,
-                       std::vector<std::vector<int64_t>> out_shapes, std::vector<int64_t> align,
+                       std::vector<std::vector<int64_t>> out_shapes,
                        std::vector<int64_t> results, py::object keep) {
              auto p = std::make_shared<Program>();
-             TORCH_CHECK(out_shapes.size() == align.size(), "one alignment per output");
              p->name = std::move(name);
              p->launch_fn = reinterpret_cast<LaunchFn>(launch_fn);
              p->num_addresses = num_addresses;
              p->out_shapes = std::move(out_shapes);
-             p->align = std::move(align);
-             for (auto& a : p->align) a = a > 0 ? a : 1;
              p->results = std::move(results);
              p->keep = std::move(keep);
              return p;
            }),
            py::arg("name"), py::arg("launch_fn"), py::arg("num_addresses"),
-           py::arg("out_shapes"), py::arg("align"), py::arg("results"), py::arg("keep"))
+           py::arg("out_shapes"), py::arg("results"), py::arg("keep"))
       .def("add_launch", &Program::add_launch)
       .def("add_buffer", &Program::add_buffer)
       .def_property_readonly("num_buffers",

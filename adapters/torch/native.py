@@ -51,7 +51,8 @@ def module():
             try:
                 _module = _build()
             except Exception as exc:                       # noqa: BLE001 (any build failure)
-                _failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}"
+                last = (str(exc).strip().splitlines() or [""])[-1]
+                _failed = f"{type(exc).__name__}: {last}"
                 warnings.warn("fastgnn.torch: the native backward node could not be built "
                               f"({_failed}); the ops keep their Python autograd nodes, which "
                               "cost more host time per backward on CUDA. Install a C++ "
@@ -65,7 +66,7 @@ def _build():
     with open(SOURCE, "rb") as f:
         digest = hashlib.sha1(f.read() + torch.__version__.encode()).hexdigest()[:10]
     name = f"fastgnn_native_{digest}"
-    build_dir = os.path.join(cpp_extension._get_build_directory(name, False))
+    build_dir = cpp_extension._get_build_directory(name, False)
     if not os.path.exists(os.path.join(build_dir, f"{name}.so")):
         print("fastgnn.torch: compiling the native backward node (once, ~40 s) ...",
               file=sys.stderr, flush=True)
@@ -98,14 +99,14 @@ class Table:
 
 class ProgramBuilder:
     """Builds a native Program. num_addresses: per-call forward addresses
-    given to attach; out_shapes / align: per output, its cotangent's shape
-    and the byte alignment the launches read it at; num_inputs: the op's
-    differentiable inputs."""
+    given to attach; out_shapes: per output, its cotangent's shape (which
+    the node aligns to 16 bytes, native.cpp's kCotangentAlign, so the
+    launches may read it at any VEC); num_inputs: the op's differentiable
+    inputs."""
 
-    def __init__(self, name, num_addresses, out_shapes, align, num_inputs):
+    def __init__(self, name, num_addresses, out_shapes, num_inputs):
         self.name, self.num_addresses = name, num_addresses
         self.out_shapes = [list(map(int, s)) for s in out_shapes]
-        self.align = [int(a) for a in align]
         self.num_inputs = num_inputs
         self.buffers, self.launches = [], []
 
@@ -115,10 +116,10 @@ class ProgramBuilder:
     def cotangent(self, k) -> Table:
         return Table(self.num_addresses + k)
 
-    def buffer(self, shape, dtype: torch.dtype, zero=False) -> Table:
-        """A buffer allocated per backward (torch's allocator, the
-        cotangent's device): its table entry."""
-        self.buffers.append((list(map(int, shape)), dtype, bool(zero)))
+    def buffer(self, shape, dtype: torch.dtype) -> Table:
+        """A buffer allocated (uninitialised) per backward (torch's allocator,
+        the cotangent's device): its table entry."""
+        self.buffers.append((list(map(int, shape)), dtype))
         return Table(self.num_addresses + len(self.out_shapes) + len(self.buffers) - 1)
 
     def run(self, plan, refs):
@@ -148,10 +149,10 @@ class ProgramBuilder:
         res = [-1 if r is None else r.index - first for r in results]
         if len(res) != self.num_inputs:
             raise ValueError(f"{self.name}: {len(res)} results for {self.num_inputs} inputs")
-        prog = nat.Program(self.name, launch_fn(), self.num_addresses, self.out_shapes,
-                           self.align, res, keep)
-        for shape, dtype, zero in self.buffers:
-            prog.add_buffer(shape, _DTYPE_CODES[dtype], zero)
+        prog = nat.Program(self.name, launch_fn(), self.num_addresses, self.out_shapes, res,
+                           keep)
+        for shape, dtype in self.buffers:
+            prog.add_buffer(shape, _DTYPE_CODES[dtype])
         for func, grid, block, smem, values, dynamic in self.launches:
             prog.add_launch(func, list(grid), list(block), smem, values, dynamic)
         return prog

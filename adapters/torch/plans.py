@@ -158,6 +158,33 @@ def segment_forward(graph, x: torch.Tensor, codes: tuple, residuals: bool):
                                  x if seg.reads_x(codes) else None)
 
 
+def _bwd_ptrs(codes, x, residuals, g, addend, grad, ws):
+    """BwdPlan.run's buffers of a backward of `codes`: x, the cotangent g,
+    the residuals (SegmentResiduals.addresses' order), the walk's positions
+    (argmax or argmin per arg term), addend, grad and workspace. Each an
+    address (int, 0: absent) or a native program's table entry
+    (`native.ProgramBuilder.run` takes either)."""
+    argmax, argmin, mean, std, mul_out, mul_zero = residuals
+    args = [argmax if c == "max" else argmin for c in _segment().arg_terms(codes)]
+    args += [0] * (2 - len(args))
+    return (x, g, mean, std, mul_out, mul_zero, args[0], args[1], addend, grad, ws)
+
+
+def _bwd_plan(graph, res: SegmentResiduals, vec, g: torch.Tensor, addend, grad):
+    """The cached BwdPlan of `res`'s request; its first call times the walk's
+    forms on these buffers (g, addend, grad: tensors; grad None: a fresh one)."""
+    seg = _segment()
+
+    def buffers(plan):
+        gr = grad if grad is not None else g.new_empty((graph.num_src, res.width))
+        ws = _bytes(plan.workspace_bytes, g)
+        return _bwd_ptrs(res.codes, _ptr(res.x), res.addresses, g.data_ptr(), _ptr(addend),
+                         gr.data_ptr(), _ptr(ws)), (gr, ws)
+    return seg.bwd_plan(graph, res.codes, res.width, res.vtype, seg.arg_terms(res.codes), vec,
+                        context=_scope(g), stream=_torch_stream_ptr(g.get_device()),
+                        buffers=buffers)
+
+
 def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
                      addend: torch.Tensor | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
@@ -173,52 +200,34 @@ def segment_backward(graph, res: SegmentResiduals, g: torch.Tensor,
         if vtype in ("float16", "bfloat16"):
             addend, out = addend.float(), None     # the walk adds acc_t (fp32) rows
     grad = out if out is not None else g.new_empty((graph.num_src, F))
-    argmax, argmin, mean, std, mul_out, mul_zero = res.addresses
-    walk_args = seg.arg_terms(res.codes)
-    args = [argmax if c == "max" else argmin for c in walk_args] + [0] * (2 - len(walk_args))
     # (the residuals are carved ALIGN-aligned out of one allocation)
     vec = seg.vec_for(vtype, F, *_spans(res.x, addend, grad))
-
-    def buffers(plan):
-        ws = _bytes(plan.workspace_bytes, g)
-        return (_ptr(res.x), g.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
-                _ptr(addend), grad.data_ptr(), _ptr(ws)), ws
-    stream = _torch_stream_ptr(g.get_device())
-    plan = seg.bwd_plan(graph, res.codes, F, vtype, walk_args, vec, context=_scope(g),
-                        stream=stream, buffers=buffers)
-    ptrs, ws = buffers(plan)            # (ws: the workspace, alive through the launches)
-    plan.run(stream, ptrs)
+    plan = _bwd_plan(graph, res, vec, g, addend, grad)
+    ws = _bytes(plan.workspace_bytes, g)     # (alive through the launches)
+    plan.run(_torch_stream_ptr(g.get_device()),
+             _bwd_ptrs(res.codes, _ptr(res.x), res.addresses, g.data_ptr(), _ptr(addend),
+                       grad.data_ptr(), _ptr(ws)))
     return grad
 
 
 def segment_native(graph, res: SegmentResiduals, out: torch.Tensor):
     """(Program, saved, held, addresses) of the native backward of a
     `segment_forward` call with residuals (see native.py): the BwdPlan that
-    `segment_backward` runs, its walk's form timed now on scratch buffers
-    (the forward's output standing in for the cotangent)."""
+    `segment_backward` runs (built now if new, the forward's output standing
+    in for the cotangent while its walk is timed), on a fresh gradient."""
     from . import native
     seg = _segment()
-    vtype, F, codes = res.vtype, res.width, res.codes
-    vec = seg.vec_for(vtype, F, *_spans(res.x), (0, out.element_size()))
-    key = ("native_segment", codes, F, vtype, vec)
+    vec = seg.vec_for(res.vtype, res.width, *_spans(res.x), (0, out.element_size()))
+    key = ("native_segment", res.codes, res.width, res.vtype, vec)
     program = graph.cache.get(key)
     if program is None:
-        walk_args = seg.arg_terms(codes)
-        argmax, argmin, mean, std, mul_out, mul_zero = res.addresses
-
-        def buffers(plan):
-            grad, ws = out.new_empty((graph.num_src, F)), _bytes(plan.workspace_bytes, out)
-            args = [argmax if c == "max" else argmin for c in walk_args] + [0, 0]
-            return (_ptr(res.x), out.data_ptr(), mean, std, mul_out, mul_zero, args[0], args[1],
-                    0, grad.data_ptr(), _ptr(ws)), (grad, ws)
-        plan = seg.bwd_plan(graph, codes, F, vtype, walk_args, vec, context=_scope(out),
-                            stream=_torch_stream_ptr(out.get_device()), buffers=buffers)
-        b = native.ProgramBuilder("segment_reduce", 7, [out.shape], [16], 1)
-        a = b.address          # the addresses: x, argmax, argmin, mean, std, mul's two
-        grad = b.buffer((graph.num_src, F), out.dtype)
+        plan = _bwd_plan(graph, res, vec, out, None, None)
+        # the call's addresses (table entries 0..6): x, then res.addresses
+        b = native.ProgramBuilder("segment_reduce", 7, [out.shape], 1)
+        grad = b.buffer((graph.num_src, res.width), out.dtype)
         ws = b.buffer((plan.workspace_bytes,), torch.uint8) if plan.workspace_bytes else 0
-        args = [a(1) if c == "max" else a(2) for c in walk_args] + [0, 0]
-        b.run(plan, (a(0), b.cotangent(0), a(3), a(4), a(5), a(6), args[0], args[1], 0, grad, ws))
+        b.run(plan, _bwd_ptrs(res.codes, b.address(0), [b.address(i) for i in range(1, 7)],
+                              b.cotangent(0), 0, grad, ws))
         program = graph.cache.setdefault(key, b.build([grad], (plan,)))
     held = () if res.buffer is None else (res.buffer,)
     return program, res.aliased, held, (_ptr(res.x), *res.addresses)
@@ -323,16 +332,29 @@ class SpmmResiduals(PlanResiduals):
         self.aliased = ()
 
 
+def _spmm_plan(be, graph, F, vtype, weighted, chunk, vec, device):
+    """The custom kernel's cached SpmmPlan of this request (built inside a
+    device scope the first time)."""
+    plan = graph.cache.get(("cuda_spmm", F, vtype, weighted, chunk, vec))
+    if plan is None:
+        with device_scope(device):
+            plan = be.spmm_plan(graph, F, vtype, weighted, chunk, vec)
+    return plan
+
+
+def _column_sum_plan(be, vtype, index_dtype, rows, cols):
+    """The fixed-order column sums' plan of a [rows, cols] input."""
+    return be.column_sum_plan("spmm", vtype, be._ITYPE[np.dtype(index_dtype)], rows, cols,
+                              True, False)
+
+
 def _run_spmm(be, graph, x, weights, row_scale, col_scale, bias, chunk, vtype):
     """out [num_dst, F] = the custom kernel's SpMM of x on torch buffers (the
     scales and weights given by address, 0: none)."""
     F = x.shape[1]
     out = x.new_empty((graph.num_dst, F))
     vec = be.spmm_vec(vtype, F, *_spans(x, out, bias))
-    plan = graph.cache.get(("cuda_spmm", F, vtype, bool(weights), chunk, vec))
-    if plan is None:
-        with device_scope(x.device):
-            plan = be.spmm_plan(graph, F, vtype, bool(weights), chunk, vec)
+    plan = _spmm_plan(be, graph, F, vtype, bool(weights), chunk, vec, x.device)
     ws = _bytes(plan.workspace_bytes, x)
     plan.run(_torch_stream_ptr(x.device.index),
              (x.data_ptr(), weights, row_scale, col_scale, _ptr(bias), out.data_ptr(), _ptr(ws)))
@@ -344,8 +366,7 @@ def column_sums(g: torch.Tensor, vtype: str, index_dtype) -> torch.Tensor:
     0) in g's dtype: the backend's ColumnSumPlan on torch buffers."""
     be = _spmm_backend()
     rows, cols = g.shape
-    plan = be.column_sum_plan("spmm", vtype, be._ITYPE[np.dtype(index_dtype)], rows, cols,
-                              True, False)
+    plan = _column_sum_plan(be, vtype, index_dtype, rows, cols)
     out = torch.empty(cols, dtype=g.dtype, device=g.device)
     ws = _bytes(plan.workspace_bytes, g)
     plan.run(_torch_stream_ptr(g.device.index), (g.data_ptr(), out.data_ptr(), _ptr(ws)))
@@ -437,7 +458,6 @@ class SpmmPath:
             gb = column_sums(g, res.vtype, graph.index_dtype)
         return [gx, None, gb]
 
-
     def native(self, graph, res, outs, needs):
         """(Program, saved, held, addresses) of the native backward (see
         native.py): the transpose's SpMM and the bias's column sums that
@@ -454,15 +474,13 @@ class SpmmPath:
         program = graph.cache.get(key)
         if program is None:
             be = _spmm_backend()
-            b = native.ProgramBuilder("spmm", 0, [out.shape], [16], 3)
+            b = native.ProgramBuilder("spmm", 0, [out.shape], 3)
             results, keep = [None, None, None], [res.weights_t, res.row_scale, res.col_scale]
             if want_x:
                 t = graph.cache["transpose"]            # (the forward found it)
+                # (a fresh gradient and a cotangent the node aligns to 16 bytes)
                 vec = be.spmm_vec(vtype, F, (0, out.element_size()), (0, out.element_size()))
-                plan = t.cache.get(("cuda_spmm", F, vtype, bool(wt), res.chunk_t, vec))
-                if plan is None:
-                    with device_scope(out.device):
-                        plan = be.spmm_plan(t, F, vtype, bool(wt), res.chunk_t, vec)
+                plan = _spmm_plan(be, t, F, vtype, bool(wt), res.chunk_t, vec, out.device)
                 gx = b.buffer((graph.num_src, F), out.dtype)
                 ws = b.buffer((plan.workspace_bytes,), torch.uint8) if plan.workspace_bytes else 0
                 # the forward's kernel over the transpose, scales swapped
@@ -470,8 +488,7 @@ class SpmmPath:
                 results[0] = gx
                 keep.append(plan)
             if want_bias:
-                plan = be.column_sum_plan("spmm", vtype, be._ITYPE[np.dtype(graph.index_dtype)],
-                                          graph.num_dst, F, True, False)
+                plan = _column_sum_plan(be, vtype, graph.index_dtype, graph.num_dst, F)
                 gb = b.buffer((F,), out.dtype)
                 ws = b.buffer((plan.workspace_bytes,), torch.uint8) if plan.workspace_bytes else 0
                 b.run(plan, (b.cotangent(0), gb, ws))
