@@ -105,6 +105,18 @@ __device__ __forceinline__ i64 group_index(int group) {
 
 __device__ __forceinline__ int group_lane(int group) { return threadIdx.x & (group - 1); }
 
+// Feature slices: grid dimension y cuts a row's F features into slices of
+// `fslice` features (a multiple of group * VEC; fslice >= F: one slice), so
+// that few rows of wide features (Cora's 2708 x 1433) still give the GPU
+// enough lane groups in flight. Lane l of a group walks
+// f0 = slice_begin + l * VEC, step group * VEC, below slice_end.
+__device__ __forceinline__ int slice_begin(int fslice) { return (int)blockIdx.y * fslice; }
+
+__device__ __forceinline__ int slice_end(int fslice, int F) {
+    const i64 end = ((i64)blockIdx.y + 1) * fslice;
+    return end < F ? (int)end : F;
+}
+
 // The CSR edge range [e0, e1) of task t (tasks cut rows into <= chunk edges;
 // see spmm.cu) and its row.
 template <typename I>

@@ -7,7 +7,9 @@
 // Forward mapping: the task list of spmm.cu (rows cut into tasks of at most
 // `chunk` edges; hubs split, their partial states merged in slot order by
 // segment_combine: deterministic, no atomics). A group of `group` lanes per
-// task; lane l owns features [f0, f0 + VEC), f0 = l*VEC + k*group*VEC.
+// (task, feature slice) (grid y over slices of `fslice` features, as in
+// spmm.cu); lane l owns features [f0, f0 + VEC), f0 = slice start + l*VEC +
+// k*group*VEC.
 // Each neighbour row slice is read ONCE (one VEC-wide load, four gathers in
 // flight) and feeds the statistics of the compile-time set STATS (sum, sum
 // of squares, max + arg, min + arg, product of the nonzero values + zero
@@ -339,7 +341,7 @@ __global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const
                             typename value_traits<T>::acc_t* __restrict__ p_zc,
                             P* __restrict__ p_argmax, P* __restrict__ p_argmin,   // [slots, F]
                             i64 num_tasks, int F, int chunk, int group, int num_codes,
-                            int codes) {
+                            int codes, int fslice) {
     typedef typename value_traits<T>::acc_t A;
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
@@ -348,8 +350,9 @@ __global__ void SEG_FWD_BOUNDS segment_fwd(const I* __restrict__ task_row, const
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
     const i64 slot = (i64)task_slot[t];
     const i64 rb = (i64)indptr[row];
+    const int f_end = slice_end(fslice, F);
 
-    for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
+    for (int f0 = slice_begin(fslice) + lane * VEC; f0 < f_end; f0 += group * VEC) {
         seg_state<A, I, VEC, STATS> st;
         st.init();                      // what an empty task keeps (args -1)
         i64 e = e0;

@@ -17,8 +17,11 @@
 // bitwise repeatable), which then applies r and b. Empty rows are one empty
 // task, so every output row is written (with 0, or b).
 //
-// Mapping: a group of `group` lanes (power of two <= 32) per task; lane l
-// owns features [f0, f0 + VEC) with f0 = l*VEC + k*group*VEC, k = 0, 1, ...
+// Mapping: a group of `group` lanes (power of two <= 32) per (task, feature
+// slice): grid x over tasks, grid y over slices of `fslice` features (one
+// slice unless the tasks alone are too few to fill the GPU; common.cuh);
+// lane l owns features [f0, f0 + VEC) with f0 = slice start + l*VEC +
+// k*group*VEC, k = 0, 1, ...
 // Each feature slice is moved as one VEC-wide aligned load (16 bytes for
 // float4 / 8 x bf16). Edges are unrolled by 4 so four gathers are in flight.
 //
@@ -46,7 +49,7 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
                          const T* __restrict__ x,           // [num_cols, F]
                          T* __restrict__ out,               // [num_rows, F]
                          typename value_traits<T>::acc_t* __restrict__ partial,  // [slots, F]
-                         i64 num_tasks, int F, int chunk, int group) {
+                         i64 num_tasks, int F, int chunk, int group, int fslice) {
     typedef typename value_traits<T>::acc_t A;
     const i64 t = group_index(group);
     if (t >= num_tasks) return;
@@ -54,8 +57,9 @@ __global__ void spmm_fwd(const I* __restrict__ task_row,    // [num_tasks] row o
     i64 row, e0, e1;
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
     const i64 slot = (i64)task_slot[t];
+    const int f_end = slice_end(fslice, F);
 
-    for (int f0 = lane * VEC; f0 < F; f0 += group * VEC) {
+    for (int f0 = slice_begin(fslice) + lane * VEC; f0 < f_end; f0 += group * VEC) {
         A acc[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; ++v) acc[v] = A(0);

@@ -294,6 +294,43 @@ def test_plan_path_falls_back_to_the_bridge(fake_cuda, monkeypatch):
     assert not fake_cuda
 
 
+@pytest.mark.parametrize("num_tasks", [1, 300, 2708, 10**6])
+@pytest.mark.parametrize("F,vec,group", [(1, 1, 1), (37, 1, 32), (128, 4, 32), (1433, 1, 32),
+                                         (3704, 4, 32), (10**6, 1, 32), (12, 4, 4)])
+def test_feature_slices_cover_every_feature_once(num_tasks, F, vec, group):
+    """sliced_grid: slices of whole group passes (fslice a multiple of
+    group * vec) that tile [0, F) with none empty; more than one only when
+    the tasks alone put fewer than SLICE_TARGET_THREADS threads in flight;
+    grid x covers the tasks."""
+    (gx, gy), fslice = cuda_spmm.sliced_grid(num_tasks, F, vec, group)
+    assert fslice % (group * vec) == 0 and gy <= 65535
+    assert (gy - 1) * fslice < F <= gy * fslice
+    assert gx * plan.BLOCK >= num_tasks * group
+    if num_tasks * group >= cuda_spmm.SLICE_TARGET_THREADS or F <= group * vec:
+        assert gy == 1
+    else:
+        assert gy > 1
+
+
+def test_wide_feature_launches_carry_their_slices(fake_cuda):
+    """spmm_fwd and segment_fwd on 1433 features of a 300-node graph: grid y
+    is the slice count and the last parameter the slice width."""
+    n, f = 300, 1433
+    ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=5))
+    g = ft.to_graph(ei, n)
+    x = torch.randn(n, f, dtype=torch.float32)
+    ft.spmm(g, x, path="custom")
+    ft.segment_reduce(g, x, "max")
+    sigs = kernel_signatures()
+    launches = [l for p in _plans_of(g) for l in getattr(p, "launches", ())
+                if l.name.split("<")[0] in ("spmm_fwd", "segment_fwd")]
+    assert sorted(l.name.split("<")[0] for l in launches) == ["segment_fwd", "spmm_fwd"]
+    for l in launches:
+        assert_matches_signature(l, sigs)
+        fslice = int(l.values[len(l.kinds) - 1])
+        assert fslice % 32 == 0 and l.grid[1] == -(-f // fslice) > 1
+
+
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 def test_spmm_plan_path_runs_end_to_end_against_fakes(fake_cuda, reduce):
     """ft.spmm with a bias, forward + backward through the plan path: the

@@ -114,6 +114,16 @@ def test_hub_row(device, dtype, bipartite):
     _check(device, ei, g, x, go, reduce, dtype)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("reduce", [["max"], ["mean", "min", "std"]], ids=_id)
+def test_wide_features_on_few_rows(device, reduce):
+    """1433 features on 300 rows (a first layer on Cora's raw features): the
+    GPU forward cuts them into feature slices (grid y), the last one
+    partial; hub rows' partial states are merged across the slices."""
+    ei, g, x, go = _case(device, 1433, hub=3000, reduce=reduce)
+    _check(device, ei, g, x, go, reduce, "float32")
+
+
 # combinations that run a larger statistic set (forward) or term bound
 # (backward) than they need, with hub rows so split partial states are merged
 SUPERSETS = [["max"], ["min"], ["mean", "max"], ["sum", "min"], ["max", "min"],

@@ -174,9 +174,11 @@ gpu = pytest.mark.skipif(not fastgnn.gpu_available(), reason="needs a CUDA devic
 @gpu
 @pytest.mark.parametrize("path", ["custom", "cusparse", "auto"])
 @pytest.mark.parametrize("hub", [5, 3000])
-@pytest.mark.parametrize("width", [3, 64, 128, 200])
+@pytest.mark.parametrize("width", [3, 64, 128, 200, 1433])
 def test_gpu_paths_and_hub_split(path, hub, width):
-    """Hub rows (3000 in-edges) are split into tasks and recombined."""
+    """Hub rows (3000 in-edges) are split into tasks and recombined; widths
+    200 and 1433 on 300 rows are cut into feature slices (grid y), 1433
+    (odd: one value per lane) into many, the last one partial."""
     ei, g, x, w, go = _case("cuda", width, True, hub=hub)
     x32, w32 = x.astype(np.float32), w.astype(np.float32)
     out, res = spmm_fwd(g, to_device(x32, "cuda"), to_device(w32, "cuda"), "sum", path=path)

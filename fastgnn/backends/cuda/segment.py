@@ -40,7 +40,7 @@ from .loader import (C_INDEX, C_POSITION, C_VALUE, NARROW_POSITIONS, SEGMENT_MAX
                      segment_widest_vec)
 from .plan import Launch, LaunchPlan, Slot, address, layout
 from .spmm import (_ITYPE, BLOCK, BURST, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, from_acc,
-                   lane_group, median_ms, spmm_vec, task_plan, to_acc)
+                   lane_group, median_ms, sliced_grid, spmm_vec, task_plan, to_acc)
 
 CODES = {"sum": 0, "mean": 1, "max": 2, "min": 3, "var": 4, "std": 5, "mul": 6}
 STAT_SUM, STAT_SQ, STAT_MAX, STAT_MIN, STAT_PROD = 1, 2, 4, 8, 32
@@ -183,12 +183,13 @@ class FwdPlan(LaunchPlan):
         if F and n:
             num_tasks = int(tasks.task_row.shape[0])
             packed = np.int32(_packed(codes))
+            grid, fslice = sliced_grid(num_tasks, F, vec, group)
             launches.append(_launch(
-                types, f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>", _grid(num_tasks, group),
+                types, f"segment_fwd<{T}, {I}, {vec}, {stats}, {P}>", grid,
                 (tasks.task_row, tasks.task_begin, tasks.task_slot, graph.indptr, graph.indices,
                  Slot(FWD_X), Slot(FWD_OUT), *resid, *parts,
                  np.int64(num_tasks), np.int32(F), np.int32(chunk), np.int32(group),
-                 np.int32(R), packed)))
+                 np.int32(R), packed, np.int32(fslice))))
             num_split = int(tasks.split_row.shape[0])
             if num_split:
                 # the forward's lane mapping (its VEC fits out; the rest is freshly allocated)

@@ -205,6 +205,28 @@ def _grid(num_units, group):
     return (max(1, -(-num_units * group // BLOCK)),)
 
 
+# Threads a task-parallel launch wants in flight: about two waves of the
+# H200's 132 SMs x 2048 threads. Fewer tasks than that cut each row's
+# features into slices along grid y (`sliced_grid`).
+SLICE_TARGET_THREADS = 1 << 19
+
+
+def sliced_grid(num_tasks, F, vec, group):
+    """(grid, fslice) of a kernel walking F features per task in lane groups
+    (spmm_fwd, segment_fwd): grid x over tasks; grid y over feature slices of
+    fslice features (a multiple of group * vec), as many as it takes to put
+    about SLICE_TARGET_THREADS threads in flight, at most one pass of the
+    group per slice. Wide features on few rows (a first layer on Cora's 2708
+    x 1433) would otherwise leave each group 45 passes in a row and most of
+    the GPU idle."""
+    step = group * vec
+    passes = max(1, -(-F // step))
+    want = -(-SLICE_TARGET_THREADS // max(1, num_tasks * group))
+    slices = max(1, min(passes, want, 65535))
+    fslice = -(-passes // slices) * step
+    return (_grid(num_tasks, group)[0], max(1, -(-F // fslice))), fslice
+
+
 NULL = np.uint64(0)   # a null device pointer as a kernel argument
 
 
@@ -246,12 +268,13 @@ class SpmmPlan(LaunchPlan):
         if F and graph.num_dst:
             num_tasks = int(tasks.task_row.shape[0])
             name = f"spmm_fwd<{T}, {I}, {vec}, {'true' if weighted else 'false'}>"
+            grid, fslice = sliced_grid(num_tasks, F, vec, group)
             launches.append(Launch(
-                get_function("spmm", vtype, itype, name), _grid(num_tasks, group),
+                get_function("spmm", vtype, itype, name), grid,
                 (tasks.task_row, tasks.task_begin, tasks.task_slot, graph.indptr, graph.indices,
                  Slot(SPMM_WEIGHTS), Slot(SPMM_ROW_SCALE), Slot(SPMM_COL_SCALE),
                  Slot(SPMM_BIAS), Slot(SPMM_X), Slot(SPMM_OUT), partial, np.int64(num_tasks),
-                 np.int32(F), np.int32(chunk), np.int32(group)), name=name))
+                 np.int32(F), np.int32(chunk), np.int32(group), np.int32(fslice)), name=name))
             num_split = int(tasks.split_row.shape[0])
             if num_split:
                 name = f"spmm_combine<{T}, {I}, {vec}>"
