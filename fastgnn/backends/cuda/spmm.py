@@ -205,10 +205,11 @@ def _grid(num_units, group):
     return (max(1, -(-num_units * group // BLOCK)),)
 
 
-# Threads a task-parallel launch wants in flight: about two waves of the
-# H200's 132 SMs x 2048 threads. Fewer tasks than that cut each row's
-# features into slices along grid y (`sliced_grid`).
-SLICE_TARGET_THREADS = 1 << 19
+# Threads a task-parallel launch wants in flight (about eight waves of the
+# H200's 132 SMs x 2048 threads): fewer tasks than that cut each row's
+# features into slices along grid y (`sliced_grid`). 2^21 is the fastest
+# target measured on Cora and CiteSeer's raw features (docs/design.md).
+SLICE_TARGET_THREADS = 1 << 21
 
 
 def sliced_grid(num_tasks, F, vec, group):
