@@ -333,7 +333,8 @@ def _run(args, argv, torch, device, cuda, quick):
     meta = {"gpu": gpu, "command": command, "versions": versions(torch, cuda),
             "bandwidth_gbs": bandwidth, "skipped": skipped,
             "timing": (f"median of {repeats} calls after {warmup} warm-up calls, "
-                       + ("CUDA events" if cuda else "time.perf_counter")
+                       + ("CUDA events" if cuda else
+                          f"time.perf_counter over blocks of calls of ~{core.CPU_BLOCK_MS:g} ms")
                        + "; fwd under torch.no_grad, fwd+bwd = forward + torch.autograd.grad"
                        + (f"; autograd device threads {args.autograd_threads} (every "
                           "implementation)" if args.autograd_threads else ""))}
