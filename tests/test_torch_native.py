@@ -274,3 +274,39 @@ def test_gpu_native_node_replays_in_a_captured_training_step():
         graph.replay()
         replayed.append(loss.item())
     np.testing.assert_allclose(replayed, eager, rtol=1e-5)
+
+
+# A process whose first backward is a native node's: autograd's device thread
+# has made no CUDA runtime call yet, so the node binds the context itself.
+_FIRST_BACKWARD = """
+import sys, torch
+import fastgnn.torch as ft
+from fastgnn.testing import awkward_edge_index
+from fastgnn.torch import native
+n, f = 700, 64
+ei = torch.from_numpy(awkward_edge_index(n, 9000, hub_degree=3000, seed=7)).cuda()
+x = torch.randn(n, f, device="cuda", requires_grad=True)
+with torch.no_grad():
+    ft.segment_reduce(ei, x, "max")              # plans built, no backward yet
+out = ft.segment_reduce(ei, x, "max")
+assert out.grad_fn.name().startswith("fastgnn::"), out.grad_fn.name()
+cot = torch.randn(out.shape, device="cuda")
+got, = torch.autograd.grad(out, [x], cot)
+native.ENABLED = False
+want, = torch.autograd.grad(ft.segment_reduce(ei, x, "max"), [x], cot)
+sys.exit(0 if torch.equal(got, want) else 3)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA device visible to CuPy and torch")
+def test_gpu_native_node_runs_first_on_a_fresh_device_thread():
+    """The first backward of a process through a native node (no Python node
+    before it on autograd's device thread) runs and equals the Python node's
+    gradient bitwise; in a subprocess, so that a crash fails only this test."""
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", _FIRST_BACKWARD], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, (f"exit status {run.returncode} (3: gradients differ; "
+                                 f"-11: a crash)\n{run.stderr[-3000:]}")

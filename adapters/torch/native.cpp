@@ -72,6 +72,37 @@ constexpr uint64_t kCotangentAlign = 16;
 using LaunchFn = int (*)(uint64_t, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, uint64_t, void**, void**);
 
+// A CUDA context current on the calling thread (the driver-API launch needs
+// one): autograd's device threads may have none, since torch sets their
+// device without touching the driver, so a node that runs before any runtime
+// call on its thread binds the device's primary context (once per thread
+// and device). The driver functions come from Python (`set_context_functions`);
+// left unset (the tests' fake CUDA world), nothing is bound.
+using CtxGetCurrentFn = int (*)(void**);
+using CtxSetCurrentFn = int (*)(void*);
+using DeviceGetFn = int (*)(int*, int);
+using PrimaryCtxRetainFn = int (*)(void**, int);
+CtxGetCurrentFn ctx_get_current = nullptr;
+CtxSetCurrentFn ctx_set_current = nullptr;
+DeviceGetFn device_get = nullptr;
+PrimaryCtxRetainFn primary_ctx_retain = nullptr;
+
+void ensure_context(int64_t device) {
+  thread_local uint64_t bound = 0;   // devices < 64 seen with a context on this thread
+  if (ctx_get_current == nullptr || device < 0 || device >= 64 || (bound >> device) & 1) {
+    return;
+  }
+  void* ctx = nullptr;
+  TORCH_CHECK(ctx_get_current(&ctx) == 0, "fastgnn: cuCtxGetCurrent failed");
+  if (ctx == nullptr) {
+    int dev = 0;
+    TORCH_CHECK(device_get(&dev, static_cast<int>(device)) == 0 &&
+                    primary_ctx_retain(&ctx, dev) == 0 && ctx_set_current(ctx) == 0,
+                "fastgnn: could not make device ", device, "'s CUDA context current");
+  }
+  bound |= uint64_t{1} << device;
+}
+
 struct Launch {
   uint64_t func = 0;
   unsigned grid[3] = {1, 1, 1};
@@ -178,6 +209,7 @@ struct NativeBackward : public Node {
       table.push_back(t.numel() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0);
       bufs.push_back(std::move(t));
     }
+    ensure_context(options.device().index());
     std::vector<uint64_t> values;
     std::vector<void*> params;
     for (const auto& l : p.launches) {
@@ -284,6 +316,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              [](const Program& p) { return p.buffers.size(); })
       .def_property_readonly("num_launches",
                              [](const Program& p) { return p.launches.size(); });
+  m.def(
+      "set_context_functions",
+      [](uint64_t get_current, uint64_t set_current, uint64_t get_device, uint64_t retain) {
+        ctx_get_current = reinterpret_cast<CtxGetCurrentFn>(get_current);
+        ctx_set_current = reinterpret_cast<CtxSetCurrentFn>(set_current);
+        device_get = reinterpret_cast<DeviceGetFn>(get_device);
+        primary_ctx_retain = reinterpret_cast<PrimaryCtxRetainFn>(retain);
+      },
+      py::arg("cu_ctx_get_current"), py::arg("cu_ctx_set_current"), py::arg("cu_device_get"),
+      py::arg("cu_device_primary_ctx_retain"));
   m.def("attach", &attach, py::arg("program"), py::arg("outputs"), py::arg("inputs"),
         py::arg("saved"), py::arg("held"), py::arg("addresses"), py::arg("stream"));
 }

@@ -80,11 +80,19 @@ def available() -> bool:
 
 def launch_fn() -> int:
     """Address of the driver's cuLaunchKernel (fastgnn.testing's fake CUDA
-    world replaces this with a recording function)."""
+    world replaces this with a recording function); resolving it also hands
+    the extension the driver's context functions (native.cpp's
+    ensure_context)."""
     global _launch_fn
     if _launch_fn is None:
         lib = ctypes.CDLL("libcuda.so.1")
-        _launch_fn = ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
+
+        def addr(name):
+            return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        # (the functions that bind a context on a device thread that has none)
+        module().set_context_functions(addr("cuCtxGetCurrent"), addr("cuCtxSetCurrent"),
+                                       addr("cuDeviceGet"), addr("cuDevicePrimaryCtxRetain"))
+        _launch_fn = addr("cuLaunchKernel")
     return _launch_fn
 
 
