@@ -14,19 +14,31 @@ How it runs:
   runs on. On the CPU the Numba kernels run on NumPy views of them; on a
   GPU the CUDA kernels run on CuPy views (`__cuda_array_interface__`, no
   copy) on XLA's own stream (`ctx.stream`), so the launches are ordered
-  with the rest of the program without a synchronisation. The results are
-  written into XLA's output buffers (a copy per output; inputs are never
-  written). Result shapes and dtypes come from the op's shape rule
+  with the rest of the program without a synchronisation. Inputs are never
+  written. Result shapes and dtypes come from the op's shape rule
   (`Op.outputs`), evaluated at trace time. JAX releases without
   buffer_callback run the CPU path through `jax.pure_callback`;
-- on a GPU the kernels' outputs and workspace come from CuPy's memory pool
-  beside XLA's: JAX preallocates 75% of the device by default, so leave
-  CuPy room (`XLA_PYTHON_CLIENT_MEM_FRACTION`) on large graphs;
-- residuals: the backward recomputes the forward inside its callback (the
-  custom_vjp keeps only the inputs). The cost is one extra forward pass per
-  backward; in exchange nothing op-specific (argmax positions, lse, the
-  CSR-ordered weights) has to be described to JAX, and no residual memory is
-  held between the forward and the backward beyond the inputs;
+- results on a GPU: from a callback's second call on (its graph caches
+  built by then), CuPy's allocations of exactly an output's byte size take
+  that XLA output buffer (`_Claim`), so the kernels write their results
+  where XLA wants them; results made elsewhere are copied in. Workspace and
+  the first call's results come from CuPy's memory pool beside XLA's: JAX
+  preallocates 75% of the device by default, so leave CuPy room
+  (`XLA_PYTHON_CLIENT_MEM_FRACTION`) on large graphs. On the CPU the
+  results are copied into XLA's buffers;
+- residuals: the forward callback also returns the arrays of the op's
+  residuals (argmax positions, lse, ...) as outputs, and the backward
+  callback takes them back, so the backward runs only the backward kernels.
+  What they are is learned once per call signature at trace time
+  (`_residual_layout`): the forward runs twice on zero inputs of the call's
+  shapes, and each array of its residuals is classified as a view of an
+  input or of an output (taken from those buffers again: no copy), a
+  constant of the graph (the same array in both runs, e.g. cached degree
+  scales: kept by reference) or a fresh array (a residual output of its
+  shape and dtype); the rest of the residual record is kept as it is.
+  A call with a traced integer input (a dropout seed) keeps the seed out
+  of the record, so its backward recomputes the forward inside its
+  callback instead (one extra forward pass);
 - `jax.vmap` runs through the callbacks' sequential rule: a batch of B
   calls the kernels B times, one example after the other (correct, not
   vectorised);
@@ -36,6 +48,8 @@ How it runs:
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 from functools import partial
 from typing import Callable, NamedTuple
@@ -93,6 +107,8 @@ class _Call(NamedTuple):
     outs: tuple              # ((shape, dtype), ...) from the shape rule
     present: tuple           # per input: given (an array) or not
     grads: tuple             # per input: takes a gradient (float array)
+    ins: tuple = ()          # per given input: (shape, dtype) as the kernels get it
+    traced_scalar: bool = False   # an integer input is traced (the backward recomputes)
 
 
 try:
@@ -120,22 +136,72 @@ def _cupy_view(cp, b):
     return cp.ndarray(shape, dtype=cp.int16, memptr=cp.cuda.MemoryPointer(mem, 0))
 
 
-def _run_on_gpu(fn, ctx, outs, bufs, device):
-    """fn(cupy, *CuPy views of bufs) on XLA's stream, written into outs."""
+# Off switch of the direct writes into XLA's output buffers (`_Claim`): with
+# False every GPU result is copied into XLA's buffers, as on the first call.
+CLAIM_OUTPUTS = True
+
+
+class _Claim:
+    """CuPy's allocator during one GPU callback: an allocation of exactly
+    the byte size of one of XLA's output buffers not yet handed out gets
+    that buffer's memory (first fit, in output order), so a kernel writes
+    its result where XLA wants it; any other allocation comes from
+    `fallback` (CuPy's allocator before the callback)."""
+
+    def __init__(self, cp, targets, fallback):
+        self.cp, self.free, self.fallback = cp, list(targets), fallback
+
+    def malloc(self, size):
+        for k, t in enumerate(self.free):
+            if t is not None and size and t.nbytes == size:
+                self.free[k] = None
+                mem = self.cp.cuda.UnownedMemory(t.data.ptr, size, t)
+                return self.cp.cuda.MemoryPointer(mem, 0)
+        return self.fallback(size)
+
+
+def _in_place(r, t) -> bool:
+    return (r.data.ptr == t.data.ptr and r.shape == t.shape and r.dtype == t.dtype
+            and r.flags.c_contiguous)
+
+
+def _overlaps(r, t) -> bool:
+    a, b = _span(r), _span(t)
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def _run_on_gpu(fn, ctx, outs, bufs, device, claim):
+    """fn(cupy, *CuPy views of bufs) on XLA's stream, its results in outs.
+    With `claim`, CuPy's allocations of the outputs' sizes take XLA's output
+    buffers (`_Claim`), so results made there need no copy; the others are
+    copied (those lying in another output's buffer first copied out of it).
+    Only calls whose caches are built claim (see `_callback`): a cache made
+    in XLA's memory would be overwritten by the program."""
     global _cupy
     if _cupy is None:
         import cupy
         _cupy = cupy
     cp = _cupy
     with cp.cuda.Device(device), external_stream(cp, int(ctx.stream), device):
-        results = fn(cp, *(_cupy_view(cp, b) for b in bufs))
-        for o, r in zip(outs, results):
-            _cupy_view(cp, o)[...] = r
+        targets = [_cupy_view(cp, o) for o in outs]
+        views = [_cupy_view(cp, b) for b in bufs]
+        if claim and CLAIM_OUTPUTS:
+            with cp.cuda.using_allocator(_Claim(cp, targets, cp.cuda.get_allocator()).malloc):
+                results = fn(cp, *views)
+        else:
+            results = fn(cp, *views)
+        pending = [(t, r) for t, r in zip(targets, results) if not _in_place(r, t)]
+        pending = [(t, r.copy() if any(u is not t and _overlaps(r, u) for u in targets) else r)
+                   for t, r in pending]
+        for t, r in pending:
+            t[...] = r
 
 
-def _callback(fn, specs, *args):
+def _callback(fn, specs, *args, ran=None):
     """Run fn(xp, *arrays) -> tuple of arrays (xp: numpy on the CPU, cupy on
-    a GPU) on the device the program runs on, results `specs`."""
+    a GPU) on the device the program runs on, results `specs`. ran: (dict,
+    key) marking that fn has run once (its graph caches built), after which
+    GPU calls write into XLA's output buffers directly (`_run_on_gpu`)."""
     shapes = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
     if _buffer_callback is None:
         return jax.pure_callback(lambda *a: fn(np, *a), shapes, *args, **_VMAP)
@@ -144,13 +210,22 @@ def _callback(fn, specs, *args):
         first = bufs[0] if bufs else outs[0]
         kind, device = first.__dlpack_device__()
         if kind == _CUDA_DLPACK:
-            _run_on_gpu(fn, ctx, outs, bufs, int(device))
+            warm = ran is not None and ran[1] in ran[0]
+            _run_on_gpu(fn, ctx, outs, bufs, int(device), warm)
+            if ran is not None and not warm:
+                ran[0][ran[1]] = True
             return
         results = fn(np, *(np.asarray(b) for b in bufs))
         for o, r in zip(outs, results):
             np.asarray(o)[...] = r
 
     return tuple(_buffer_callback(run, shapes, vmap_method="sequential")(*args))
+
+
+def _ran(call: "_Call", kind: str):
+    """The `ran` marker of `_callback` for call's forward or backward, kept
+    in the core graph's cache (its caches live there too)."""
+    return call.graph.core.cache, ("fastgnn.jax", "ran", kind, call._replace(graph=None))
 
 
 def _core_graph(call: "_Call", xp):
@@ -199,21 +274,174 @@ def _zeros(xp, shape, dtype):
     return xp.zeros(shape, np.int16 if dtype == jnp.bfloat16 else dtype)
 
 
-def _forward_callback(call: _Call):
+# ------------------------------------------------------------ residuals
+class _Leaf(NamedTuple):
+    """Where an array of a residual record comes from in the backward: kind
+    "in" / "out" (a view of given input / output `index` at byte `offset`),
+    "res" (residual output `index`), "const" (`value` itself)."""
+    kind: str
+    index: int
+    offset: int = 0
+    shape: tuple = ()
+    dtype: object = None
+    strides: tuple = ()
+    value: object = None
+
+
+def _is_array(a) -> bool:
+    return hasattr(a, "__array_interface__") or hasattr(a, "__cuda_array_interface__")
+
+
+def _span(a):
+    """(first byte address, bytes) of array a's memory."""
+    if hasattr(a, "__cuda_array_interface__"):
+        ptr = int(a.data.ptr)
+    else:
+        ptr = int(a.__array_interface__["data"][0])
+    return ptr, int(a.nbytes)
+
+
+def _arrays_of(obj, found):
+    """Every array in a residual record (dataclasses, tuples, lists and
+    dicts walked), in a fixed order, appended to `found`."""
+    if _is_array(obj):
+        found.append(obj)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _arrays_of(getattr(obj, f.name), found)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            _arrays_of(v, found)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _arrays_of(v, found)
+    return found
+
+
+def _rebuild(obj, leaves):
+    """The record `obj` with its arrays replaced, in `_arrays_of` order, by
+    the next items of the iterator `leaves`."""
+    if _is_array(obj):
+        return next(leaves)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _rebuild(getattr(obj, f.name), leaves)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, tuple):
+        return type(obj)(*(_rebuild(v, leaves) for v in obj)) if hasattr(obj, "_fields") \
+            else tuple(_rebuild(v, leaves) for v in obj)
+    if isinstance(obj, list):
+        return [_rebuild(v, leaves) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, leaves) for k, v in obj.items()}
+    return obj
+
+
+def _view_leaf(a, kind, buffers):
+    """A _Leaf for array a when its memory lies inside one of `buffers`
+    (C-contiguous a only), else None."""
+    if not a.flags.c_contiguous:
+        return None
+    ptr, size = _span(a)
+    for k, b in enumerate(buffers):
+        if b is None:
+            continue
+        bptr, bsize = _span(b)
+        if bptr <= ptr and ptr + size <= bptr + bsize:
+            return _Leaf(kind, k, ptr - bptr, tuple(a.shape), a.dtype, tuple(a.strides))
+    return None
+
+
+class _Layout(NamedTuple):
+    """A call's residual record without its arrays (`template`), one _Leaf
+    per array, and the residual outputs' (shape, dtype): each a flat uint8
+    buffer of the array's bytes (any dtype, 64-bit ones without x64)."""
+    template: object
+    leaves: tuple
+    specs: tuple
+
+
+def _residual_layout(call: _Call, backend: str) -> _Layout:
+    """The _Layout of `call`'s residuals, learned once per call signature
+    (cached on the core graph) by running the forward twice on zeros of the
+    call's input shapes (see the module docstring). backend: "gpu" or
+    "cpu", where the program runs."""
+    key = ("fastgnn.jax", "residual layout", call._replace(graph=None), backend)
+    return call.graph.core.cached(key, lambda: _learn_layout(call, backend))
+
+
+def _learn_layout(call: _Call, backend: str) -> _Layout:
+    xp = np
+    if backend == "gpu":
+        import cupy as xp
+    graph = _core_graph(call, xp)
+    runs = []
+    for _ in range(2):
+        ins = [_zeros(xp, s, d) for s, d in call.ins]
+        outs, res = _forward(call, graph, _fill(call, ins))
+        outs = [_as_result(xp, o, sp, call.op.name) for o, sp in zip(outs, call.outs)]
+        runs.append((ins, outs, res, _arrays_of(res, [])))
+    (ins, outs, res, arrays), (_, _, _, again) = runs
+    leaves, specs = [], []
+    for a, b in zip(arrays, again):
+        leaf = _view_leaf(a, "in", ins) or _view_leaf(a, "out", outs)
+        if leaf is None and a is b:
+            leaf = _Leaf("const", 0, value=a)
+        if leaf is None:
+            leaf = _Leaf("res", len(specs), shape=tuple(a.shape), dtype=a.dtype)
+            specs.append(((int(a.nbytes),), jnp.dtype(jnp.uint8)))
+        leaves.append(leaf)
+    return _Layout(res, tuple(leaves), tuple(specs))
+
+
+def _from_leaf(xp, leaf, ins, outs, res_bufs):
+    if leaf.kind == "const":
+        return leaf.value
+    if leaf.kind == "res":
+        return res_bufs[leaf.index].view(leaf.dtype).reshape(leaf.shape)
+    base = (ins if leaf.kind == "in" else outs)[leaf.index]
+    if xp is np:
+        return np.ndarray(leaf.shape, leaf.dtype, buffer=base, offset=leaf.offset,
+                          strides=leaf.strides)
+    return xp.ndarray(leaf.shape, leaf.dtype, memptr=base.data + leaf.offset,
+                      strides=leaf.strides)
+
+
+def _bytes_of(xp, a):
+    """Array a's bytes as a flat uint8 array (a copy only where a is not contiguous)."""
+    return xp.ascontiguousarray(a).reshape(-1).view(xp.uint8)
+
+
+def _forward_callback(call: _Call, layout=None):
+    """The forward callback: the op's outputs, then (with a layout) its
+    residual outputs."""
     def fn(xp, *given):
-        outs, _ = _forward(call, _core_graph(call, xp), _fill(call, given))
-        return tuple(_as_result(xp, o, s, call.op.name) for o, s in zip(outs, call.outs))
+        outs, res = _forward(call, _core_graph(call, xp), _fill(call, given))
+        results = [_as_result(xp, o, s, call.op.name) for o, s in zip(outs, call.outs)]
+        if layout is not None:
+            arrays = _arrays_of(res, [])
+            results += [_bytes_of(xp, a) for a, leaf in zip(arrays, layout.leaves)
+                        if leaf.kind == "res"]
+        return tuple(results)
     return fn
 
 
-def _backward_callback(call: _Call, specs):
+def _backward_callback(call: _Call, specs, layout=None):
+    """The backward callback on (given inputs, then with a layout the
+    forward's outputs and residual outputs, then the cotangents)."""
     n = sum(call.present)
+    n_out = len(call.outs) if layout is not None else 0
+    n_res = len(layout.specs) if layout is not None else 0
 
     def fn(xp, *given):
         graph = _core_graph(call, xp)
-        arrays = _fill(call, given[:n])
-        _, res = _forward(call, graph, arrays)          # recompute (see module docstring)
-        grads = call.op.bwd(graph, res, *given[n:])
+        ins = given[:n]
+        if layout is None:
+            _, res = _forward(call, graph, _fill(call, ins))    # recompute (module docstring)
+        else:
+            outs, res_bufs = given[n:n + n_out], given[n + n_out:n + n_out + n_res]
+            res = _rebuild(layout.template, iter(
+                [_from_leaf(xp, leaf, ins, outs, res_bufs) for leaf in layout.leaves]))
+        grads = call.op.bwd(graph, res, *given[n + n_out + n_res:])
         grads = grads if isinstance(grads, tuple) else (grads,)
         if len(grads) != len(call.op.inputs):
             raise RuntimeError(f"{call.op.name}: bwd returned {len(grads)} gradients for "
@@ -227,18 +455,35 @@ def _backward_callback(call: _Call, specs):
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _bridge(call: _Call, arrays: tuple):
     given = [a for a in arrays if a is not None]
-    return _callback(_forward_callback(call), call.outs, *given)
+    return _callback(_forward_callback(call), call.outs, *given, ran=_ran(call, "forward"))
+
+
+def _layout_for(call: _Call):
+    """The call's residual layout, or None where its backward recomputes the
+    forward (a traced integer input, or no gradient wanted)."""
+    if call.traced_scalar or not any(call.grads):
+        return None
+    return _residual_layout(call, "cpu" if jax.default_backend() == "cpu" else "gpu")
 
 
 def _bridge_fwd(call, arrays):
-    return _bridge(call, arrays), arrays
+    layout = _layout_for(call)
+    if layout is None:
+        return _bridge(call, arrays), (arrays, (), ())
+    given = [a for a in arrays if a is not None]
+    results = _callback(_forward_callback(call, layout), call.outs + layout.specs, *given,
+                        ran=_ran(call, "forward with residuals"))
+    outs, res = tuple(results[:len(call.outs)]), tuple(results[len(call.outs):])
+    return outs, (arrays, outs, res)
 
 
-def _bridge_bwd(call, arrays, cts):
+def _bridge_bwd(call, saved, cts):
+    arrays, outs, res = saved
     given = [a for a in arrays if a is not None]
     specs = [(a.shape, a.dtype) for a, w in zip(arrays, call.grads) if w]
-    grads = iter(_callback(_backward_callback(call, specs), specs, *given, *cts)
-                 if specs else ())
+    layout = _layout_for(call)
+    grads = iter(_callback(_backward_callback(call, specs, layout), specs, *given, *outs,
+                           *res, *cts, ran=_ran(call, "backward")) if specs else ())
     return (tuple(next(grads) if w else None for w in call.grads),)
 
 
@@ -282,6 +527,9 @@ def apply(op: Op, graph, *arrays, **static):
     if "bfloat16" in half:
         static["vtype"] = "bfloat16"        # the core's name for int16-carried bf16
     call = _Call(op, graph, tuple(sorted(static.items())), outs,
-                 tuple(v is not None for v in vals), grads)
+                 tuple(v is not None for v in vals), grads,
+                 tuple((tuple(int(d) for d in v.shape), jnp.dtype(v.dtype))
+                       for v in vals if v is not None),
+                 any(v is not None and n in op.scalars for n, v in zip(op.inputs, vals)))
     result = _bridge(call, tuple(vals))
     return result[0] if len(result) == 1 else tuple(result)
