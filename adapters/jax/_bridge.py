@@ -21,7 +21,8 @@ How it runs:
 - results on a GPU: from a callback's second call on (its graph caches
   built by then), CuPy's allocations of exactly an output's byte size take
   that XLA output buffer (`_Claim`), so the kernels write their results
-  where XLA wants them; results made elsewhere are copied in. Workspace and
+  where XLA wants them (`CLAIM_OUTPUTS = False` turns this off); results
+  made elsewhere are copied in. Workspace and
   the first call's results come from CuPy's memory pool beside XLA's: JAX
   preallocates 75% of the device by default, so leave CuPy room
   (`XLA_PYTHON_CLIENT_MEM_FRACTION`) on large graphs. On the CPU the
