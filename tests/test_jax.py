@@ -489,3 +489,23 @@ def test_backward_takes_the_forwards_residuals(graph_ei, rng, monkeypatch):
     before = len(calls)
     sgrad(s, jnp.uint32(6)).block_until_ready()
     assert len(calls) - before == 2, "a traced seed's backward recomputes the forward"
+
+
+def test_a_forward_without_backward_skips_the_residuals(graph_ei, rng, monkeypatch):
+    """A forward no backward follows runs the core's fwd with its gradient
+    flags off (segment_reduce's needs_x_grad: no max positions kept);
+    differentiated, with them on."""
+    from fastgnn.jax import ops
+    g, _ = graph_ei
+    seen = []
+    fwd = ops.SEGMENT_REDUCE.fwd
+    monkeypatch.setattr(ops.SEGMENT_REDUCE, "fwd",
+                        lambda *a, **k: (seen.append(k.get("needs_x_grad")), fwd(*a, **k))[1])
+    x = _arr(rng, (N, F), "float32")
+    plain = fj.segment_reduce(g, x, "max")
+    jax.jit(lambda x: fj.segment_reduce(g, x, "max"))(x).block_until_ready()
+    assert seen and not any(seen), seen
+    seen.clear()
+    jax.grad(lambda x: jnp.sum(fj.segment_reduce(g, x, "max")))(x).block_until_ready()
+    assert seen and all(seen), seen
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(fj.segment_reduce(g, x, "max")))

@@ -81,10 +81,14 @@ class Op:
     outputs:  the shape rule, outputs(core_graph, shapes, static) -> a tuple of
               (shape, dtype) per output, with shapes = {input name: (shape,
               dtype) or None}
+    fwd_flags: {keyword: input name}: fwd's keyword is True when the call is
+              differentiated and that input takes a gradient, False in a
+              forward that no backward follows (which then may skip its
+              residuals: e.g. the max/min positions)
     """
 
     def __init__(self, name: str, fwd: Callable, bwd: Callable, inputs, *, outputs: Callable,
-                 features=(), scalars=()):
+                 features=(), scalars=(), fwd_flags=None):
         self.name = name
         self.fwd = fwd
         self.bwd = bwd
@@ -92,7 +96,8 @@ class Op:
         self.features = tuple(features)
         self.scalars = tuple(scalars)
         self.outputs = outputs
-        for n in (*self.features, *self.scalars):
+        self.fwd_flags = dict(fwd_flags or {})
+        for n in (*self.features, *self.scalars, *self.fwd_flags.values()):
             if n not in self.inputs:
                 raise ValueError(f"Op {name}: {n!r} is not one of its inputs {self.inputs}")
 
@@ -238,10 +243,13 @@ def _core_graph(call: "_Call", xp):
     return core.cached(("fastgnn.jax", "cuda", dev), lambda: core.to(f"cuda:{dev}"))
 
 
-def _forward(call: "_Call", graph, arrays):
-    """op.fwd on arrays of one device (None where absent): (outs tuple, residuals)."""
+def _forward(call: "_Call", graph, arrays, train=True):
+    """op.fwd on arrays of one device (None where absent): (outs tuple,
+    residuals); train: a backward follows (sets op.fwd_flags)."""
     op = call.op
     kw = dict(call.static)
+    for key, name in op.fwd_flags.items():
+        kw[key] = train and call.grads[op.inputs.index(name)]
     positional = []
     for name, a in zip(op.inputs, arrays):
         if name in op.scalars:
@@ -416,7 +424,8 @@ def _forward_callback(call: _Call, layout=None):
     """The forward callback: the op's outputs, then (with a layout) its
     residual outputs."""
     def fn(xp, *given):
-        outs, res = _forward(call, _core_graph(call, xp), _fill(call, given))
+        outs, res = _forward(call, _core_graph(call, xp), _fill(call, given),
+                             train=layout is not None)
         results = [_as_result(xp, o, s, call.op.name) for o, s in zip(outs, call.outs)]
         if layout is not None:
             arrays = _arrays_of(res, [])

@@ -38,7 +38,8 @@ def _spmm_shapes(graph, shapes, static):
 
 
 SPMM = Op("spmm", _spmm_fwd, spmm_bwd, inputs=("x", "edge_weight", "bias"),
-          features=("x", "bias"), outputs=_spmm_shapes)
+          features=("x", "bias"), outputs=_spmm_shapes,
+          fwd_flags={"needs_weight_grad": "edge_weight"})
 
 
 def spmm(graph: Graph, x, edge_weight=None, reduce="sum", *, bias=None):
@@ -108,7 +109,7 @@ def _segment_shapes(graph, shapes, static):
 
 
 SEGMENT_REDUCE = Op("segment_reduce", segment_reduce_fwd, _segment_bwd, inputs=("x",),
-                    features=("x",), outputs=_segment_shapes)
+                    features=("x",), outputs=_segment_shapes, fwd_flags={"needs_x_grad": "x"})
 
 
 def segment_reduce(graph: Graph, x, reduce="sum"):
