@@ -509,3 +509,27 @@ def test_a_forward_without_backward_skips_the_residuals(graph_ei, rng, monkeypat
     jax.grad(lambda x: jnp.sum(fj.segment_reduce(g, x, "max")))(x).block_until_ready()
     assert seen and all(seen), seen
     np.testing.assert_array_equal(np.asarray(plain), np.asarray(fj.segment_reduce(g, x, "max")))
+
+
+def test_a_backward_away_from_the_layouts_device_recomputes(graph_ei, rng, monkeypatch):
+    """A residual layout learned elsewhere than the backward runs (another
+    GPU, or the GPU for a CPU computation) is not used: the backward
+    recomputes the forward, with the reference's gradient."""
+    from fastgnn.jax import _bridge, ops
+    g, ei = graph_ei
+    learn = _bridge._learn_layout
+    monkeypatch.setattr(_bridge, "_learn_layout",
+                        lambda call, backend: learn(call, backend)._replace(where=("gpu", 7)))
+    calls = []
+    fwd = ops.SEGMENT_REDUCE.fwd
+    monkeypatch.setattr(ops.SEGMENT_REDUCE, "fwd",
+                        lambda *a, **k: (calls.append(1), fwd(*a, **k))[1])
+    x = _arr(rng, (N, F), "float32")
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(fj.segment_reduce(g, x, "mean") ** 2)))
+    grad(x).block_until_ready()
+    before = len(calls)
+    got = grad(x)
+    assert len(calls) - before == 2, "the backward used a layout from another device"
+    out = ref.segment_reduce(ei, np.asarray(x), "mean", N)
+    assert_close(np.asarray(got), ref.segment_reduce_vjp(ei, np.asarray(x), "mean", N, 2 * out),
+                 "float32")

@@ -36,7 +36,10 @@ How it runs:
   input or of an output (taken from those buffers again: no copy), a
   constant of the graph (the same array in both runs, e.g. cached degree
   scales: kept by reference) or a fresh array (a residual output of its
-  shape and dtype); the rest of the residual record is kept as it is.
+  shape and dtype); the rest of the residual record is kept as it is
+  (fields that depend only on shapes and static arguments). A backward
+  that runs on another device than the layout was learned on recomputes
+  the forward (the constants are that device's).
   A call with a traced integer input (a dropout seed) keeps the seed out
   of the record, so its backward recomputes the forward inside its
   callback instead (one extra forward pass);
@@ -50,8 +53,8 @@ How it runs:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
+import itertools
 from functools import partial
 from typing import Callable, NamedTuple
 
@@ -166,6 +169,12 @@ class _Claim:
         return self.fallback(size)
 
 
+def _check_count(results, outs):
+    if len(results) != len(outs):
+        raise RuntimeError(f"fastgnn.jax: a callback made {len(results)} results for "
+                           f"{len(outs)} outputs")
+
+
 def _in_place(r, t) -> bool:
     return (r.data.ptr == t.data.ptr and r.shape == t.shape and r.dtype == t.dtype
             and r.flags.c_contiguous)
@@ -196,6 +205,7 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim):
                 results = fn(cp, *views)
         else:
             results = fn(cp, *views)
+        _check_count(results, targets)
         pending = [(t, r) for t, r in zip(targets, results) if not _in_place(r, t)]
         pending = [(t, r.copy() if any(u is not t and _overlaps(r, u) for u in targets) else r)
                    for t, r in pending]
@@ -216,12 +226,14 @@ def _callback(fn, specs, *args, ran=None):
         first = bufs[0] if bufs else outs[0]
         kind, device = first.__dlpack_device__()
         if kind == _CUDA_DLPACK:
-            warm = ran is not None and ran[1] in ran[0]
+            key = None if ran is None else ran[1] + (int(device),)   # per device: its caches
+            warm = key is not None and key in ran[0]
             _run_on_gpu(fn, ctx, outs, bufs, int(device), warm)
-            if ran is not None and not warm:
-                ran[0][ran[1]] = True
+            if key is not None and not warm:
+                ran[0][key] = True
             return
         results = fn(np, *(np.asarray(b) for b in bufs))
+        _check_count(results, outs)
         for o, r in zip(outs, results):
             np.asarray(o)[...] = r
 
@@ -230,7 +242,8 @@ def _callback(fn, specs, *args, ran=None):
 
 def _ran(call: "_Call", kind: str):
     """The `ran` marker of `_callback` for call's forward or backward, kept
-    in the core graph's cache (its caches live there too)."""
+    in the core graph's cache (its caches live there too; the device the
+    call runs on completes the key)."""
     return call.graph.core.cache, ("fastgnn.jax", "ran", kind, call._replace(graph=None))
 
 
@@ -327,10 +340,13 @@ def _arrays_of(obj, found):
     return found
 
 
+_HOLE = object()      # where a layout's template had an array
+
+
 def _rebuild(obj, leaves):
-    """The record `obj` with its arrays replaced, in `_arrays_of` order, by
-    the next items of the iterator `leaves`."""
-    if _is_array(obj):
+    """The record `obj` with its arrays (or _HOLEs) replaced, in `_arrays_of`
+    order, by the next items of the iterator `leaves`."""
+    if _is_array(obj) or obj is _HOLE:
         return next(leaves)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.replace(obj, **{f.name: _rebuild(getattr(obj, f.name), leaves)
@@ -361,12 +377,17 @@ def _view_leaf(a, kind, buffers):
 
 
 class _Layout(NamedTuple):
-    """A call's residual record without its arrays (`template`), one _Leaf
-    per array, and the residual outputs' (shape, dtype): each a flat uint8
-    buffer of the array's bytes (any dtype, 64-bit ones without x64)."""
+    """A call's residual record without its arrays (`template`: its other
+    fields as the zero run left them, which depend only on shapes and
+    static arguments), one _Leaf per array, the residual outputs' (shape,
+    dtype): each a flat uint8 buffer of the array's bytes (any dtype, 64-bit
+    ones without x64), and where it was learned: "cpu" or ("gpu", device).
+    A backward on another device recomputes the forward instead (its
+    constants live on the device the layout was learned on)."""
     template: object
     leaves: tuple
     specs: tuple
+    where: object
 
 
 def _residual_layout(call: _Call, backend: str) -> _Layout:
@@ -374,14 +395,19 @@ def _residual_layout(call: _Call, backend: str) -> _Layout:
     (cached on the core graph) by running the forward twice on zeros of the
     call's input shapes (see the module docstring). backend: "gpu" or
     "cpu", where the program runs."""
-    key = ("fastgnn.jax", "residual layout", call._replace(graph=None), backend)
+    device = None
+    if backend == "gpu":
+        import cupy
+        device = int(cupy.cuda.Device().id)
+    key = ("fastgnn.jax", "residual layout", call._replace(graph=None), backend, device)
     return call.graph.core.cached(key, lambda: _learn_layout(call, backend))
 
 
 def _learn_layout(call: _Call, backend: str) -> _Layout:
-    xp = np
+    xp, where = np, "cpu"
     if backend == "gpu":
         import cupy as xp
+        where = ("gpu", int(xp.cuda.Device().id))
     graph = _core_graph(call, xp)
     runs = []
     for _ in range(2):
@@ -399,7 +425,7 @@ def _learn_layout(call: _Call, backend: str) -> _Layout:
             leaf = _Leaf("res", len(specs), shape=tuple(a.shape), dtype=a.dtype)
             specs.append(((int(a.nbytes),), jnp.dtype(jnp.uint8)))
         leaves.append(leaf)
-    return _Layout(res, tuple(leaves), tuple(specs))
+    return _Layout(_rebuild(res, itertools.repeat(_HOLE)), tuple(leaves), tuple(specs), where)
 
 
 def _from_leaf(xp, leaf, ins, outs, res_bufs):
@@ -429,8 +455,16 @@ def _forward_callback(call: _Call, layout=None):
         results = [_as_result(xp, o, s, call.op.name) for o, s in zip(outs, call.outs)]
         if layout is not None:
             arrays = _arrays_of(res, [])
-            results += [_bytes_of(xp, a) for a, leaf in zip(arrays, layout.leaves)
-                        if leaf.kind == "res"]
+            if len(arrays) != len(layout.leaves):
+                raise RuntimeError(f"{call.op.name}: the residuals hold {len(arrays)} arrays, "
+                                   f"the layout learned {len(layout.leaves)}")
+            for a, leaf in zip(arrays, layout.leaves):
+                if leaf.kind == "res":
+                    if tuple(a.shape) != leaf.shape or a.dtype != leaf.dtype:
+                        raise RuntimeError(f"{call.op.name}: a residual of {tuple(a.shape)} "
+                                           f"{a.dtype} where the layout learned {leaf.shape} "
+                                           f"{leaf.dtype}")
+                    results.append(_bytes_of(xp, a))
         return tuple(results)
     return fn
 
@@ -445,7 +479,8 @@ def _backward_callback(call: _Call, specs, layout=None):
     def fn(xp, *given):
         graph = _core_graph(call, xp)
         ins = given[:n]
-        if layout is None:
+        here = "cpu" if xp is np else ("gpu", int(xp.cuda.Device().id))
+        if layout is None or layout.where != here:
             _, res = _forward(call, graph, _fill(call, ins))    # recompute (module docstring)
         else:
             outs, res_bufs = given[n:n + n_out], given[n + n_out:n + n_out + n_res]
@@ -473,7 +508,8 @@ def _layout_for(call: _Call):
     forward (a traced integer input, or no gradient wanted)."""
     if call.traced_scalar or not any(call.grads):
         return None
-    return _residual_layout(call, "cpu" if jax.default_backend() == "cpu" else "gpu")
+    cpu = _buffer_callback is None or jax.default_backend() == "cpu"
+    return _residual_layout(call, "cpu" if cpu else "gpu")
 
 
 def _bridge_fwd(call, arrays):
