@@ -533,3 +533,56 @@ def test_a_backward_away_from_the_layouts_device_recomputes(graph_ei, rng, monke
     out = ref.segment_reduce(ei, np.asarray(x), "mean", N)
     assert_close(np.asarray(got), ref.segment_reduce_vjp(ei, np.asarray(x), "mean", N, 2 * out),
                  "float32")
+
+
+def test_gpu_buffer_views_are_built_from_the_address():
+    """_cupy_view makes a CuPy array on an XLA buffer's memory from its
+    address, shape and dtype (bfloat16 as int16, the device given, no
+    import of its CUDA array interface, which would synchronise the host
+    with XLA's stream); a strided buffer falls back to that import. Checked
+    with a stand-in CuPy that records the calls."""
+    from fastgnn.jax import _bridge
+
+    class Buf:
+        def __init__(self, shape, dtype, strides=None):
+            self.shape, self.dtype = shape, np.dtype(dtype) if dtype != "bf16" else jnp.bfloat16
+            self.__cuda_array_interface__ = {"data": (4096, False), "shape": shape,
+                                             "strides": strides}
+
+    class FakeCuPy:
+        def __init__(self):
+            self.calls = []
+            fake = self
+
+            class cuda:
+                @staticmethod
+                def UnownedMemory(ptr, size, owner, device):
+                    fake.calls.append(("memory", ptr, size, device))
+                    return ("mem", ptr)
+
+                @staticmethod
+                def MemoryPointer(mem, offset):
+                    return (mem, offset)
+            self.cuda = cuda
+
+        def ndarray(self, shape, dtype, memptr):
+            self.calls.append(("ndarray", shape, np.dtype(dtype), memptr))
+
+        def empty(self, shape, dtype):
+            self.calls.append(("empty", shape, np.dtype(dtype)))
+
+        def asarray(self, b):
+            self.calls.append(("asarray",))
+
+    cp = FakeCuPy()
+    _bridge._cupy_view(cp, Buf((3, 5), np.float32), 2)
+    _bridge._cupy_view(cp, Buf((7,), "bf16"), 0)
+    _bridge._cupy_view(cp, Buf((0, 4), np.float32), 0)
+    _bridge._cupy_view(cp, Buf((3, 5), np.float32, strides=(20, 4)), 1)    # dense, given
+    _bridge._cupy_view(cp, Buf((3, 5), np.float32, strides=(40, 4)), 1)    # strided
+    assert cp.calls == [
+        ("memory", 4096, 60, 2), ("ndarray", (3, 5), np.dtype(np.float32), (("mem", 4096), 0)),
+        ("memory", 4096, 14, 0), ("ndarray", (7,), np.dtype(np.int16), (("mem", 4096), 0)),
+        ("empty", (0, 4), np.dtype(np.float32)),
+        ("memory", 4096, 60, 1), ("ndarray", (3, 5), np.dtype(np.float32), (("mem", 4096), 0)),
+        ("asarray",)]

@@ -12,9 +12,10 @@ How it runs:
   (`jax.experimental.buffer_callback`): XLA hands the callback its input
   buffers and the output buffers it allocated, on the device the program
   runs on. On the CPU the Numba kernels run on NumPy views of them; on a
-  GPU the CUDA kernels run on CuPy views (`__cuda_array_interface__`, no
-  copy) on XLA's own stream (`ctx.stream`), so the launches are ordered
-  with the rest of the program without a synchronisation. Inputs are never
+  GPU the CUDA kernels run on CuPy views of their memory (no copy; made
+  from each buffer's address, `_cupy_view`) on XLA's own stream
+  (`ctx.stream`), so the launches are ordered with the rest of the program
+  without a synchronisation. Inputs are never
   written. Result shapes and dtypes come from the op's shape rule
   (`Op.outputs`), evaluated at trace time. JAX releases without
   buffer_callback run the CPU path through `jax.pure_callback`;
@@ -134,15 +135,33 @@ _CUDA_DLPACK = 2            # kDLCUDA, the DLPack device type of a CUDA buffer
 _cupy = None                # the cupy module, imported on the first GPU call
 
 
-def _cupy_view(cp, b):
-    """A CuPy array on XLA buffer b's memory (no copy); bfloat16, which CuPy
-    has no dtype for, as int16 bits (the core's `vtype="bfloat16"` form)."""
-    if b.dtype != jnp.bfloat16:
-        return cp.asarray(b)
-    ptr = int(b.__cuda_array_interface__["data"][0])
-    shape = tuple(b.shape)
-    mem = cp.cuda.UnownedMemory(ptr, 2 * int(np.prod(shape, dtype=np.int64)), b)
-    return cp.ndarray(shape, dtype=cp.int16, memptr=cp.cuda.MemoryPointer(mem, 0))
+def _cupy_view(cp, b, device):
+    """A CuPy array on XLA buffer b's memory on `device` (no copy); bfloat16,
+    which CuPy has no dtype for, as int16 bits (the core's
+    `vtype="bfloat16"` form). Made from the buffer's address and shape, not
+    by CuPy's import of its CUDA array interface, which synchronises the
+    host with the stream the interface names: the callback runs on XLA's
+    stream already, so its launches are ordered after the producers
+    without a wait."""
+    cai = b.__cuda_array_interface__
+    shape = tuple(int(d) for d in b.shape)
+    dtype = np.dtype(np.int16) if b.dtype == jnp.bfloat16 else np.dtype(b.dtype)
+    strides = cai.get("strides")
+    if strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize):
+        return cp.asarray(b)                        # (not seen from XLA: dense buffers)
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    if nbytes == 0:
+        return cp.empty(shape, dtype=dtype)
+    mem = cp.cuda.UnownedMemory(int(cai["data"][0]), nbytes, b, device)
+    return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
 
 
 # Off switch of the direct writes into XLA's output buffers (`_Claim`): with
@@ -198,8 +217,8 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim):
         _cupy = cupy
     cp = _cupy
     with cp.cuda.Device(device), external_stream(cp, int(ctx.stream), device):
-        targets = [_cupy_view(cp, o) for o in outs]
-        views = [_cupy_view(cp, b) for b in bufs]
+        targets = [_cupy_view(cp, o, device) for o in outs]
+        views = [_cupy_view(cp, b, device) for b in bufs]
         if claim and CLAIM_OUTPUTS:
             with cp.cuda.using_allocator(_Claim(cp, targets, cp.cuda.get_allocator()).malloc):
                 results = fn(cp, *views)
