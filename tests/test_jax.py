@@ -538,8 +538,8 @@ def test_a_backward_away_from_the_layouts_device_recomputes(graph_ei, rng, monke
 def test_gpu_buffer_views_are_built_from_the_address():
     """_cupy_view makes a CuPy array on an XLA buffer's memory from its
     address, shape and dtype (bfloat16 as int16, the device given, no
-    import of its CUDA array interface, which would synchronise the host
-    with XLA's stream); a strided buffer falls back to that import. Checked
+    import of its CUDA array interface, which synchronises the host with a
+    stream the interface names); a strided buffer falls back to that import. Checked
     with a stand-in CuPy that records the calls."""
     from fastgnn.jax import _bridge
 

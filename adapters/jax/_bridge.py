@@ -140,9 +140,9 @@ def _cupy_view(cp, b, device):
     which CuPy has no dtype for, as int16 bits (the core's
     `vtype="bfloat16"` form). Made from the buffer's address and shape, not
     by CuPy's import of its CUDA array interface, which synchronises the
-    host with the stream the interface names: the callback runs on XLA's
-    stream already, so its launches are ordered after the producers
-    without a wait."""
+    host with the stream the interface names where it names one: the
+    callback runs on XLA's stream already, so its launches are ordered
+    after the producers without a wait."""
     cai = b.__cuda_array_interface__
     shape = tuple(int(d) for d in b.shape)
     dtype = np.dtype(np.int16) if b.dtype == jnp.bfloat16 else np.dtype(b.dtype)
