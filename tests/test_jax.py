@@ -519,7 +519,7 @@ def test_a_backward_away_from_the_layouts_device_recomputes(graph_ei, rng, monke
     g, ei = graph_ei
     learn = _bridge._learn_layout
     monkeypatch.setattr(_bridge, "_learn_layout",
-                        lambda call, backend: learn(call, backend)._replace(where=("gpu", 7)))
+                        lambda call, where: learn(call, where)._replace(where=("gpu", 7)))
     calls = []
     fwd = ops.SEGMENT_REDUCE.fwd
     monkeypatch.setattr(ops.SEGMENT_REDUCE, "fwd",

@@ -263,7 +263,12 @@ def _ran(call: "_Call", kind: str):
     """The `ran` marker of `_callback` for call's forward or backward, kept
     in the core graph's cache (its caches live there too; the device the
     call runs on completes the key)."""
-    return call.graph.core.cache, ("fastgnn.jax", "ran", kind, call._replace(graph=None))
+    return call.graph.core.cache, ("fastgnn.jax", "ran", kind, _signature(call))
+
+
+def _signature(call: "_Call"):
+    """The call without its graph: what a cache on that graph is keyed by."""
+    return call._replace(graph=None)
 
 
 def _core_graph(call: "_Call", xp):
@@ -414,19 +419,18 @@ def _residual_layout(call: _Call, backend: str) -> _Layout:
     (cached on the core graph) by running the forward twice on zeros of the
     call's input shapes (see the module docstring). backend: "gpu" or
     "cpu", where the program runs."""
-    device = None
+    where = "cpu"
     if backend == "gpu":
         import cupy
-        device = int(cupy.cuda.Device().id)
-    key = ("fastgnn.jax", "residual layout", call._replace(graph=None), backend, device)
-    return call.graph.core.cached(key, lambda: _learn_layout(call, backend))
+        where = ("gpu", int(cupy.cuda.Device().id))     # CuPy's current device
+    key = ("fastgnn.jax", "residual layout", _signature(call), where)
+    return call.graph.core.cached(key, lambda: _learn_layout(call, where))
 
 
-def _learn_layout(call: _Call, backend: str) -> _Layout:
-    xp, where = np, "cpu"
-    if backend == "gpu":
+def _learn_layout(call: _Call, where) -> _Layout:
+    xp = np
+    if where != "cpu":
         import cupy as xp
-        where = ("gpu", int(xp.cuda.Device().id))
     graph = _core_graph(call, xp)
     runs = []
     for _ in range(2):

@@ -1,8 +1,8 @@
 """Developer probe (GPU): spmm_fwd and segment_fwd against the feature-slice
 target (SLICE_TARGET_THREADS; 1 = one slice, the walk without grid y) on
 first layers of wide raw features (Cora, CiteSeer) and on rmat18 at
-F = 128 (many tasks: one slice whatever the target). CUDA events, 3 warm-up
-calls, median of 30. Usage: python benchmarks/dev/probe_feature_slices.py"""
+F = 128 (many tasks: one slice whatever the target). CUDA events
+(spmm.median_ms: one warm-up call, median of 30). Usage: python benchmarks/dev/probe_feature_slices.py"""
 import cupy as cp
 import numpy as np
 
@@ -13,20 +13,6 @@ from fastgnn.backends.cuda import spmm as cs
 from fastgnn.testing import rmat_edge_index
 
 TARGETS = (1, 1 << 19, 1 << 20, 1 << 21, 1 << 22, 1 << 23, 1 << 30)
-
-
-def median_ms(fn, reps=30):
-    for _ in range(3):
-        fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    ts = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(ts))
 
 
 def graphs():
@@ -54,9 +40,10 @@ def main():
             if ref_spmm is None:
                 ref_spmm, ref_max = o1.copy(), o2.copy()
             assert bool((o1 == ref_spmm).all()) and bool((o2 == ref_max).all()), (name, target)
-            rows["spmm sum"].append(median_ms(lambda: cs.spmm_custom(g, xd, None, "float32")))
-            rows["segment max"].append(median_ms(
-                lambda: cseg.segment_fwd(g, xd, ("max",), "float32", residuals=True)))
+            rows["spmm sum"].append(cs.median_ms(lambda: cs.spmm_custom(g, xd, None, "float32"),
+                                                 repeats=30))
+            rows["segment max"].append(cs.median_ms(
+                lambda: cseg.segment_fwd(g, xd, ("max",), "float32", residuals=True), repeats=30))
         for op, ts in rows.items():
             print(f"{name:9} {x.shape[1]:5}  {op:12} " + " ".join(f"{t:9.4f}" for t in ts))
     cs.SLICE_TARGET_THREADS = default

@@ -11,30 +11,20 @@ after 10 warm-up epochs, the training bench's models and data.
 
     python benchmarks/dev/probe_training_floor.py [data set ...]
 """
-import statistics
 import sys
 
 import torch
 
 from fastgnn.bench import cases_training as tr
+from fastgnn.bench.core import time_calls
 from fastgnn.torch import nn as fnn
 
 MODELS = ("GCN", "SAGE-mean", "GIN")
 
 
 def epoch_ms(model, opt, data, epochs=40, warmup=10):
-    for _ in range(warmup):
-        tr.train_step(model, opt, data)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(epochs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        tr.train_step(model, opt, data)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return time_calls(torch, lambda: tr.train_step(model, opt, data), repeats=epochs,
+                      warmup=warmup, cuda=True)[0]
 
 
 def _free_spmm(graph, x, weight=None, bias=None, **kw):

@@ -10,7 +10,6 @@ be read against the event time.
     python benchmarks/dev/profile_op.py [graph spec] [spmm|max|mean] [F]
     python benchmarks/dev/profile_op.py npz:tolokers max 128
 """
-import statistics
 import sys
 
 import torch
@@ -18,21 +17,12 @@ from torch.profiler import ProfilerActivity, profile
 
 import fastgnn.torch as ft
 from fastgnn.bench import graphs as bgraphs
+from fastgnn.bench.core import time_calls
 
 
-def events_ms(fn, reps=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+def events_ms(fn):
+    """The op benchmark's time per call (CUDA events, 5 warm-up calls, median of 30)."""
+    return time_calls(torch, fn, repeats=30, warmup=5, cuda=True)[0]
 
 
 def main(spec="npz:tolokers", op="spmm", F=128):
