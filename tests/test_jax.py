@@ -190,12 +190,8 @@ def test_op_matches_reference(name, mode, op_vtype, graph_ei, rng):
                    ref_outs, ref_grads, vtype, f"vmap[{b}]")
 
 
-def _gpu_run(name, dtype, graph_ei, rng, again=None):
-    """One case on JAX's first GPU under jit and grad (skips without a GPU
-    that both JAX and CuPy see): (eager outputs, jitted outputs, gradients,
-    inputs, cotangents, reference). again(inputs -> inputs): run the eager
-    forward and the jitted program a second time on those inputs instead
-    (calls after the first write into XLA's buffers directly)."""
+def _gpu():
+    """JAX's first GPU (skips without a GPU that both JAX and CuPy see)."""
     import fastgnn
     try:
         dev = jax.devices("gpu")[0]
@@ -203,6 +199,18 @@ def _gpu_run(name, dtype, graph_ei, rng, again=None):
         dev = None
     if dev is None or not fastgnn.gpu_available():
         pytest.skip("needs a GPU that both JAX and CuPy see")
+    return dev
+
+
+def _gpu_run(name, dtype, graph_ei, rng, again=None):
+    """One case on JAX's first GPU under jit and grad (skips without a GPU
+    that both JAX and CuPy see): (eager outputs, jitted outputs, gradients,
+    inputs, cotangents, reference). again(inputs -> inputs), or a list of
+    them: run the eager forward and the jitted program again on those
+    inputs, once per function (calls after the first write into XLA's
+    buffers directly; from the third on, they replay the recorded launches
+    where those qualify)."""
+    dev = _gpu()
     g, ei = graph_ei
     inputs, fn, reference = _build(name, rng, ei, dtype)
     inputs = jax.device_put(inputs, dev)
@@ -211,8 +219,9 @@ def _gpu_run(name, dtype, graph_ei, rng, again=None):
     cts = jax.device_put(tuple(_arr(rng, o.shape, dtype) for o in outs0), dev)
     program = jax.jit(lambda a: _loss(fn, g, cts)(a))
     (_, outs), grads = program(inputs)
-    if again is not None:
-        inputs = jax.device_put(again(inputs), dev)
+    for change in (() if again is None else again if isinstance(again, (list, tuple))
+                   else (again,)):
+        inputs = jax.device_put(change(inputs), dev)
         outs0 = fn(g, **inputs)
         (_, outs), grads = program(inputs)
     return outs0, outs, grads, jax.device_get(inputs), jax.device_get(cts), reference
@@ -242,6 +251,65 @@ def test_op_on_gpu_second_call_matches_reference(name, graph_ei, rng):
     ref_outs, ref_grads = reference(graph_ei[1], inputs, cts)
     _check(outs, grads, ref_outs, ref_grads, vtype, "gpu, jit, second call")
     _check(outs0, grads, ref_outs, ref_grads, vtype, "gpu, eager, second call")
+
+
+def _halve(a):
+    return {n: 0.5 * v for n, v in a.items()}
+
+
+def _negate(a):
+    return {n: -v for n, v in a.items()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_on_gpu_replayed_calls_match_reference(name, graph_ei, rng):
+    """Calls three to five of a program (eager and jitted) replay the
+    launches their second call recorded, on new buffers and new values
+    (negated: other arg-max edges): still the reference's outputs and
+    gradients."""
+    vtype = "float32"
+    outs0, outs, grads, inputs, cts, reference = _gpu_run(
+        name, vtype, graph_ei, rng, again=[_halve, _negate, _halve, _negate])
+    ref_outs, ref_grads = reference(graph_ei[1], inputs, cts)
+    _check(outs, grads, ref_outs, ref_grads, vtype, "gpu, jit, replayed")
+    _check(outs0, grads, ref_outs, ref_grads, vtype, "gpu, eager, replayed")
+
+
+def _replays(graph):
+    """{(op name, callback kind): whether its calls replay} of the calls made on graph."""
+    from fastgnn.backends.cuda.plan import Replay
+    return {(k[3].op.name, k[2]): isinstance(v, Replay) for k, v in graph.core.cache.items()
+            if isinstance(k, tuple) and k[:2] == ("fastgnn.jax", "ran")}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["spmm", "max", "gat", "dot"])
+def test_common_calls_replay_on_gpu(name, graph_ei, rng):
+    """The forward, the forward with residuals and the backward of spmm,
+    segment max and attention without edge terms replay their recorded
+    launches from the third call on (their host path would cost more than
+    the kernels of a mid-sized graph); dot attention's backward makes its
+    three same-sized gradients in each other's output buffers (the first
+    fit of `_Claim`), which its replay writes in place."""
+    dev = _gpu()
+    g, _ = graph_ei
+    if name in ("spmm", "max"):
+        inputs = {"x": _arr(rng, (N, F), "float32")}
+        fn = (lambda x: fj.spmm(g, x)) if name == "spmm" else (
+            lambda x: fj.segment_reduce(g, x, "max"))
+    else:
+        inputs = {n: v for n, v in _attention_inputs(rng, 0, name, "float32").items()
+                  if n in ("a_src", "a_dst", "v", "q", "k")}
+        fn = (lambda **a: fj.edge_attention(g, name, **a))
+    inputs = jax.device_put(inputs, dev)
+    fwd = jax.jit(lambda a: fn(**a))
+    both = jax.jit(jax.grad(lambda a: jnp.sum(fn(**a) ** 2)))
+    for _ in range(3):
+        jax.block_until_ready((fwd(inputs), both(inputs)))
+    op = {"spmm": "spmm", "max": "segment_reduce"}.get(name, "edge_attention")
+    assert _replays(g) == {(op, "forward"): True, (op, "forward with residuals"): True,
+                           (op, "backward"): True}
 
 
 GPU_16BIT = ["spmm-sum", "segment-mean", "segment-max", "edge_softmax", "attention-gat",

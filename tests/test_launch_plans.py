@@ -177,6 +177,69 @@ def test_launch_params_point_at_the_slots_and_fill_writes_addresses():
     assert launch.values.view(np.uint8)[16:20].view(np.int32)[0] == 5
 
 
+# --------------------------------------------------- recorded and replayed
+def _recording_launcher(monkeypatch, nparams):
+    """plan's cuLaunchKernel replaced by one that notes (func, stream, the
+    parameter values) per launch; nparams: {func: parameter count}."""
+    made = []
+
+    def launch(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        made.append((func, stream, _read_params(params, nparams[func])))
+    monkeypatch.setattr(plan, "_launch_kernel", launch)
+    monkeypatch.setattr(plan, "ensure_context", lambda device: None)
+    return made
+
+
+def test_replay_maps_recorded_addresses_onto_new_buffers(monkeypatch):
+    """A recorded call's plan runs (a plan whose run also runs another, as
+    the attention backward's does; scalar words; a constant; temporaries
+    freed and reused within the call) replayed on other buffers and an
+    arena: every address moves with its buffer, temporaries keep their
+    relative layout, words, nulls and constants stay."""
+    made = _recording_launcher(monkeypatch, {0x100: 5, 0x200: 2, 0x300: 3})
+    inner = plan.LaunchPlan([plan.Launch(0x200, (1,), (plan.Slot(0), plan.Slot(1)))])
+
+    class Outer(plan.LaunchPlan):
+        def run(self, stream, ptrs):
+            super().run(stream, ptrs)
+            inner.run(stream, (ptrs[0] + 32, ptrs[3]))
+
+    outer = Outer([plan.Launch(0x100, (2,), (plan.Slot(0), plan.Slot(1, 16),
+                                             plan.Word(2, "uint64"), plan.Slot(3),
+                                             np.int32(7)))])
+    last = plan.LaunchPlan([plan.Launch(0x300, (1,), (plan.Slot(0), plan.Slot(1),
+                                                      plan.Slot(2)))])
+    with plan.recording() as runs:
+        outer.run(0xabc, (0x10000, 0x20000, 12345, 0x50040))
+        last.run(0xabc, (0x60210, 0x90000, 0))
+    assert [p for p, _ in runs] == [outer, inner, last]
+    del made[:]
+    buffers = [(0x10000, 4096), (0x20000, 1024)]
+    # temporaries: 600 bytes at 0x50000, freed, 100 bytes there again; 64 at 0x60200
+    rep = plan.Replay.learn(runs, buffers, [(0x50000, 600), (0x50000, 100), (0x60200, 64)])
+    assert rep.arena_bytes == 1024 + 64 and rep.align == plan.REPLAY_ALIGN
+    rep.run(0xdef, [0xA0000, 0xB0000], 0xC0000)
+    assert made == [(0x100, 0xdef, [0xA0000, 0xB0010, 12345, 0xC0040, 7]),
+                    (0x200, 0xdef, [0xA0020, 0xC0040]),
+                    (0x300, 0xdef, [0xC0000 + 1024 + 0x10, 0x90000, 0])]
+    assert rep.serves([0xA0000, 0xB0000]) and not rep.serves([0xA0000, 0xB0080])
+    with plan.recording() as runs:
+        last.run(0, (np.int64(5), 0, 0))
+    assert plan.Replay.learn(runs, buffers, []) is None      # not plain addresses
+
+
+def test_recording_is_off_outside_its_block(monkeypatch):
+    made = _recording_launcher(monkeypatch, {0x200: 2})
+    p = plan.LaunchPlan([plan.Launch(0x200, (1,), (plan.Slot(0), plan.Slot(1)))])
+    with plan.recording() as outer:
+        with plan.recording() as runs:
+            p.run(0, (1, 2))
+        p.run(0, (3, 4))
+    p.run(0, (5, 6))
+    assert [r for _, r in runs] == [(1, 2)] and [r for _, r in outer] == [(3, 4)]
+    assert [m[2] for m in made] == [[1, 2], [3, 4], [5, 6]]
+
+
 # ---------------------------------------------------- the fake CUDA world
 def _read_params(params_ptr, n):
     """The n 8-byte parameter values cuLaunchKernel would read at kernelParams."""

@@ -2,9 +2,12 @@
 the same op called from PyTorch, in one run on one graph, forward and
 forward+backward; then a training step of a 2-layer GATv2 (SGD) in both.
 
-Each time is the median of `repeats` calls after a warm-up, wall clock with
-the device waited for (`block_until_ready` / `torch.cuda.synchronize`), the
-same method for both frameworks.
+Each time is the median of `repeats` measurements after a warm-up, wall
+clock with the device waited for (`block_until_ready` /
+`torch.cuda.synchronize`), the same method for both frameworks: first each
+call waited for (its latency included: dispatch, callback, launch, wait),
+then PIPELINE calls queued back to back per wait (the per-call cost in a
+loop that does not wait for each op).
 
     python benchmarks/dev/probe_jax_vs_torch.py [graph spec] [repeats]
     python benchmarks/dev/probe_jax_vs_torch.py rmat20 20
@@ -29,14 +32,23 @@ from fastgnn.bench.graphs import parse  # noqa: E402
 F, H, C = 128, 4, 32
 
 
-def _median_ms(fn, wait, repeats):
+def _median_ms(fn, wait, repeats, block=1):
+    """Median ms per call of `repeats` measurements, each `block` calls
+    followed by one wait (block=1: every call waited for, its latency
+    included; block>1: calls queued back to back, the per-call cost a loop
+    of them sees)."""
     wait(fn())
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        wait(fn())
-        times.append((time.perf_counter() - t0) * 1e3)
+        for _ in range(block):
+            out = fn()
+        wait(out)
+        times.append((time.perf_counter() - t0) * 1e3 / block)
     return statistics.median(times)
+
+
+PIPELINE = 10       # calls per measurement of the pipelined columns
 
 
 def _jax_wait(out):
@@ -89,12 +101,14 @@ def _op_rows(ei, n, repeats):
             out = _call(ft, gt, kind, at)
             return torch.autograd.grad((out ** 2).sum(), [at[k] for k in names])
 
-        jf = _median_ms(lambda: fwd_j(aj), _jax_wait, repeats)
-        jb = _median_ms(lambda: both_j(aj), _jax_wait, repeats)
-        tf = _median_ms(fwd_t, _torch_wait, repeats)
-        tb = _median_ms(both_t, _torch_wait, repeats)
-        print(f"| {name} | {jf:.3f} | {tf:.3f} | {jf / tf:.2f} | {jb:.3f} | {tb:.3f} | "
-              f"{jb / tb:.2f} |", flush=True)
+        cells = []
+        for block in (1, PIPELINE):
+            jf = _median_ms(lambda: fwd_j(aj), _jax_wait, repeats, block)
+            tf = _median_ms(fwd_t, _torch_wait, repeats, block)
+            jb = _median_ms(lambda: both_j(aj), _jax_wait, repeats, block)
+            tb = _median_ms(both_t, _torch_wait, repeats, block)
+            cells += [f"{jf:.3f} / {tf:.3f} | {jf / tf:.2f}", f"{jb:.3f} / {tb:.3f} | {jb / tb:.2f}"]
+        print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
 
 def _gatv2_step_rows(ei, n, repeats, hidden=32, classes=8, lr=0.01):
@@ -136,8 +150,8 @@ def _gatv2_step_rows(ei, n, repeats, hidden=32, classes=8, lr=0.01):
         torch.nn.functional.cross_entropy(out, yt).backward()
         opt.step()
     ts = _median_ms(torch_step, _torch_wait, repeats)
-    print(f"| GATv2 2-layer training step (SGD) | - | - | - | {js:.3f} | {ts:.3f} | "
-          f"{js / ts:.2f} |")
+    print(f"| GATv2 2-layer training step (SGD) | - | - | {js:.3f} / {ts:.3f} | {js / ts:.2f} "
+          "| - | - | - | - |")
 
 
 def main(spec="rmat20", repeats=20):
@@ -146,9 +160,9 @@ def main(spec="rmat20", repeats=20):
     ei = np.asarray(ei)
     print(f"graph {name}: {desc}; {n} nodes, {ei.shape[1]} edges; F={F}, {H} x {C} heads; "
           f"{jax.devices()[0]}, {torch.cuda.get_device_name()}")
-    print("| op | fwd JAX ms | fwd torch ms | JAX/torch | fwd+bwd JAX ms | fwd+bwd torch ms | "
-          "JAX/torch |")
-    print("|---|---|---|---|---|---|---|")
+    print("| op | fwd ms, JAX / torch | x | fwd+bwd ms, JAX / torch | x | "
+          f"fwd ms, {PIPELINE} queued | x | fwd+bwd ms, {PIPELINE} queued | x |")
+    print("|---|---|---|---|---|---|---|---|---|")
     _op_rows(ei, n, repeats)
     _gatv2_step_rows(ei, n, max(5, repeats // 2))
 

@@ -22,6 +22,7 @@ torch tensors' addresses. Its `buffers` say which per-call buffers
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -212,7 +213,16 @@ class LaunchPlan:
         self.lock = threading.Lock()
 
     def run(self, stream: int, ptrs):
-        """Launch every kernel in order on `stream` with the call's buffers."""
+        """Launch every kernel in order on `stream` with the call's buffers
+        (noted by an active `recording()` on this thread). Subclasses that
+        run further plans override this and call it first."""
+        runs = getattr(_recording, "runs", None)
+        if runs is not None:
+            runs.append((self, tuple(ptrs)))
+        self.launch(stream, ptrs)
+
+    def launch(self, stream: int, ptrs):
+        """This plan's own kernels, in order, on `stream` (what `run` records)."""
         if not self.launches:
             return
         launch = _launch_kernel or _driver()
@@ -226,3 +236,121 @@ class LaunchPlan:
 
     def __repr__(self):
         return f"LaunchPlan({list(self.launches)})"
+
+
+# ------------------------------------------------------------ recorded calls
+_recording = threading.local()    # .runs: the list an active recording() appends to
+
+
+@contextlib.contextmanager
+def recording():
+    """Note every `LaunchPlan.run` made on this thread inside the block, as
+    (plan, ptrs) in order, in the list it yields."""
+    before = getattr(_recording, "runs", None)
+    runs = _recording.runs = []
+    try:
+        yield runs
+    finally:
+        _recording.runs = before
+
+
+REPLAY_ALIGN = 256     # the most alignment a replay asks of the caller's buffers
+_ARENA_ALIGN = 512     # CuPy's pool hands out 512-byte aligned blocks
+
+
+def _low_bit(x: int) -> int:
+    return x & -x if x else 1 << 62
+
+
+def _word_indices(plan) -> frozenset:
+    """The indices of `plan.run`'s ptrs that its launches take as scalar
+    values (`Word`s), not addresses."""
+    return frozenset(k for l in plan.launches for i, k, _ in l.dynamic if l.kinds[i] != PTR)
+
+
+def _used_indices(plan) -> frozenset:
+    return frozenset(k for l in plan.launches for _, k, _ in l.dynamic)
+
+
+class Replay:
+    """The plan runs of one call of an op, recorded (`recording()`) and
+    replayed on other buffers of the same shapes without the op's host
+    path: no validation, no array objects, no allocation but one arena.
+
+    Each address a recorded run was given becomes a slot: (1, b, offset)
+    inside caller buffer b (the inputs and outputs the call was made on),
+    (2, 0, offset) inside the arena (the memory the call allocated for
+    itself, the temporaries: their address ranges merged and laid out at
+    the same offsets modulo 512 bytes, so aliasing and alignment are the
+    recorded call's), or (0, 0, value) a value given as it was: a scalar
+    word, null, or the address of memory that outlived the call (arrays
+    cached on the graph; the owner keeps them alive). `run(stream, bases,
+    arena)` fills the slots from the call's buffer addresses and an arena
+    of `arena_bytes`, and launches each plan's own kernels (`launch`).
+
+    A replay is valid for calls on the same graph, shapes and options whose
+    buffers are aligned at least as the recorded ones (`serves`: the
+    kernels' vector widths were chosen for those), and only when the call
+    did nothing on the device besides its plans' runs: whoever learns one
+    checks that by replaying the recorded call on fresh buffers and
+    comparing the outputs bitwise (fastgnn.jax does)."""
+    __slots__ = ("runs", "arena_bytes", "align", "keep", "arenas")
+
+    def __init__(self, runs, arena_bytes, align, keep=()):
+        self.runs, self.arena_bytes, self.align, self.keep = runs, arena_bytes, align, keep
+        self.arenas = {}        # the caller's arenas kept with it (e.g. one per stream)
+
+    @classmethod
+    def learn(cls, runs, buffers, temporaries, keep=()):
+        """The Replay of recorded `runs` ((plan, ptrs) pairs) made on
+        `buffers` (caller buffers, (address, bytes) each) with `temporaries`
+        ((address, bytes) of each allocation the call made), or None where a
+        run's ptrs are not plain ints."""
+        spans = sorted((a, a + n) for a, n in temporaries if n)
+        arenas = []                         # merged [start, end) of the temporaries
+        for a, e in spans:
+            if arenas and a <= arenas[-1][1]:
+                arenas[-1][1] = max(arenas[-1][1], e)
+            else:
+                arenas.append([a, e])
+        placed, total = [], 0
+        for a, e in arenas:                 # same offset modulo _ARENA_ALIGN as recorded
+            total += (a - total) % _ARENA_ALIGN
+            placed.append((a, e, total))
+            total += e - a
+        align = REPLAY_ALIGN
+        out = []
+        for plan, ptrs in runs:
+            if not all(isinstance(p, int) for p in ptrs):
+                return None
+            words, used = _word_indices(plan), _used_indices(plan)
+            slots = []
+            for k, p in enumerate(ptrs):
+                if k not in used or k in words or p == 0:
+                    slots.append((0, 0, p if k in used else 0))
+                    continue
+                slot = next(((1, b, p - a) for b, (a, n) in enumerate(buffers)
+                             if a <= p < a + max(n, 1)), None)
+                if slot is not None:
+                    align = min(align, _low_bit(buffers[slot[1]][0]))
+                else:
+                    slot = next(((2, 0, p - a + at) for a, e, at in placed if a <= p < e),
+                                (0, 0, p))
+                slots.append(slot)
+            out.append((plan, tuple(slots)))
+        return cls(tuple(out), total, align, tuple(keep))
+
+    def serves(self, bases) -> bool:
+        """Whether buffers at `bases` (addresses) are aligned as this replay needs."""
+        mask = 0
+        for b in bases:
+            mask |= b
+        return _low_bit(mask) >= self.align
+
+    def run(self, stream: int, bases, arena: int = 0):
+        """Launch the recorded plans on `stream` with the caller's buffer
+        addresses `bases` (in the recorded order) and an arena of
+        `arena_bytes` at address `arena`."""
+        for plan, slots in self.runs:
+            plan.launch(stream, [v if kind == 0 else (bases[b] if kind == 1 else arena) + v
+                                 for kind, b, v in slots])
