@@ -603,6 +603,50 @@ def test_a_backward_away_from_the_layouts_device_recomputes(graph_ei, rng, monke
                  "float32")
 
 
+@pytest.mark.parametrize("replay", [True, False])
+def test_gpu_calls_claim_then_record_then_replay(monkeypatch, replay):
+    """A GPU callback's calls per device (`_bridge._on_gpu`, with stand-ins
+    for the host path and the replay): the first builds caches without
+    claiming XLA's buffers, the second claims and records its launches
+    (not with a traced seed, `replay=False`), later ones replay what it
+    learned, and take the host path again where the replay does not serve
+    their buffers or none was learned."""
+    from fastgnn.jax import _bridge
+    host, replays = [], []
+    learned = ["replay"]
+
+    def run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
+        host.append((device, claim, learn is not None))
+        return learned.pop() if learn is not None and learned else None
+
+    def replay_call(rep, ctx, outs, bufs, device):
+        replays.append((rep, device))
+        return bufs != ("misaligned",)
+
+    monkeypatch.setattr(_bridge, "_run_on_gpu", run_on_gpu)
+    monkeypatch.setattr(_bridge, "_replay", replay_call)
+    cache, fn = {}, object()
+    ran = (cache, ("fastgnn.jax", "ran", "forward", "signature"))
+
+    def call(device=0, bufs=("buf",)):
+        _bridge._on_gpu(fn, ran, replay, None, ("out",), bufs, device)
+
+    call(), call(), call(), call(bufs=("misaligned",)), call(device=1)
+    if replay:
+        assert host == [(0, False, False), (0, True, True), (0, True, False), (1, False, False)]
+        assert replays == [("replay", 0), ("replay", 0)]
+        assert cache == {ran[1] + (0,): "replay", ran[1] + (1,): True}
+    else:
+        assert host == [(0, False, False), (0, True, False), (0, True, False), (0, True, False),
+                        (1, False, False)]
+        assert replays == [] and cache == {ran[1] + (0,): True, ran[1] + (1,): True}
+    monkeypatch.setattr(_bridge, "REPLAY", False)          # the off switch: never records
+    host.clear()
+    cache.clear()
+    call(), call(), call()
+    assert host == [(0, False, False), (0, True, False), (0, True, False)]
+
+
 def test_gpu_buffer_views_are_built_from_the_address():
     """_cupy_view makes a CuPy array on an XLA buffer's memory from its
     address, shape and dtype (bfloat16 as int16, the device given, no

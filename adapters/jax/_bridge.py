@@ -339,6 +339,25 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
         return _learn_replay(cp, runs, alloc.made, views, made, targets, learn)
 
 
+def _on_gpu(fn, ran, replay, ctx, outs, bufs, device):
+    """One GPU call of a callback (see `_callback`). Its state per device,
+    kept under ran's key: none before the first call, True once its caches
+    are built (the next call claims XLA's output buffers and, with
+    `replay`, records its launches), then its Replay, or False where it has
+    none (every later call takes the host path, claiming)."""
+    key = None if ran is None else ran[1] + (device,)   # per device: its caches
+    state = None if key is None else ran[0].get(key)
+    if state is not None and state is not True and state is not False:
+        if _replay(state, ctx, outs, bufs, device):
+            return
+    learn = (fn,) if state is True and REPLAY and replay else None
+    rep = _run_on_gpu(fn, ctx, outs, bufs, device, state is not None, learn)
+    if key is not None and state is None:
+        ran[0][key] = True              # built its caches: the next call claims
+    elif learn is not None:
+        ran[0][key] = rep if rep is not None else False
+
+
 def _callback(fn, specs, *args, ran=None, replay=True):
     """Run fn(xp, *arrays) -> tuple of arrays (xp: numpy on the CPU, cupy on
     a GPU) on the device the program runs on, results `specs`. ran: (dict,
@@ -357,18 +376,7 @@ def _callback(fn, specs, *args, ran=None, replay=True):
         first = bufs[0] if bufs else outs[0]
         kind, device = first.__dlpack_device__()
         if kind == _CUDA_DLPACK:
-            device = int(device)
-            key = None if ran is None else ran[1] + (device,)   # per device: its caches
-            state = None if key is None else ran[0].get(key)
-            if state is not None and state is not True and state is not False:
-                if _replay(state, ctx, outs, bufs, device):
-                    return
-            learn = (fn,) if state is True and REPLAY and replay else None
-            rep = _run_on_gpu(fn, ctx, outs, bufs, device, state is not None, learn)
-            if key is not None and state is None:
-                ran[0][key] = True              # built its caches: the next call claims
-            elif learn is not None:
-                ran[0][key] = rep if rep is not None else False
+            _on_gpu(fn, ran, replay, ctx, outs, bufs, int(device))
             return
         results = fn(np, *(np.asarray(b) for b in bufs))
         _check_count(results, outs)
