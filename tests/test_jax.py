@@ -276,6 +276,24 @@ def test_op_on_gpu_replayed_calls_match_reference(name, graph_ei, rng):
     _check(outs0, grads, ref_outs, ref_grads, vtype, "gpu, eager, replayed")
 
 
+@pytest.mark.gpu
+def test_a_replay_learned_on_aliased_buffers_is_refused(graph_ei, rng):
+    """A call whose cotangent is the forward's own output (one XLA buffer
+    for two inputs of the backward) teaches no replay; a later call with a
+    cotangent of its own still gets its gradient, not one computed from
+    the output."""
+    dev = _gpu()
+    g, ei = graph_ei
+    x = jax.device_put(_arr(rng, (N, F), "float32"), dev)
+    for _ in range(3):
+        out, vjp = jax.vjp(lambda a: fj.spmm(g, a), x)
+        jax.block_until_ready(vjp(out))
+    c = jax.device_put(_arr(rng, (N, F), "float32"), dev)
+    got, = vjp(c)
+    want = ref.spmm_vjp(ei, np.asarray(x), None, "sum", np.asarray(c))[0]
+    assert_close(np.asarray(got), want, "float32", "gradient after aliased calls")
+
+
 def _replays(graph):
     """{(op name, callback kind): whether its calls replay} of the calls made on graph."""
     from fastgnn.backends.cuda.plan import Replay
@@ -613,7 +631,7 @@ def test_gpu_calls_claim_then_record_then_replay(monkeypatch, replay):
     their buffers or none was learned."""
     from fastgnn.jax import _bridge
     host, replays = [], []
-    learned = ["replay"]
+    learned = ["replay", _bridge._RETRY]      # (popped from the end: a retry first)
 
     def run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
         host.append((device, claim, learn is not None))
@@ -631,20 +649,34 @@ def test_gpu_calls_claim_then_record_then_replay(monkeypatch, replay):
     def call(device=0, bufs=("buf",)):
         _bridge._on_gpu(fn, ran, replay, None, ("out",), bufs, device)
 
-    call(), call(), call(), call(bufs=("misaligned",)), call(device=1)
+    call(), call(), call(), call(), call(bufs=("misaligned",)), call(device=1)
     if replay:
-        assert host == [(0, False, False), (0, True, True), (0, True, False), (1, False, False)]
+        assert host == [(0, False, False), (0, True, True), (0, True, True), (0, True, False),
+                        (1, False, False)]
         assert replays == [("replay", 0), ("replay", 0)]
         assert cache == {ran[1] + (0,): "replay", ran[1] + (1,): True}
     else:
-        assert host == [(0, False, False), (0, True, False), (0, True, False), (0, True, False),
-                        (1, False, False)]
+        assert host == [(0, False, False)] + [(0, True, False)] * 4 + [(1, False, False)]
         assert replays == [] and cache == {ran[1] + (0,): True, ran[1] + (1,): True}
-    monkeypatch.setattr(_bridge, "REPLAY", False)          # the off switch: never records
+    monkeypatch.setattr(_bridge, "REPLAY", False)   # the off switch: learned replays too
     host.clear()
+    replays.clear()
+    call()
+    assert replays == [] and host == [(0, True, False)]
     cache.clear()
     call(), call(), call()
-    assert host == [(0, False, False), (0, True, False), (0, True, False)]
+    assert host == [(0, True, False), (0, False, False), (0, True, False), (0, True, False)]
+
+
+def test_a_replay_sends_only_results_made_on_their_own_to_the_outputs():
+    """Only a result made as an allocation of exactly its span, overlapping
+    no other allocation of the call, is taken as the output (an address in
+    a larger or reused block may reach past it)."""
+    from fastgnn.jax._bridge import _exact_results
+    assert _exact_results([(0x1000, 256)], [(0x1000, 256), (0x2000, 64)])
+    assert not _exact_results([(0x1000, 256)], [(0x1000, 512)])      # a view of a larger one
+    assert not _exact_results([(0x1000, 256)], [(0x1000, 1024), (0x1000, 256)])    # reused
+    assert not _exact_results([(0x1000, 256)], [(0x2000, 256)])      # not allocated by the call
 
 
 def test_gpu_buffer_views_are_built_from_the_address():

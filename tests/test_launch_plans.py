@@ -216,16 +216,38 @@ def test_replay_maps_recorded_addresses_onto_new_buffers(monkeypatch):
     del made[:]
     buffers = [(0x10000, 4096), (0x20000, 1024)]
     # temporaries: 600 bytes at 0x50000, freed, 100 bytes there again; 64 at 0x60200
-    rep = plan.Replay.learn(runs, buffers, [(0x50000, 600), (0x50000, 100), (0x60200, 64)])
-    assert rep.arena_bytes == 1024 + 64 and rep.align == plan.REPLAY_ALIGN
+    # temporaries: 600 bytes at 0x50000, freed, 100 bytes there again; 64 at
+    # 0x60200; 4096 at 0x70000 that no run uses (no room in the arena)
+    rep = plan.Replay.learn(runs, buffers, [(0x50000, 600), (0x50000, 100), (0x60200, 64),
+                                            (0x70000, 4096)])
+    assert rep.arena_bytes == 1024 + 64
     rep.run(0xdef, [0xA0000, 0xB0000], 0xC0000)
     assert made == [(0x100, 0xdef, [0xA0000, 0xB0010, 12345, 0xC0040, 7]),
                     (0x200, 0xdef, [0xA0020, 0xC0040]),
                     (0x300, 0xdef, [0xC0000 + 1024 + 0x10, 0x90000, 0])]
     assert rep.serves([0xA0000, 0xB0000]) and not rep.serves([0xA0000, 0xB0080])
+    assert not rep.serves([0xA0040, 0xB0000])
     with plan.recording() as runs:
         last.run(0, (np.int64(5), 0, 0))
     assert plan.Replay.learn(runs, buffers, []) is None      # not plain addresses
+
+
+def test_replay_alignment_is_per_buffer_and_overlapping_buffers_are_refused(monkeypatch):
+    """Each buffer keeps the alignment it was recorded with (a buffer at 64
+    bytes does not relax the one at 256); a call made on overlapping buffers
+    (the same array as two inputs, a cotangent that is the forward's
+    output) teaches nothing: its replay would read one for the other."""
+    _recording_launcher(monkeypatch, {0x200: 2})
+    p = plan.LaunchPlan([plan.Launch(0x200, (1,), (plan.Slot(0), plan.Slot(1)))])
+    with plan.recording() as runs:
+        p.run(0, (0x10040, 0x20000))
+    rep = plan.Replay.learn(runs, [(0x10040, 64), (0x20000, 64)], [])
+    assert rep.serves([0x30040, 0x40000]) and rep.serves([0x30000, 0x40100])
+    assert not rep.serves([0x30020, 0x40000]) and not rep.serves([0x30040, 0x40080])
+    with plan.recording() as runs:
+        p.run(0, (0x10000, 0x10000))
+    assert plan.Replay.learn(runs, [(0x10000, 64), (0x10000, 64)], []) is None
+    assert plan.Replay.learn(runs, [(0x10000, 64), (0x10020, 64)], []) is None
 
 
 def test_recording_is_off_outside_its_block(monkeypatch):

@@ -30,14 +30,19 @@ How it runs:
   results are copied into XLA's buffers;
 - replayed launches on a GPU: the op's host path (the core's validation,
   CuPy views and launchers) costs 0.2-0.5 ms a call, more than the kernels
-  of a mid-sized graph. So the second call of a callback records the
-  launch plans it runs (`fastgnn.backends.cuda.plan.Replay`); where they
-  alone made its outputs (checked once by replaying them into fresh
-  buffers and comparing bitwise), every later call fills the XLA buffers'
-  addresses into the recorded plans and launches them on XLA's stream,
-  without entering the op (`REPLAY = False` turns this off). Calls with a
-  traced seed, buffers aligned less than the recording's, or work outside
-  the plans (CuPy operations: 16-bit conversions, ...) keep the host path;
+  of a mid-sized graph. So after the first call of a call signature (op,
+  shapes, options) on a graph and device, the next calls record the launch
+  plans they run (`fastgnn.backends.cuda.plan.Replay`) until one, made on
+  distinct buffers without building plans, teaches a replay: where the
+  plans alone made its outputs (checked once by replaying them into fresh
+  buffers and comparing bitwise), every later call with that signature,
+  from any program, fills the XLA buffers' addresses into the recorded
+  plans and launches them on XLA's stream without entering the op; its
+  temporaries come from an arena kept per stream. `REPLAY = False` turns
+  replays off (learned ones too); the backends' switches apply to
+  signatures not yet recorded. Calls with a traced seed, buffers aligned
+  less than the recording's, or work outside the plans (CuPy operations:
+  16-bit conversions, ...) keep the host path;
 - residuals: the forward callback also returns the arrays of the op's
   residuals (argmax positions, lse, ...) as outputs, and the backward
   callback takes them back, so the backward runs only the backward kernels.
@@ -204,7 +209,7 @@ class _Claim:
 
 
 # Off switch of the replayed launches (`_learn_replay`): with False every
-# GPU call runs the op's host path.
+# GPU call runs the op's host path, learned replays included.
 REPLAY = True
 
 
@@ -212,36 +217,59 @@ def _address(b) -> int:
     return int(b.__cuda_array_interface__["data"][0])
 
 
+_RETRY = object()    # a call that could not teach a replay, where a later one may
+
+
+def _exact_results(results, temporaries) -> bool:
+    """Whether each result was made as an allocation of its own (of exactly
+    its span, overlapping no other allocation of the call): then an address
+    inside it addresses that result, and the replay may send it to the
+    output."""
+    for a, n in results:
+        if (a, n) not in temporaries or any(
+                (b, m) != (a, n) and b < a + n and a < b + m for b, m in temporaries):
+            return False
+    return True
+
+
 def _learn_replay(cp, runs, temporaries, views, results, targets, keep):
-    """The `Replay` of a callback's recorded plan runs, or None: when
-    anything but those runs made the outputs. views: its CuPy views of
-    XLA's input buffers; results: (address, bytes) of the memory each
-    result was made in (the output's own buffer, another output's, which
-    the call then copied over, or a temporary), which the replay writes
-    straight into the output instead; targets: its views of XLA's output
-    buffers, holding the call's results; temporaries: what it allocated.
-    The replay is checked by running it again on the same inputs, into
-    fresh output buffers aligned as XLA's and an arena, all filled with
-    0xff bytes, and comparing them with the call's results bitwise (one
-    wait for the stream, once per call signature)."""
-    from fastgnn.backends.cuda.plan import Replay
+    """The `Replay` of a callback's recorded plan runs, None where it has
+    none, or _RETRY where a later call may teach one (this call's input
+    buffers overlapped, or it built plans: warming up or tuning). views:
+    its CuPy views of XLA's input buffers; results: (address, bytes) of the
+    memory each result was made in (the output's own buffer, another
+    output's, which the call then copied over, or a temporary), which the
+    replay writes straight into the output instead; targets: its views of
+    XLA's output buffers, holding the call's results; temporaries: what it
+    allocated. The replay is checked by running it again on the same
+    inputs, into fresh output buffers aligned as XLA's and an arena, all
+    filled with 0xff bytes, and comparing them with the call's results
+    bitwise (one wait for the stream, once per call signature and device):
+    work on the device besides the recorded runs that changes the outputs
+    (a CuPy conversion, a memset the kernels count on) shows there."""
+    from fastgnn.backends.cuda.plan import REPLAY_ALIGN, Replay
     spans = [(int(b.data.ptr), int(b.nbytes)) for b in views] + list(results)
-    if not runs or any(n == 0 for _, n in spans):
+    if not runs or any(n == 0 for _, n in spans) or not _exact_results(results, temporaries):
         return None
     rep = Replay.learn(runs, spans, temporaries, keep)
-    if rep is None or _touches(rep, list(views) + list(targets)):
+    if rep is None:
+        return _RETRY if all(isinstance(p, int) for _, ptrs in runs for p in ptrs) else None
+    if _touches(rep, list(views) + list(targets)):
         return None
-    fresh = []
-    for t in targets:                       # same address modulo REPLAY_ALIGN as XLA's
-        raw = cp.full(t.nbytes + 2 * rep.align, 0xff, dtype=cp.uint8)
-        shift = (int(t.data.ptr) - int(raw.data.ptr)) % rep.align
-        fresh.append(raw[shift:shift + t.nbytes])
-    arena = cp.full(max(rep.arena_bytes, 1), 0xff, dtype=cp.uint8)
-    rep.run(cp.cuda.get_current_stream().ptr,
-            [int(b.data.ptr) for b in views] + [int(f.data.ptr) for f in fresh],
-            int(arena.data.ptr))
-    same = [cp.array_equal(f, t.reshape(-1).view(cp.uint8)) for f, t in zip(fresh, targets)]
-    return rep if bool(cp.all(cp.stack(same))) else None
+    try:
+        fresh = []
+        for t in targets:                   # same address modulo REPLAY_ALIGN as XLA's
+            raw = cp.full(t.nbytes + 2 * REPLAY_ALIGN, 0xff, dtype=cp.uint8)
+            shift = (int(t.data.ptr) - int(raw.data.ptr)) % REPLAY_ALIGN
+            fresh.append(raw[shift:shift + t.nbytes])
+        arena = cp.full(max(rep.arena_bytes, 1), 0xff, dtype=cp.uint8)
+        rep.run(cp.cuda.get_current_stream().ptr,
+                [int(b.data.ptr) for b in views] + [int(f.data.ptr) for f in fresh],
+                int(arena.data.ptr))
+        same = [cp.array_equal(f, t.reshape(-1).view(cp.uint8)) for f, t in zip(fresh, targets)]
+        return rep if bool(cp.all(cp.stack(same))) else None
+    except cp.cuda.memory.OutOfMemoryError:
+        return None          # (this call's results are made; later calls keep the host path)
 
 
 def _touches(rep, arrays) -> bool:
@@ -257,27 +285,30 @@ _ARENAS_PER_REPLAY = 8     # streams remembered per replay (XLA computes on one 
 
 def _replay(rep, ctx, outs, bufs, device):
     """Run a learned Replay on this call's XLA buffers, on XLA's stream;
-    False (nothing run) where the buffers are not aligned as it needs. Its
-    arena is allocated once per stream and kept with it (`rep.arenas`; past
-    a few streams, one per call from CuPy's pool on the stream): calls on
-    one stream are ordered, so they can share it."""
+    False (nothing run) where the buffers are not aligned as it needs or
+    no memory is left for its arena. The arena (the temporaries the
+    recorded call's runs used, a few bytes to a few kilobytes for split
+    rows' partial results) is allocated once per stream, on it, and kept
+    with the replay (`rep.arenas`; past a few streams, one per call from
+    CuPy's pool): calls on one stream are ordered, so they can share it."""
     bases = [_address(b) for b in bufs] + [_address(o) for o in outs]
     if not rep.serves(bases):
         return False
     stream = int(ctx.stream)
-    if not rep.arena_bytes:
-        rep.run(stream, bases)
-        return True
-    mem = rep.arenas.get(stream)
-    if mem is None and len(rep.arenas) < _ARENAS_PER_REPLAY:
-        with _cupy.cuda.Device(device):
-            mem = rep.arenas[stream] = _cupy.cuda.alloc(rep.arena_bytes)
-    if mem is not None:
-        rep.run(stream, bases, int(mem.ptr))
-        return True
-    with _cupy.cuda.Device(device), external_stream(_cupy, stream, device):
-        mem = _cupy.cuda.alloc(rep.arena_bytes)     # (back to the pool, ordered on this stream)
-        rep.run(stream, bases, int(mem.ptr))
+    cp = _cupy
+    with cp.cuda.Device(device):
+        mem = rep.arenas.get(stream) if rep.arena_bytes else None
+        if mem is not None or not rep.arena_bytes:
+            rep.run(stream, bases, 0 if mem is None else int(mem.ptr))
+            return True
+        try:
+            with external_stream(cp, stream, device):     # (its pool block: ordered on it)
+                mem = cp.cuda.alloc(rep.arena_bytes)
+                if len(rep.arenas) < _ARENAS_PER_REPLAY:
+                    mem = rep.arenas.setdefault(stream, mem)
+                rep.run(stream, bases, int(mem.ptr))
+        except cp.cuda.memory.OutOfMemoryError:
+            return False
     return True
 
 
@@ -305,13 +336,15 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
     Only calls whose caches are built claim (see `_callback`): a cache made
     in XLA's memory would be overwritten by the program. With `learn` (what
     a replay keeps alive) on a claiming call, the plan runs are recorded
-    and the call's `Replay` returned (None where it has none)."""
+    and the call's `Replay` returned (None where it has none, _RETRY where
+    a later call may teach one)."""
     global _cupy
     if _cupy is None:
         import cupy
         _cupy = cupy
     cp = _cupy
-    from fastgnn.backends.cuda.plan import recording
+    from fastgnn.backends.cuda import plan
+    built = plan.built
     with cp.cuda.Device(device), external_stream(cp, int(ctx.stream), device):
         targets = [_cupy_view(cp, o, device) for o in outs]
         views = [_cupy_view(cp, b, device) for b in bufs]
@@ -319,7 +352,7 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
         learn = learn if claiming else None
         if claiming:
             alloc = _Claim(cp, targets, cp.cuda.get_allocator())
-            with cp.cuda.using_allocator(alloc.malloc), recording() as runs:
+            with cp.cuda.using_allocator(alloc.malloc), plan.recording() as runs:
                 results = fn(cp, *views)
         else:
             results = fn(cp, *views)
@@ -335,6 +368,8 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
             t[...] = r
         if made is None or None in made:
             return None
+        if plan.built != built:
+            return _RETRY                   # it built plans: warming up or tuning
         del results, pending
         return _learn_replay(cp, runs, alloc.made, views, made, targets, learn)
 
@@ -343,18 +378,20 @@ def _on_gpu(fn, ran, replay, ctx, outs, bufs, device):
     """One GPU call of a callback (see `_callback`). Its state per device,
     kept under ran's key: none before the first call, True once its caches
     are built (the next call claims XLA's output buffers and, with
-    `replay`, records its launches), then its Replay, or False where it has
-    none (every later call takes the host path, claiming)."""
+    `replay`, records its launches, until one teaches a replay or shows
+    there is none), then its Replay, or False where it has none (every
+    later call takes the host path, claiming). The state lives on the graph
+    per call signature, so every program making that call shares it."""
     key = None if ran is None else ran[1] + (device,)   # per device: its caches
     state = None if key is None else ran[0].get(key)
-    if state is not None and state is not True and state is not False:
+    if state is not None and state is not True and state is not False and REPLAY:
         if _replay(state, ctx, outs, bufs, device):
             return
     learn = (fn,) if state is True and REPLAY and replay else None
     rep = _run_on_gpu(fn, ctx, outs, bufs, device, state is not None, learn)
     if key is not None and state is None:
         ran[0][key] = True              # built its caches: the next call claims
-    elif learn is not None:
+    elif learn is not None and rep is not _RETRY:
         ran[0][key] = rep if rep is not None else False
 
 

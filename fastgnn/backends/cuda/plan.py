@@ -206,6 +206,8 @@ class LaunchPlan:
     __slots__ = ("launches", "buffers", "lock", "device")
 
     def __init__(self, launches, buffers=None, device=0):
+        global built
+        built += 1
         self.launches = tuple(launches)
         self.buffers = dict(buffers or {})
         self.device = device
@@ -216,7 +218,7 @@ class LaunchPlan:
         """Launch every kernel in order on `stream` with the call's buffers
         (noted by an active `recording()` on this thread). Subclasses that
         run further plans override this and call it first."""
-        runs = getattr(_recording, "runs", None)
+        runs = _recording.runs
         if runs is not None:
             runs.append((self, tuple(ptrs)))
         self.launch(stream, ptrs)
@@ -239,14 +241,21 @@ class LaunchPlan:
 
 
 # ------------------------------------------------------------ recorded calls
-_recording = threading.local()    # .runs: the list an active recording() appends to
+built = 0     # LaunchPlans built so far (a call that builds one is tuning or warming up)
+
+
+class _Recording(threading.local):
+    runs = None           # the list an active recording() appends to
+
+
+_recording = _Recording()
 
 
 @contextlib.contextmanager
 def recording():
     """Note every `LaunchPlan.run` made on this thread inside the block, as
     (plan, ptrs) in order, in the list it yields."""
-    before = getattr(_recording, "runs", None)
+    before = _recording.runs
     runs = _recording.runs = []
     try:
         yield runs
@@ -272,6 +281,17 @@ def _used_indices(plan) -> frozenset:
     return frozenset(k for l in plan.launches for _, k, _ in l.dynamic)
 
 
+def _merged(spans):
+    """[start, end) ranges covering `spans` ((address, bytes) each), merged."""
+    out = []
+    for a, e in sorted((a, a + n) for a, n in spans if n):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([a, e])
+    return out
+
+
 class Replay:
     """The plan runs of one call of an op, recorded (`recording()`) and
     replayed on other buffers of the same shapes without the op's host
@@ -280,77 +300,86 @@ class Replay:
     Each address a recorded run was given becomes a slot: (1, b, offset)
     inside caller buffer b (the inputs and outputs the call was made on),
     (2, 0, offset) inside the arena (the memory the call allocated for
-    itself, the temporaries: their address ranges merged and laid out at
-    the same offsets modulo 512 bytes, so aliasing and alignment are the
-    recorded call's), or (0, 0, value) a value given as it was: a scalar
-    word, null, or the address of memory that outlived the call (arrays
-    cached on the graph; the owner keeps them alive). `run(stream, bases,
-    arena)` fills the slots from the call's buffer addresses and an arena
-    of `arena_bytes`, and launches each plan's own kernels (`launch`).
+    itself and its runs used, the temporaries: their address ranges merged
+    and laid out at the same offsets modulo 512 bytes, so aliasing and
+    alignment are the recorded call's), or (0, 0, value) a value given as
+    it was: a scalar word, null, or the address of memory that outlived the
+    call (arrays cached on the graph; the owner keeps them alive).
+    `run(stream, bases, arena)` fills the slots from the call's buffer
+    addresses and an arena of `arena_bytes`, and launches each plan's own
+    kernels (`launch`).
 
     A replay is valid for calls on the same graph, shapes and options whose
-    buffers are aligned at least as the recorded ones (`serves`: the
-    kernels' vector widths were chosen for those), and only when the call
-    did nothing on the device besides its plans' runs: whoever learns one
-    checks that by replaying the recorded call on fresh buffers and
-    comparing the outputs bitwise (fastgnn.jax does)."""
-    __slots__ = ("runs", "arena_bytes", "align", "keep", "arenas")
+    buffers are each aligned at least as the recorded one was (`serves`:
+    the kernels' vector widths were chosen for those), and only when the
+    recorded call's buffers were distinct (`learn` refuses overlapping
+    ones: a replay would read one for the other), each address is used
+    within the buffer its base lies in, and the call did nothing on the
+    device besides its plans' runs. Whoever learns one checks the last two
+    as far as a test can: by replaying the recorded call on fresh buffers
+    and comparing the outputs bitwise (fastgnn.jax does)."""
+    __slots__ = ("runs", "arena_bytes", "masks", "keep", "arenas", "lock")
 
-    def __init__(self, runs, arena_bytes, align, keep=()):
-        self.runs, self.arena_bytes, self.align, self.keep = runs, arena_bytes, align, keep
+    def __init__(self, runs, arena_bytes, masks, keep=()):
+        self.runs, self.arena_bytes, self.masks, self.keep = runs, arena_bytes, masks, keep
         self.arenas = {}        # the caller's arenas kept with it (e.g. one per stream)
+        self.lock = threading.Lock()
 
     @classmethod
     def learn(cls, runs, buffers, temporaries, keep=()):
         """The Replay of recorded `runs` ((plan, ptrs) pairs) made on
         `buffers` (caller buffers, (address, bytes) each) with `temporaries`
-        ((address, bytes) of each allocation the call made), or None where a
-        run's ptrs are not plain ints."""
-        spans = sorted((a, a + n) for a, n in temporaries if n)
-        arenas = []                         # merged [start, end) of the temporaries
-        for a, e in spans:
-            if arenas and a <= arenas[-1][1]:
-                arenas[-1][1] = max(arenas[-1][1], e)
-            else:
-                arenas.append([a, e])
-        placed, total = [], 0
-        for a, e in arenas:                 # same offset modulo _ARENA_ALIGN as recorded
-            total += (a - total) % _ARENA_ALIGN
-            placed.append((a, e, total))
-            total += e - a
-        align = REPLAY_ALIGN
-        out = []
+        ((address, bytes) of each allocation the call made), or None where
+        two buffers overlap or a run's ptrs are not plain ints."""
+        spans = sorted((a, a + max(n, 1)) for a, n in buffers)
+        if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+            return None
+        arenas = _merged(temporaries)
+        masks = [0] * len(buffers)
+        classified, used = [], set()
         for plan, ptrs in runs:
             if not all(isinstance(p, int) for p in ptrs):
                 return None
-            words, used = _word_indices(plan), _used_indices(plan)
+            words, indices = _word_indices(plan), _used_indices(plan)
             slots = []
             for k, p in enumerate(ptrs):
-                if k not in used or k in words or p == 0:
-                    slots.append((0, 0, p if k in used else 0))
+                if k not in indices or k in words or p == 0:
+                    slots.append((0, 0, p if k in indices else 0))
                     continue
                 slot = next(((1, b, p - a) for b, (a, n) in enumerate(buffers)
                              if a <= p < a + max(n, 1)), None)
                 if slot is not None:
-                    align = min(align, _low_bit(buffers[slot[1]][0]))
+                    masks[slot[1]] = min(REPLAY_ALIGN, _low_bit(buffers[slot[1]][0])) - 1
                 else:
-                    slot = next(((2, 0, p - a + at) for a, e, at in placed if a <= p < e),
-                                (0, 0, p))
+                    where = next((r for r, (a, e) in enumerate(arenas) if a <= p < e), None)
+                    slot = (0, 0, p) if where is None else (2, where, p)
+                    if where is not None:
+                        used.add(where)
                 slots.append(slot)
-            out.append((plan, tuple(slots)))
-        return cls(tuple(out), total, align, tuple(keep))
+            classified.append((plan, slots))
+        placed, total = {}, 0              # the used arenas, at their offsets modulo 512
+        for r in sorted(used):
+            a, e = arenas[r]
+            total += (a - total) % _ARENA_ALIGN
+            placed[r] = total - a
+            total += e - a
+        out = tuple((plan, tuple((2, 0, v + placed[b]) if kind == 2 else (kind, b, v)
+                                 for kind, b, v in slots)) for plan, slots in classified)
+        return cls(out, total, tuple(masks), tuple(keep))
 
     def serves(self, bases) -> bool:
-        """Whether buffers at `bases` (addresses) are aligned as this replay needs."""
-        mask = 0
-        for b in bases:
-            mask |= b
-        return _low_bit(mask) >= self.align
+        """Whether buffers at `bases` (addresses) are aligned as this replay
+        needs: each at least as its recorded buffer (up to REPLAY_ALIGN)."""
+        for b, m in zip(bases, self.masks):
+            if b & m:
+                return False
+        return True
 
     def run(self, stream: int, bases, arena: int = 0):
         """Launch the recorded plans on `stream` with the caller's buffer
         addresses `bases` (in the recorded order) and an arena of
         `arena_bytes` at address `arena`."""
-        for plan, slots in self.runs:
-            plan.launch(stream, [v if kind == 0 else (bases[b] if kind == 1 else arena) + v
-                                 for kind, b, v in slots])
+        with self.lock:
+            for plan, slots in self.runs:
+                plan.launch(stream, [v if kind == 0 else (bases[b] if kind == 1 else arena) + v
+                                     for kind, b, v in slots])
