@@ -78,6 +78,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from fastgnn.backends.cuda import plan
 from fastgnn.backends.cuda.streams import external_stream
 
 from ._graph import Graph
@@ -200,7 +201,7 @@ class _Claim:
         for k, t in enumerate(self.free):
             if t is not None and size and t.nbytes == size:
                 self.free[k] = None
-                self.made.append((int(t.data.ptr), int(size)))
+                self.made.append(_span(t))
                 mem = self.cp.cuda.UnownedMemory(t.data.ptr, size, t)
                 return self.cp.cuda.MemoryPointer(mem, 0)
         got = self.fallback(size)
@@ -225,11 +226,8 @@ def _exact_results(results, temporaries) -> bool:
     its span, overlapping no other allocation of the call): then an address
     inside it addresses that result, and the replay may send it to the
     output."""
-    for a, n in results:
-        if (a, n) not in temporaries or any(
-                (b, m) != (a, n) and b < a + n and a < b + m for b, m in temporaries):
-            return False
-    return True
+    return all(r in temporaries and not any(t != r and _meet(t, r) for t in temporaries)
+               for r in results)
 
 
 def _learn_replay(cp, runs, temporaries, views, results, targets, keep):
@@ -241,26 +239,26 @@ def _learn_replay(cp, runs, temporaries, views, results, targets, keep):
     output's, which the call then copied over, or a temporary), which the
     replay writes straight into the output instead; targets: its views of
     XLA's output buffers, holding the call's results; temporaries: what it
-    allocated. The replay is checked by running it again on the same
+    allocated (XLA's output buffers it claimed included: with its input
+    views, every XLA address it could pass to a kernel is a buffer or a
+    temporary, so no slot is left pointing into them). The replay is checked
+    by running it again on the same
     inputs, into fresh output buffers aligned as XLA's and an arena, all
     filled with 0xff bytes, and comparing them with the call's results
     bitwise (one wait for the stream, once per call signature and device):
     work on the device besides the recorded runs that changes the outputs
     (a CuPy conversion, a memset the kernels count on) shows there."""
-    from fastgnn.backends.cuda.plan import REPLAY_ALIGN, Replay
-    spans = [(int(b.data.ptr), int(b.nbytes)) for b in views] + list(results)
+    spans = [_span(b) for b in views] + list(results)
     if not runs or any(n == 0 for _, n in spans) or not _exact_results(results, temporaries):
         return None
-    rep = Replay.learn(runs, spans, temporaries, keep)
+    rep = plan.Replay.learn(runs, spans, temporaries, keep)
     if rep is None:
         return _RETRY if all(isinstance(p, int) for _, ptrs in runs for p in ptrs) else None
-    if _touches(rep, list(views) + list(targets)):
-        return None
     try:
         fresh = []
         for t in targets:                   # same address modulo REPLAY_ALIGN as XLA's
-            raw = cp.full(t.nbytes + 2 * REPLAY_ALIGN, 0xff, dtype=cp.uint8)
-            shift = (int(t.data.ptr) - int(raw.data.ptr)) % REPLAY_ALIGN
+            raw = cp.full(t.nbytes + 2 * plan.REPLAY_ALIGN, 0xff, dtype=cp.uint8)
+            shift = (int(t.data.ptr) - int(raw.data.ptr)) % plan.REPLAY_ALIGN
             fresh.append(raw[shift:shift + t.nbytes])
         arena = cp.full(max(rep.arena_bytes, 1), 0xff, dtype=cp.uint8)
         rep.run(cp.cuda.get_current_stream().ptr,
@@ -270,14 +268,6 @@ def _learn_replay(cp, runs, temporaries, views, results, targets, keep):
         return rep if bool(cp.all(cp.stack(same))) else None
     except cp.cuda.memory.OutOfMemoryError:
         return None          # (this call's results are made; later calls keep the host path)
-
-
-def _touches(rep, arrays) -> bool:
-    """Whether a replay would use an address inside `arrays` as a constant
-    (memory of this call's XLA buffers that it did not map)."""
-    spans = [(int(a.data.ptr), int(a.nbytes)) for a in arrays]
-    return any(a <= v < a + n for _, slots in rep.runs for kind, _, v in slots if kind == 0
-               for a, n in spans)
 
 
 _ARENAS_PER_REPLAY = 8     # streams remembered per replay (XLA computes on one per device)
@@ -323,9 +313,13 @@ def _in_place(r, t) -> bool:
             and r.flags.c_contiguous)
 
 
-def _overlaps(r, t) -> bool:
-    a, b = _span(r), _span(t)
+def _meet(a, b) -> bool:
+    """Whether the (address, bytes) spans a and b share a byte."""
     return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def _overlaps(r, t) -> bool:
+    return _meet(_span(r), _span(t))
 
 
 def _run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
@@ -343,7 +337,6 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
         import cupy
         _cupy = cupy
     cp = _cupy
-    from fastgnn.backends.cuda import plan
     built = plan.built
     with cp.cuda.Device(device), external_stream(cp, int(ctx.stream), device):
         targets = [_cupy_view(cp, o, device) for o in outs]
@@ -359,8 +352,8 @@ def _run_on_gpu(fn, ctx, outs, bufs, device, claim, learn=None):
         _check_count(results, targets)
         made = None
         if learn is not None:                # where each result lies (see _learn_replay)
-            made = [(int(r.data.ptr), int(r.nbytes)) if r.flags.c_contiguous
-                    and r.nbytes == t.nbytes else None for r, t in zip(results, targets)]
+            made = [_span(r) if r.flags.c_contiguous and r.nbytes == t.nbytes else None
+                    for r, t in zip(results, targets)]
         pending = [(t, r) for t, r in zip(targets, results) if not _in_place(r, t)]
         pending = [(t, r.copy() if any(u is not t and _overlaps(r, u) for u in targets) else r)
                    for t, r in pending]
@@ -400,11 +393,9 @@ def _callback(fn, specs, *args, ran=None, replay=True):
     a GPU) on the device the program runs on, results `specs`. ran: (dict,
     key) marking per device that fn has run once (its graph caches built),
     after which GPU calls write into XLA's output buffers directly
-    (`_run_on_gpu`). The second such call (`replay`: when the call's inputs
-    are all data, no traced seed) records its plan runs and, where they
-    alone made the outputs, later calls replay them on XLA's buffers
-    (`_replay`) without running fn: the op's host path runs twice per call
-    signature and device."""
+    (`_run_on_gpu`) and, with `replay` (the call's inputs are all data, no
+    traced seed), record their plan runs until they teach a replay that
+    later calls launch without running fn (`_on_gpu`)."""
     shapes = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
     if _buffer_callback is None:
         return jax.pure_callback(lambda *a: fn(np, *a), shapes, *args, **_VMAP)

@@ -31,15 +31,8 @@ import fastgnn.jax as fj  # noqa: E402
 import fastgnn.torch as ft  # noqa: E402
 from fastgnn.bench.graphs import parse  # noqa: E402
 from fastgnn.jax import _bridge  # noqa: E402
-
-F, H, C = 128, 4, 32
-SHAPES = {
-    "spmm": {"x": ("n", F)},
-    "max": {"x": ("n", F)},
-    "gat": {"a_src": ("n", H), "a_dst": ("n", H), "v": ("n", H, C)},
-    "gatv2": {"xl": ("n", H, C), "xr": ("n", H, C), "att": (H, C)},
-    "dot": {"q": ("n", H, C), "k": ("n", H, C), "v": ("n", H, C)},
-}
+# the ops, their inputs and the timing of the JAX-against-torch probe beside this one
+from probe_jax_vs_torch import F, _call, _cases, _median_ms  # noqa: E402
 
 _stats = {"host": [], "copied": 0, "calls": 0, "replayed": 0}
 _run_on_gpu = _bridge._run_on_gpu
@@ -76,24 +69,6 @@ _bridge.REPLAY = os.environ.get("REPLAY", "1") != "0"
 _bridge._run_on_gpu = _timed_run
 _bridge._replay = _timed_replay
 _bridge._in_place = _counted_in_place
-
-
-def _call(lib, graph, kind, a):
-    if kind == "spmm":
-        return lib.spmm(graph, a["x"])
-    if kind == "max":
-        return lib.segment_reduce(graph, a["x"], "max")
-    return lib.edge_attention(graph, kind, **a)
-
-
-def _median_ms(fn, wait, repeats):
-    wait(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        wait(fn())
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _kernels(fn, wait, calls=5):
@@ -144,9 +119,9 @@ def main(spec="rmat20", repeats=10, ops=("spmm", "max", "gat", "dot")):
         torch.cuda.synchronize()
 
     _floor(n, repeats, jwait, twait)
+    shapes = {kind: sh for kind, sh in _cases(rng, n, ei.shape[1]).values()}
     for kind in ops:
-        host = {k: rng.standard_normal(tuple(n if d == "n" else d for d in s)).astype(np.float32)
-                for k, s in SHAPES[kind].items()}
+        host = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes[kind].items()}
         aj = {k: jnp.asarray(v) for k, v in host.items()}
         at = {k: torch.from_numpy(v).cuda() for k, v in host.items()}
         fwd_j = jax.jit(lambda a, kind=kind: _call(fj, gj, kind, a))
