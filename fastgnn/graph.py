@@ -56,7 +56,8 @@ class Graph:
         self.num_dst = int(num_dst)
         self.num_edges = int(indices.shape[0])
         self.cache: dict = {}  # derived data and backend plans, keyed by name
-        self.permutation = None  # the fastgnn.reorder.Permutation of a reordered graph
+        self.permutation = None  # the fastgnn.reorder.Permutation of a relabelled graph
+        self.visit_order = None  # the Permutation whose order the GPU kernels visit rows in
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -235,6 +236,7 @@ class Graph:
                       self.num_dst, self.num_src)
             t.cache["transpose"] = self
             t.permutation = self.permutation
+            t.visit_order = self.visit_order      # square: sources visited in the same order
             return t
         return self.cached("transpose", build)
 
@@ -263,24 +265,40 @@ class Graph:
         out[:, self.edge_ids] = ei
         return out
 
-    def reorder(self, method_or_permutation="auto", *, seed=0, **options) -> "Graph":
-        """This graph with its nodes relabelled (see `fastgnn.reorder`).
+    def reorder(self, method_or_permutation="auto", *, relabel=True, seed=0,
+                **options) -> "Graph":
+        """This graph in a node order (see `fastgnn.reorder`): relabelled, or
+        with the same ids and only the order its rows are visited in.
 
         method_or_permutation: a method name ("rcm", "degree", "cluster",
             "metis", "random", "identity", "auto"; options and seed go to
             `fastgnn.reorder.order`), a `Permutation`, or a new -> old id array.
-        The result remembers the order as `permutation` (perm new -> old,
-        inverse old -> new): move node arrays in with
-        `fastgnn.reorder.permute_nodes(x, g)` and outputs back with
-        `unpermute_nodes(y, g)`. Its edge ids are this graph's caller edge
-        positions, so per-edge arrays in the caller's edge order (edge
-        weights, edge features) are used unchanged. A graph that is already
-        reordered is reordered again from its current labels (the new
-        permutation is relative to them). Square graphs only."""
+        relabel=True: the nodes get new ids. The result remembers the order
+            as `permutation` (perm new -> old, inverse old -> new): move node
+            arrays in with `fastgnn.reorder.permute_nodes(x, g)` and outputs
+            back with `unpermute_nodes(y, g)`. Its edge ids are this graph's
+            caller edge positions, so per-edge arrays in the caller's edge
+            order (edge weights, edge features) are used unchanged. A graph
+            that is already relabelled is reordered again from its current
+            labels (the new permutation is relative to them).
+        relabel=False: the ids, the CSR arrays (shared, not copied) and every
+            input and output stay the caller's; the result remembers the
+            order as `visit_order`, and the GPU row kernels (custom SpMM, the
+            segment reductions, the fused attention; forward and the
+            transpose passes of the backward) walk the target rows, and the
+            transpose's source rows, in the order's sequence: rows visited
+            together read the same neighbour rows while they are in the L2
+            cache. Nothing moves per call. Results are those of this graph
+            (forward bitwise: each row sums the same terms in the same
+            order). cuSPARSE, the Tensor Core path and the CPU backend ignore
+            the visit order.
+        Square graphs only."""
         from . import reorder as _reorder
         if self.num_src != self.num_dst:
             raise ValueError(f"reorder needs a square graph, got num_src={self.num_src}, "
                              f"num_dst={self.num_dst}")
+        if not isinstance(relabel, bool):
+            raise TypeError(f"relabel must be True or False, got {relabel!r}")
         p = method_or_permutation
         if isinstance(p, str):
             p = _reorder.order(self, p, seed=seed, **options)
@@ -294,12 +312,41 @@ class Graph:
         if p.num_nodes != self.num_dst:
             raise ValueError(f"method_or_permutation has {p.num_nodes} nodes, the graph "
                              f"{self.num_dst}")
+        if not relabel:
+            new = Graph(self.indptr, self.indices, self.edge_ids, self.num_src, self.num_dst)
+            new.permutation = self.permutation
+            new.visit_order = p
+            if "transpose" in self.cache:         # share the built transpose's arrays
+                t = self.cache["transpose"]
+                nt = Graph(t.indptr, t.indices, t.edge_ids, t.num_src, t.num_dst)
+                nt.permutation, nt.visit_order = t.permutation, p
+                nt.cache["transpose"] = new
+                new.cache["transpose"] = nt
+            return new
         # built from the relabelled edge index in caller edge order: edge ids stay
         inv = p.inverse if self.xp is np else self.xp.asarray(p.inverse)
         new = Graph.from_edge_index(inv[self.edge_index()], num_nodes=self.num_dst,
                                     index_dtype=self.index_dtype)
         new.permutation = p
         return new
+
+    def with_visit_order_of(self, other: "Graph") -> "Graph":
+        """Give this graph `other`'s visit order where both have the same
+        node sets (a graph derived from `other`, e.g. with self-loops added);
+        returns self."""
+        if (other.visit_order is not None and self.num_src == self.num_dst
+                and (self.num_src, self.num_dst) == (other.num_src, other.num_dst)):
+            self.visit_order = other.visit_order
+        return self
+
+    def visit_rows(self):
+        """[num_dst] the target rows in the order the GPU row kernels visit
+        them (`visit_order.perm` on this graph's device, index dtype), or
+        None for the natural order."""
+        if self.visit_order is None:
+            return None
+        return self.cached("visit_rows",
+                           lambda: self.xp.asarray(self.visit_order.perm).astype(self.index_dtype))
 
     def to(self, device: str) -> "Graph":
         """A copy of the graph's structure on "cpu" or "cuda[:k]" (caches are not copied)."""
@@ -316,13 +363,15 @@ class Graph:
         ids = None if self.edge_ids is None else conv(self.edge_ids)
         g = Graph(conv(self.indptr), conv(self.indices), ids, self.num_src, self.num_dst)
         g.permutation = self.permutation
+        g.visit_order = self.visit_order
         return g
 
     def __repr__(self):
         shape = (f"num_nodes={self.num_dst}" if self.num_src == self.num_dst
                  else f"num_src={self.num_src}, num_dst={self.num_dst}")
+        order = "" if self.visit_order is None else f", visit_order={self.visit_order.method!r}"
         return (f"Graph({shape}, num_edges={self.num_edges}, "
-                f"index={np.dtype(self.index_dtype).name}, device={self.device})")
+                f"index={np.dtype(self.index_dtype).name}, device={self.device}{order})")
 
 
 def _stable_argsort(xp, keys, num_edges):

@@ -7,6 +7,7 @@ import pytest
 
 import fastgnn
 from fastgnn import Graph, generators
+from fastgnn.backends.attention_spec import SCORE_INPUTS
 from fastgnn.reorder import (METHODS, Permutation, locality, order, permute_edge_index,
                              permute_edges, permute_nodes, unpermute_nodes)
 
@@ -220,6 +221,40 @@ def test_ops_unchanged_in_the_callers_order(method, rng):
     close(gw2, gw)
 
 
+def test_visit_order_keeps_ids_and_shares_arrays(rng):
+    """relabel=False: same ids, same CSR arrays (no copy), the order kept as
+    visit_order through transpose() and to(); the CPU backend's results are
+    the caller graph's, bitwise."""
+    ei, n = messy_edges(rng)
+    g = Graph.from_edge_index(ei, num_nodes=n)
+    t = g.transpose()
+    gv = g.reorder("cluster", relabel=False, seed=1)
+    p = gv.visit_order
+    check_permutation(p, n)
+    assert gv.permutation is None and g.visit_order is None
+    assert gv.indptr is g.indptr and gv.indices is g.indices and gv.edge_ids is g.edge_ids
+    assert np.array_equal(gv.edge_index(), ei)
+    # the built transpose's arrays are shared, and it visits sources in the same order
+    assert gv.transpose().indices is t.indices and gv.transpose().visit_order is p
+    assert gv.transpose().transpose() is gv and gv.to("cpu").visit_order is p
+    assert np.array_equal(gv.visit_rows(), p.perm)
+    assert g.visit_rows() is None and "visit_order='cluster'" in repr(gv)
+    # graphs derived on the same nodes (self-loops added) visit in the same order
+    from fastgnn.ops.spmm import self_loop_structure
+    assert self_loop_structure(gv)[0].visit_order is p
+    assert self_loop_structure(g)[0].visit_order is None
+    # a relabelled graph can be given a visit order on top, and back
+    g2 = g.reorder("rcm")
+    g2v = g2.reorder(p, relabel=False)
+    assert g2v.permutation is g2.permutation and g2v.visit_order is p
+    x = rng.standard_normal((n, 5)).astype(np.float32)
+    np.testing.assert_array_equal(fastgnn.spmm(gv, x), fastgnn.spmm(g, x))
+    np.testing.assert_array_equal(fastgnn.segment_reduce(gv, x, "max"),
+                                  fastgnn.segment_reduce(g, x, "max"))
+    with pytest.raises(TypeError, match="relabel"):
+        g.reorder("rcm", relabel="no")
+
+
 def _torch_layer_case(layer_cls, make, rng, **call):
     torch = pytest.importorskip("torch")
     import fastgnn.torch as ft
@@ -350,3 +385,116 @@ def test_bench_graphs_take_an_order():
     assert re.name == plain.name + "+rcm" and "reordered by rcm" in re.source
     p = order(plain.edge_index.numpy(), "rcm", num_nodes=plain.num_nodes)
     assert np.array_equal(re.edge_index.numpy(), p.inverse[plain.edge_index.numpy()])
+
+
+# ------------------------------------------------------------ GPU
+gpu = pytest.mark.skipif(not fastgnn.gpu_available(), reason="needs a CUDA device")
+
+
+def _gpu_case(rng, hub=700):
+    """messy_edges plus an in-hub of `hub` edges (split into tasks of the
+    default chunk, 256) on the GPU, fp32 node arrays in the caller's order."""
+    ei, n = messy_edges(rng)
+    big = np.stack([rng.integers(0, n, hub), np.full(hub, 7)])
+    ei = np.concatenate([ei, big], axis=1)
+    ei = ei[:, rng.permutation(ei.shape[1])]
+    return ei, n
+
+
+def _gpu_results(g, arrays, reorder_in, reorder_out):
+    """Every op's forward and backward on g, inputs moved in by reorder_in,
+    node outputs moved back by reorder_out: {name: host array}."""
+    import cupy as cp
+    a = {k: reorder_in(v) if k not in ("w", "a_edge") else v for k, v in arrays.items()}
+    r = {}
+    y, res = fastgnn.spmm_fwd(g, a["x"], a["w"], path="custom")
+    r["spmm"] = reorder_out(y)
+    gx, gw, _ = fastgnn.spmm_bwd(g, res, a["gy"])
+    r["spmm_gx"], r["spmm_gw"] = reorder_out(gx), gw
+    for red in ("max", ("min", "std", "mean")):
+        y, res = fastgnn.segment_reduce_fwd(g, a["x"], list(red) if isinstance(red, tuple) else red)
+        name = red if isinstance(red, str) else "multi"
+        r[name] = reorder_out(y)
+        gy = a["gy"] if isinstance(red, str) else cp.concatenate([a["gy"]] * 3, axis=1)
+        r[name + "_gx"] = reorder_out(fastgnn.segment_reduce_bwd(g, res, gy))
+    node_inputs = {"a_src", "a_dst", "v", "xl", "xr", "q", "k"}
+    for score, kw in (("gat", dict(a_src=a["a_src"], a_dst=a["a_dst"], a_edge=a["a_edge"],
+                                   v=a["v"])),
+                      ("gatv2", dict(xl=a["v"], xr=a["v2"], att=arrays["att"])),
+                      ("dot", dict(q=a["v2"], k=a["v"], v=a["v3"]))):
+        y, res = fastgnn.edge_attention_fwd(g, score, tensor_cores=False, **kw)
+        r[score] = reorder_out(y)
+        grads = fastgnn.edge_attention_bwd(g, res, a["go"])
+        for name, v in zip(SCORE_INPUTS[score], grads):
+            if v is not None:
+                r[f"{score}_{name}"] = reorder_out(v) if name in node_inputs else v
+    return {k: cp.asnumpy(v) for k, v in r.items()}
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("relabel", (False, True))
+@pytest.mark.parametrize("method", ("cluster", "random"))
+def test_gpu_ops_unchanged_by_an_order(method, relabel, rng):
+    """Every op's outputs and gradients in the caller's order, GPU kernels,
+    with a split hub row: a visit order (relabel=False) gives the same
+    forward bits and every node input and output stays in the caller's
+    order; a relabelled graph agrees to rounding."""
+    import cupy as cp
+    ei, n = _gpu_case(rng)
+    E, H, C = ei.shape[1], 2, 8
+
+    def r(*shape):
+        return cp.asarray(rng.standard_normal(shape).astype(np.float32))
+    arrays = dict(x=r(n, 24), gy=r(n, 24), w=r(E), a_src=r(n, H), a_dst=r(n, H), a_edge=r(E, H),
+                  v=r(n, H, C), v2=r(n, H, C), v3=r(n, H, C), go=r(n, H, C), att=r(H, C))
+    g = Graph.from_edge_index(cp.asarray(ei), num_nodes=n)
+    ref = _gpu_results(g, arrays, lambda a: a, lambda a: a)
+    g2 = g.reorder(method, relabel=relabel, seed=3)
+    if relabel:
+        got = _gpu_results(g2, arrays, lambda a: permute_nodes(a, g2),
+                           lambda a: unpermute_nodes(a, g2))
+    else:
+        plan = __import__("fastgnn.backends.cuda.spmm", fromlist=["task_plan"]).task_plan(g2)
+        rows = cp.asnumpy(plan.task_row)
+        visited = rows[np.r_[True, rows[1:] != rows[:-1]]]      # a row's tasks are consecutive
+        assert np.array_equal(visited, g2.visit_order.perm)
+        got = _gpu_results(g2, arrays, lambda a: a, lambda a: a)
+    assert got.keys() == ref.keys()
+    for k in ref:
+        if not relabel and k in ("spmm", "max", "multi", "gat", "gatv2", "dot"):
+            np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+        else:
+            np.testing.assert_allclose(got[k], ref[k], rtol=2e-5, atol=2e-5, err_msg=k)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("layer", ("GCNConv", "SAGEConv_max", "GATConv", "GATv2Conv",
+                                   "TransformerConv"))
+def test_gpu_layers_unchanged_by_a_visit_order(layer, rng):
+    """A drop-in layer given a visit-ordered Graph: outputs and every
+    gradient as with the plain graph (same ids: nothing to permute)."""
+    torch = pytest.importorskip("torch")
+    import fastgnn.torch as ft
+    ei_np, n = _gpu_case(rng)
+    ei = torch.from_numpy(ei_np).cuda()
+    g = ft.to_graph(ei, n)
+    gv = g.reorder("cluster", relabel=False, seed=1)
+    make = {"GCNConv": lambda: ft.GCNConv(6, 8),
+            "SAGEConv_max": lambda: ft.SAGEConv(6, 8, aggr="max"),
+            "GATConv": lambda: ft.GATConv(6, 4, heads=2),
+            "GATv2Conv": lambda: ft.GATv2Conv(6, 4, heads=2),
+            "TransformerConv": lambda: ft.TransformerConv(6, 4, heads=2)}[layer]
+    mod = make().cuda()
+    x = torch.randn(n, 6, device="cuda", requires_grad=True)
+    outs = []
+    gy = None
+    for graph in (g, gv):
+        out = mod(x, graph)
+        gy = torch.randn_like(out) if gy is None else gy
+        outs.append((out, torch.autograd.grad((out * gy).sum(), [x, *mod.parameters()])))
+    (o1, g1), (o2, g2) = outs
+    torch.testing.assert_close(o2, o1, rtol=0, atol=0)
+    for a, b in zip(g2, g1):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)

@@ -269,6 +269,8 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
             torch.cumsum(counts, 0, out=ptr[1:])
             fill = Graph.from_csr(ptr, by_dst[:int(ptr[-1])], num_src=kept.shape[0])
             graph = Graph.from_edge_index(ei2, num_src=num_src, num_dst=num_dst)
+            if isinstance(edge_index, Graph):
+                graph.with_visit_order_of(edge_index)
             return graph, ei2, kept, fill
     if isinstance(edge_index, Graph):
         return edge_index.cached(("fastgnn.torch",) + key, build)

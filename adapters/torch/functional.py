@@ -516,7 +516,7 @@ def _appended_loops(graph):
         ei = _cached_edge_index(graph)
         nodes = torch.arange(graph.num_dst, device=ei.device)
         return fastgnn.Graph.from_edge_index(torch.cat([ei, torch.stack([nodes, nodes])], 1),
-                                             num_nodes=graph.num_dst)
+                                             num_nodes=graph.num_dst).with_visit_order_of(graph)
     return graph.cached(("fastgnn.torch", "appended_self_loops"), build)
 
 

@@ -24,7 +24,10 @@ row element, and the norm-wise rel_err).
 Graph specs are `fastgnn bench --graphs` names (fastgnn/bench/graphs.py);
 a suffix "+shuffle" applies a seeded random relabelling first (the R-MAT
 generator keeps its bit-structured ids, hubs at low ids; meshes come in
-row-major order), so "none" is then the shuffled order.
+row-major order), so "none" is then the shuffled order. An order name with
+the suffix "/visit" (`rcm/visit`) keeps the node ids and features as given
+and only has the row kernels visit rows in the order
+(`Graph.reorder(..., relabel=False)`).
 
     python benchmarks/dev/study_reorder.py [--graphs SPEC ...] [--orders ORDER ...]
         [--repeats 5] [--features 128] [--heads 4] [--channels 32]
@@ -143,15 +146,21 @@ def build_graph(spec, dev):
     return name, g, desc
 
 
+VISIT = "/visit"     # order suffix: the same ids, only the rows' visit order
+
+
 def reordered(g, method, x, dev):
     """(graph in the new order, x moved into it, info): info holds order_s
     (the permutation's time_s on the host) and cost_s (wall: permutation +
-    relabelled Graph on the device + features permuted)."""
+    relabelled Graph on the device + features permuted). METHOD/visit: the
+    graph keeps its ids and only visits its rows in the order
+    (Graph.reorder(..., relabel=False)); x stays as it is."""
+    visit = method.endswith(VISIT)
     dev.sync()
     t0 = time.perf_counter()
-    p = order(g, method, seed=0)
-    g2 = g.reorder(p)
-    x2 = permute_nodes(x, g2)
+    p = order(g, method[:-len(VISIT)] if visit else method, seed=0)
+    g2 = g.reorder(p, relabel=not visit)
+    x2 = x if visit else permute_nodes(x, g2)
     dev.sync()
     cost = time.perf_counter() - t0
     info = {"order_s": p.time_s, "cost_s": cost}
@@ -225,7 +234,8 @@ def measure(g, arrays, dev, repeats):
 def check(out_new, out_ref, g2, dev):
     """SpMM in the new order moved back vs the un-reordered run:
     (max |a - b| / max |b|, norm-wise rel_err)."""
-    a = dev.host(unpermute_nodes(out_new, g2)).astype(np.float64)
+    back = out_new if g2.permutation is None else unpermute_nodes(out_new, g2)
+    a = dev.host(back).astype(np.float64)
     b = dev.host(out_ref).astype(np.float64)
     den = np.abs(b).max() if b.size else 0.0
     mx = float(np.abs(a - b).max() / den) if den > 0 else float(np.abs(a - b).max(initial=0))
@@ -256,8 +266,8 @@ def study_graph(spec, orders, a, dev, t_start):
             g2, arrays, info = g, base_arrays, {"order_s": 0.0, "cost_s": 0.0}
         else:
             g2, x2, info = reordered(g, o, inp.x, dev)
-            arrays = {k: (x2 if k == "x" else permute_nodes(v, g2))
-                      for k, v in inp.node_arrays().items()}
+            move = (lambda v: v) if o.endswith(VISIT) else (lambda v: permute_nodes(v, g2))
+            arrays = {k: (x2 if k == "x" else move(v)) for k, v in inp.node_arrays().items()}
             arrays["dot_vtype"] = inp.dot_vtype
         t, notes, out = measure(g2, arrays, dev, a.repeats)
         if o == "none":
@@ -400,7 +410,8 @@ def main(argv=None):
     ap.add_argument("--graphs", nargs="+", default=None,
                     help="graph specs (fastgnn bench names; suffix +shuffle)")
     ap.add_argument("--orders", nargs="+", default=None,
-                    help="orders: none random degree rcm cluster metis auto identity")
+                    help="orders: none random degree rcm cluster metis auto identity; "
+                         "METHOD/visit keeps the ids and only visits rows in the order")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -419,8 +430,9 @@ def main(argv=None):
         orders.insert(0, "none")
     orders.remove("none")
     orders.insert(0, "none")                        # the baseline first
-    if "metis" in orders and importlib.util.find_spec("pymetis") is None:
-        orders.remove("metis")
+    if (any(o.split("/")[0] == "metis" for o in orders)
+            and importlib.util.find_spec("pymetis") is None):
+        orders = [o for o in orders if o.split("/")[0] != "metis"]
         skipped = "metis: pymetis is not installed (pip install fastgnn[metis]), skipped"
     else:
         skipped = None

@@ -416,7 +416,7 @@ def self_loop_structure(graph: Graph):
             last[loop_nodes[is_last]] = loop_ids[is_last]
         nodes = xp.arange(n, dtype=ei.dtype)
         new_ei = xp.concatenate([ei[:, kept], xp.stack([nodes, nodes])], axis=1)
-        return Graph.from_edge_index(new_ei, num_nodes=n), kept, last
+        return Graph.from_edge_index(new_ei, num_nodes=n).with_visit_order_of(graph), kept, last
     return graph.cached("self_loop_structure", build)
 
 

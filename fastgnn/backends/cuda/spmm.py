@@ -164,22 +164,31 @@ class TaskPlan:
 
 
 def task_plan(graph, chunk: int = DEFAULT_CHUNK) -> TaskPlan:
+    """Tasks in the order the rows are visited: the graph's `visit_rows()`
+    (a reordered visit, `Graph.reorder(..., relabel=False)`) or row 0, 1, ...;
+    a row's tasks are consecutive, the slots of split rows numbered in task
+    order."""
     def build():
         idx = graph.index_dtype
+        visit = graph.visit_rows()                # [num_dst] or None
         deg = cp.diff(graph.indptr).astype(np.int64)
-        ntask = cp.maximum((deg + chunk - 1) // chunk, 1)
+        if visit is not None:
+            deg = deg[visit]
+        ntask = cp.maximum((deg + chunk - 1) // chunk, 1)      # per visit position
         task_ptr = cp.zeros(graph.num_dst + 1, dtype=np.int64)
         cp.cumsum(ntask, out=task_ptr[1:])
         num_tasks = int(task_ptr[-1])
         t = cp.arange(num_tasks, dtype=np.int64)
-        row = cp.searchsorted(task_ptr[1:], t, side="right")
-        begin = graph.indptr[row].astype(np.int64) + (t - task_ptr[row]) * chunk
+        pos = cp.searchsorted(task_ptr[1:], t, side="right")
+        row = pos if visit is None else visit[pos].astype(np.int64)
+        begin = graph.indptr[row].astype(np.int64) + (t - task_ptr[pos]) * chunk
         split = ntask > 1
-        split_task = split[row]
+        split_task = split[pos]
         slot = cp.where(split_task, cp.cumsum(split_task) - 1, -1)
-        split_row = cp.nonzero(split)[0]
-        slot_ptr = cp.zeros(split_row.shape[0] + 1, dtype=np.int64)
-        cp.cumsum(ntask[split_row], out=slot_ptr[1:])
+        split_pos = cp.nonzero(split)[0]
+        split_row = split_pos if visit is None else visit[split_pos]
+        slot_ptr = cp.zeros(split_pos.shape[0] + 1, dtype=np.int64)
+        cp.cumsum(ntask[split_pos], out=slot_ptr[1:])
         return TaskPlan(chunk, row.astype(idx), begin.astype(idx), slot.astype(idx),
                         split_row.astype(idx), slot_ptr.astype(idx), int(slot_ptr[-1]))
     return graph.cached(("spmm_tasks", chunk), build)
