@@ -416,16 +416,28 @@ SAMPLE = 1 << 20           # edges sampled for the statistics
 
 # The payback test (auto's `calls`): an order is worth computing only if it
 # can repay its cost within the calls it will serve. Bounds from the H200
-# study (benchmarks/results/reorder_study_h200.md, six graphs, five kernels):
-# no order sped any kernel up by more than 1.58x, so a call saves at most
-# 1 - 1/MAX_SPEEDUP of its time in the graph's given order; there no kernel
-# took longer than 12 ps per edge and feature on the GPU (GAT forward+backward
-# on shuffled soc-brightkite), nor 20 ns on the 2-core CPU (attention
-# forward+backward, `fastgnn bench --quick`); no order cost less on the host
-# than its MIN_COST_PER_EDGE_S.
-MAX_SPEEDUP = 1.6
+# studies (benchmarks/results/reorder_study_h200.md and
+# reorder_study_scale20_h200.md; five kernels, 13 graphs): no order sped any
+# kernel up by more than 4.62x (bf16 dot attention on shuffled clustered20
+# with `cluster`, where the order moves it onto the Tensor Core path; 2.61x
+# is the most on an unchanged path), so a call saves at most 1 - 1/MAX_SPEEDUP
+# of its time in the graph's given order; there no kernel took longer than
+# 12 ps per edge and feature on the GPU (GAT forward+backward on shuffled
+# soc-brightkite), nor 20 ns on the 2-core CPU (attention forward+backward,
+# `fastgnn bench --quick`); no order cost less per edge on the host than its
+# MIN_COST_PER_EDGE_S (on graphs of LARGE_GRAPH_EDGES edges or more:
+# LARGE_GRAPH_MIN_COST_PER_EDGE_S; the 16 cores of the H200 machine and the
+# 2-core development machine).
+MAX_SPEEDUP = 4.7
 SLOWEST_CALL_PER_EDGE_FEATURE_S = {"cuda": 12e-12, "cpu": 20e-9}
-MIN_COST_PER_EDGE_S = {"rcm": 0.097e-6, "cluster": 0.168e-6, "degree": 0.013e-6}
+MIN_COST_PER_EDGE_S = {"rcm": 0.075e-6, "cluster": 0.168e-6, "degree": 0.011e-6}
+LARGE_GRAPH_EDGES = 1 << 20
+LARGE_GRAPH_MIN_COST_PER_EDGE_S = {"rcm": 0.136e-6, "cluster": 0.168e-6, "degree": 0.011e-6}
+# On the GPU, graphs whose node features (n x width x 4 bytes) fit in this
+# much cache keep their order: every gather hits the L2 in any order (the
+# H200's L2 is 50 MiB; soc-brightkite's 29 MB of features gained at most
+# 1.09x from `rcm` and `cluster` and lost up to 0.74x, shuffled or not).
+GPU_CACHE_BYTES = 50 << 20
 DEFAULT_CALLS = 100        # kernel calls the reordered graph serves, unless told
 DEFAULT_WIDTH = 128        # features per node the calls move, unless told
 
@@ -482,11 +494,15 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
 
     0. Payback: a candidate is considered only if it could pay for itself
        within `calls` (`payback_calls`: its least cost per edge on the host,
-       MIN_COST_PER_EDGE_S, over the most a call can save); the one chosen
-       must also do so at its measured cost. On the GPU at width 128 that
-       takes at least 168 calls for "rcm" and 292 for "cluster", so with the
-       default 100 calls "auto" keeps the order there.
-    1. Graphs below MIN_NODES nodes keep their order (they fit in cache).
+       MIN_COST_PER_EDGE_S or, from LARGE_GRAPH_EDGES edges,
+       LARGE_GRAPH_MIN_COST_PER_EDGE_S, over the most a call can save); the
+       one chosen must also do so at its measured cost. On the GPU at width
+       128 that takes at least 62 calls for "rcm" (113 from 2^20 edges) and
+       139 for "cluster": with the default 100 calls "auto" keeps the order
+       of every graph of 2^20 edges or more without computing one.
+    1. Graphs below MIN_NODES nodes keep their order (they fit in cache), and
+       so do graphs whose features fit in the GPU's L2 (device "cuda":
+       n * width * 4 bytes <= GPU_CACHE_BYTES).
     2. If the current order is already local -- at least KEEP_WINDOW_FRACTION
        of the edges join ids less than WINDOW apart, or the mean
        log2(1 + |src - dst|) ("gap bits") is at most KEEP_GAP_BITS * log2(n)
@@ -500,7 +516,7 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
 
     The statistics read a seeded sample of SAMPLE edges. info records them
     before and after and the choice. The thresholds come from host-side
-    locality measures and one H200 study (docs/reordering.md: six graphs;
+    locality measures and two H200 studies (docs/reordering.md: 13 graphs;
     PARTLY_LOCAL is set by its one real graph in a given order)."""
     inp = graph_or_edge_index if isinstance(graph_or_edge_index, _Input) else \
         _read_input(graph_or_edge_index, num_nodes)
@@ -520,8 +536,8 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
     n, E = inp.n, inp.src.shape[0]
     ident = np.arange(n, dtype=np.int64)
     if calls is not None:
-        need = {c: payback_calls(MIN_COST_PER_EDGE_S[c] * E, E, width, device)
-                for c in candidates}
+        least = LARGE_GRAPH_MIN_COST_PER_EDGE_S if E >= LARGE_GRAPH_EDGES else MIN_COST_PER_EDGE_S
+        need = {c: payback_calls(least[c] * E, E, width, device) for c in candidates}
         candidates = tuple(c for c in candidates if need[c] <= calls)
         if not candidates:
             return ident, {"chosen": "identity", "payback_calls": need,
@@ -529,6 +545,9 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
                                      f"{device} (needs at least {min(need.values()):.0f})"}
     if n < MIN_NODES:
         return ident, {"chosen": "identity", "reason": f"fewer than {MIN_NODES} nodes"}
+    if device == "cuda" and n * width * 4 <= GPU_CACHE_BYTES:
+        return ident, {"chosen": "identity",
+                       "reason": f"the features fit in the GPU's L2 ({GPU_CACHE_BYTES >> 20} MiB)"}
     before = locality(inp.src, inp.dst, seed=seed)
     info = {"before": before}
     if before["window_fraction"] >= KEEP_WINDOW_FRACTION or \
