@@ -283,15 +283,15 @@ class Graph:
             labels (the new permutation is relative to them).
         relabel=False: the ids, the CSR arrays (shared, not copied) and every
             input and output stay the caller's; the result remembers the
-            order as `visit_order`, and the GPU row kernels (custom SpMM, the
-            segment reductions, the fused attention; forward and the
-            transpose passes of the backward) walk the target rows, and the
+            order as `visit_order`, and the GPU row kernels of the custom
+            SpMM and the segment reductions (forward, and the transpose
+            passes of the backward) walk the target rows, and the
             transpose's source rows, in the order's sequence: rows visited
             together read the same neighbour rows while they are in the L2
             cache. Nothing moves per call. Results are those of this graph
             (forward bitwise: each row sums the same terms in the same
-            order). cuSPARSE, the Tensor Core path and the CPU backend ignore
-            the visit order.
+            order). The fused attention (a visit order slowed it down),
+            cuSPARSE, the Tensor Core path and the CPU backend ignore it.
         Square graphs only."""
         from . import reorder as _reorder
         if self.num_src != self.num_dst:

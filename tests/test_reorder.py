@@ -421,7 +421,7 @@ def _gpu_results(g, arrays, reorder_in, reorder_out):
     """Every op's forward and backward on g, inputs moved in by reorder_in,
     node outputs moved back by reorder_out: {name: host array}."""
     import cupy as cp
-    a = {k: reorder_in(v) if k not in ("w", "a_edge") else v for k, v in arrays.items()}
+    a = {k: v if k in ("w", "a_edge", "att") else reorder_in(v) for k, v in arrays.items()}
     r = {}
     y, res = fastgnn.spmm_fwd(g, a["x"], a["w"], path="custom")
     r["spmm"] = reorder_out(y)

@@ -304,7 +304,7 @@ class AttnFwdPlan(LaunchPlan):
         itype = _ITYPE[np.dtype(graph.index_dtype)]
         acc = _acc(vtype)
         vec, NCH, GRP, group, nch = shape
-        plan = task_plan(graph, DEFAULT_CHUNK)
+        plan = task_plan(graph, DEFAULT_CHUNK, visit=False)
         ntask = int(plan.task_row.shape[0])
         slots = plan.num_slots
         a = np.dtype(acc).itemsize
@@ -473,7 +473,7 @@ class AttnBwdPlan(LaunchPlan):
         src_pass = need_gS or need_gV
         dst_pass = need_gDn or need_gEd or need_gatt
         nd = graph.num_dst
-        dplan = task_plan(graph, DEFAULT_CHUNK) if dst_pass else None
+        dplan = task_plan(graph, DEFAULT_CHUNK, visit=False) if dst_pass else None
         dtask = int(dplan.task_row.shape[0]) if dst_pass else 0
         block_gatt, smem = _block_gatt(dtask, H, C, group, acc) if need_gatt else (False, 0)
         if dst_pass:
@@ -482,7 +482,7 @@ class AttnBwdPlan(LaunchPlan):
             dgrid, dslots = _persistent_grid(dst, graph, dplan, H, group, smem)
         gatt_rows = (dgrid[0] if block_gatt else dtask) if need_gatt else 0
         t = graph.transpose() if src_pass else None
-        splan = task_plan(t, DEFAULT_CHUNK) if src_pass else None
+        splan = task_plan(t, DEFAULT_CHUNK, visit=False) if src_pass else None
         s_slots = splan.num_slots if src_pass else 0
         self.gatt_sum = (column_sum_plan("attention", vtype, itype, gatt_rows, H * C, False,
                                          False, GATT_SUM_ROWS) if need_gatt else None)
@@ -648,7 +648,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
 
     # target pass over the CSR
     if dst_pass:
-        plan = task_plan(graph, DEFAULT_CHUNK)
+        plan = task_plan(graph, DEFAULT_CHUNK, visit=False)
         ntask = int(plan.task_row.shape[0])
         gDn = cp.empty_like(Dn) if need_gDn else None
         p_dn = (cp.empty((plan.num_slots, H * Cs), dtype=acc)
@@ -688,7 +688,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     # source pass over the transpose
     if src_pass:
         t = graph.transpose()
-        plan = task_plan(t, DEFAULT_CHUNK)
+        plan = task_plan(t, DEFAULT_CHUNK, visit=False)
         ntask = int(plan.task_row.shape[0])
         gS = cp.empty_like(S) if need_gS else None
         gV = cp.empty_like(V) if need_gV else None

@@ -163,14 +163,17 @@ class TaskPlan:
     num_slots: int
 
 
-def task_plan(graph, chunk: int = DEFAULT_CHUNK) -> TaskPlan:
+def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan:
     """Tasks in the order the rows are visited: the graph's `visit_rows()`
-    (a reordered visit, `Graph.reorder(..., relabel=False)`) or row 0, 1, ...;
-    a row's tasks are consecutive, the slots of split rows numbered in task
-    order."""
+    (a visit order, `Graph.reorder(..., relabel=False)`) when `visit`, else
+    row 0, 1, ...; a row's tasks are consecutive, the slots of split rows
+    numbered in task order. The fused attention asks for visit=False: a
+    visit order slowed it down (H200, scale-20 suite, docs/reordering.md)."""
+    use = visit and graph.visit_order is not None
+
     def build():
         idx = graph.index_dtype
-        visit = graph.visit_rows()                # [num_dst] or None
+        visit = graph.visit_rows() if use else None       # [num_dst] or None
         deg = cp.diff(graph.indptr).astype(np.int64)
         if visit is not None:
             deg = deg[visit]
@@ -191,7 +194,7 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK) -> TaskPlan:
         cp.cumsum(ntask[split_pos], out=slot_ptr[1:])
         return TaskPlan(chunk, row.astype(idx), begin.astype(idx), slot.astype(idx),
                         split_row.astype(idx), slot_ptr.astype(idx), int(slot_ptr[-1]))
-    return graph.cached(("spmm_tasks", chunk), build)
+    return graph.cached(("spmm_tasks", chunk, use), build)
 
 
 def _launch_shape(vtype, F, *arrays):
