@@ -497,7 +497,7 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
        MIN_COST_PER_EDGE_S or, from LARGE_GRAPH_EDGES edges,
        LARGE_GRAPH_MIN_COST_PER_EDGE_S, over the most a call can save); the
        one chosen must also do so at its measured cost. On the GPU at width
-       128 that takes at least 62 calls for "rcm" (113 from 2^20 edges) and
+       128 that takes at least 62 calls for "rcm" (112 from 2^20 edges) and
        139 for "cluster": with the default 100 calls "auto" keeps the order
        of every graph of 2^20 edges or more without computing one.
     1. Graphs below MIN_NODES nodes keep their order (they fit in cache), and
