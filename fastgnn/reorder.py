@@ -415,36 +415,29 @@ MIN_NODES = 4096           # smaller graphs fit in cache in any order: keep
 SAMPLE = 1 << 20           # edges sampled for the statistics
 
 # The payback test (auto's `calls`): an order is worth computing only if it
-# can repay its cost within the calls it will serve. Bounds from the H200
-# studies (benchmarks/results/reorder_study_h200.md and
-# reorder_study_scale20_h200.md; five kernels, 13 graphs): no order sped any
-# kernel up by more than 4.62x (bf16 dot attention on shuffled clustered20
-# with `cluster`, where the order moves it onto the Tensor Core path; 2.61x
-# is the most on an unchanged path), so a call saves at most 1 - 1/MAX_SPEEDUP
-# of its time in the graph's given order; there no kernel took longer than
-# 12 ps per edge and feature on the GPU (GAT forward+backward on shuffled
-# soc-brightkite), nor 20 ns on the 2-core CPU (attention forward+backward,
-# `fastgnn bench --quick`); no order cost less per edge on the host than its
-# MIN_COST_PER_EDGE_S (on graphs of LARGE_GRAPH_EDGES edges or more:
-# LARGE_GRAPH_MIN_COST_PER_EDGE_S; the 16 cores of the H200 machine and the
-# 2-core development machine).
-MAX_SPEEDUP = 4.7
-SLOWEST_CALL_PER_EDGE_FEATURE_S = {"cuda": 12e-12, "cpu": 20e-9}
-MIN_COST_PER_EDGE_S = {"rcm": 0.075e-6, "cluster": 0.168e-6, "degree": 0.011e-6}
-LARGE_GRAPH_EDGES = 1 << 20
-LARGE_GRAPH_MIN_COST_PER_EDGE_S = {"rcm": 0.136e-6, "cluster": 0.168e-6, "degree": 0.011e-6}
+# can repay its cost within the calls it will serve. Bounds measured on the
+# H200 (benchmarks/results/reorder_study_h200.md, reorder_study_scale20_h200.md
+# and reorder_study_metis_h200.md; five kernels, 13 graphs, every order):
+# no order saved a call more than 3.9 ps per edge and feature (bf16 dot
+# attention on shuffled clustered20 with `cluster`, which moved it onto the
+# Tensor Core path: 17.6 -> 3.7 ms), nor more than 5.5 ns on the 2-core CPU
+# (SpMM on a shuffled grid with `rcm`, docs/reordering.md); no order cost
+# less per edge on the host than MIN_COST_PER_EDGE_S (the H200 machine's 16
+# cores; the 2-core development machine is slower).
+MAX_SAVING_PER_EDGE_FEATURE_S = {"cuda": 4e-12, "cpu": 6e-9}
+MIN_COST_PER_EDGE_S = {"rcm": 0.069e-6, "cluster": 0.118e-6, "degree": 0.008e-6}
 # On the GPU, graphs whose node features (n x width x 4 bytes) fit in this
 # much cache keep their order: every gather hits the L2 in any order (the
-# H200's L2 is 50 MiB; soc-brightkite's 29 MB of features gained at most
-# 1.09x from `rcm` and `cluster` and lost up to 0.74x, shuffled or not).
+# H200's L2 is 50 MiB; on soc-brightkite, 29 MB of features, `rcm` and
+# `cluster` gained at most 1.11x and lost down to 0.69x, shuffled or not).
 GPU_CACHE_BYTES = 50 << 20
 DEFAULT_CALLS = 100        # kernel calls the reordered graph serves, unless told
 DEFAULT_WIDTH = 128        # features per node the calls move, unless told
 
 
 def _check_device(device):
-    if device not in SLOWEST_CALL_PER_EDGE_FEATURE_S:
-        raise ValueError(f"device must be one of {sorted(SLOWEST_CALL_PER_EDGE_FEATURE_S)}, "
+    if device not in MAX_SAVING_PER_EDGE_FEATURE_S:
+        raise ValueError(f"device must be one of {sorted(MAX_SAVING_PER_EDGE_FEATURE_S)}, "
                          f"got {device!r}")
     return device
 
@@ -452,12 +445,11 @@ def _check_device(device):
 def payback_calls(cost_s, num_edges, width=DEFAULT_WIDTH, device="cuda"):
     """The fewest calls in which an order that took `cost_s` seconds can pay
     for itself on a graph of `num_edges` edges at `width` features: its cost
-    over the most a call can save (a 1 - 1/MAX_SPEEDUP share of the slowest
-    call the study measured per edge and feature on `device`). A lower
-    bound: real savings are smaller, so real break-evens are later."""
+    over the most an order saved a call in the studies, per edge and feature
+    on `device` (MAX_SAVING_PER_EDGE_FEATURE_S). A lower bound where the
+    studies' savings bound the graph's: real break-evens are later."""
     _check_device(device)
-    saving = (1 - 1 / MAX_SPEEDUP) * max(num_edges, 1) * width \
-        * SLOWEST_CALL_PER_EDGE_FEATURE_S[device]
+    saving = max(num_edges, 1) * width * MAX_SAVING_PER_EDGE_FEATURE_S[device]
     return cost_s / saving
 
 
@@ -494,12 +486,11 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
 
     0. Payback: a candidate is considered only if it could pay for itself
        within `calls` (`payback_calls`: its least cost per edge on the host,
-       MIN_COST_PER_EDGE_S or, from LARGE_GRAPH_EDGES edges,
-       LARGE_GRAPH_MIN_COST_PER_EDGE_S, over the most a call can save); the
-       one chosen must also do so at its measured cost. On the GPU at width
-       128 that takes at least 62 calls for "rcm" (112 from 2^20 edges) and
-       139 for "cluster": with the default 100 calls "auto" keeps the order
-       of every graph of 2^20 edges or more without computing one.
+       MIN_COST_PER_EDGE_S, over the most an order saved a call in the
+       studies); the one chosen must also do so at its measured cost. On the
+       GPU at width 128 that takes at least 135 calls for "rcm" and 231 for
+       "cluster": with the default 100 calls "auto" keeps the order there
+       without computing one.
     1. Graphs below MIN_NODES nodes keep their order (they fit in cache), and
        so do graphs whose features fit in the GPU's L2 (device "cuda":
        n * width * 4 bytes <= GPU_CACHE_BYTES).
@@ -536,8 +527,8 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
     n, E = inp.n, inp.src.shape[0]
     ident = np.arange(n, dtype=np.int64)
     if calls is not None:
-        least = LARGE_GRAPH_MIN_COST_PER_EDGE_S if E >= LARGE_GRAPH_EDGES else MIN_COST_PER_EDGE_S
-        need = {c: payback_calls(least[c] * E, E, width, device) for c in candidates}
+        need = {c: payback_calls(MIN_COST_PER_EDGE_S[c] * E, E, width, device)
+                for c in candidates}
         candidates = tuple(c for c in candidates if need[c] <= calls)
         if not candidates:
             return ident, {"chosen": "identity", "payback_calls": need,

@@ -340,19 +340,18 @@ def test_auto_keeps_an_order_with_some_locality_of_its_own(rng):
 
 def test_auto_reorders_only_what_can_pay_for_itself(rng, monkeypatch):
     """The payback test: on the GPU (device="cuda") no candidate can repay
-    its cost within the default 100 calls on a graph of LARGE_GRAPH_EDGES
-    edges or more, so auto keeps the order without computing one and says
-    why; given enough calls (or calls=None) it reorders; an order whose
-    measured cost is too high for the calls is not taken either."""
+    its cost within the default 100 calls, so auto keeps the order without
+    computing one and says why; given enough calls (or calls=None) it
+    reorders; an order whose measured cost is too high for the calls is not
+    taken either."""
     from fastgnn import reorder
     ei, n = shuffled(*generators.grid(128), rng)
     wide = dict(width=1024)                       # 64 MiB of features: more than the L2
-    monkeypatch.setattr(reorder, "LARGE_GRAPH_EDGES", ei.shape[1])     # this graph counts as large
     p = order(ei, "auto", num_nodes=n, seed=1, device="cuda")
     assert p.is_identity and "pay for itself in 100 calls" in p.info["reason"]
     need = p.info["payback_calls"]
-    saving = (1 - 1 / reorder.MAX_SPEEDUP) * 128 * 12e-12
-    assert need["rcm"] == pytest.approx(reorder.LARGE_GRAPH_MIN_COST_PER_EDGE_S["rcm"] / saving)
+    saving = 128 * reorder.MAX_SAVING_PER_EDGE_FEATURE_S["cuda"]
+    assert need["rcm"] == pytest.approx(reorder.MIN_COST_PER_EDGE_S["rcm"] / saving)
     assert 100 < need["rcm"] < need["cluster"]
     for calls in (10 ** 6, None):
         assert order(ei, "auto", num_nodes=n, seed=1, device="cuda", calls=calls,
@@ -362,8 +361,7 @@ def test_auto_reorders_only_what_can_pay_for_itself(rng, monkeypatch):
         reorder.payback_calls(1.0, 1000, 128, "cuda") / 8)
     # the measured cost decides too: every candidate passes the first bound,
     # none repays its real cost in one call
-    monkeypatch.setattr(reorder, "LARGE_GRAPH_MIN_COST_PER_EDGE_S",
-                        dict.fromkeys(("rcm", "cluster"), 0.0))
+    monkeypatch.setattr(reorder, "MIN_COST_PER_EDGE_S", dict.fromkeys(("rcm", "cluster"), 0.0))
     p = order(ei, "auto", num_nodes=n, seed=1, device="cuda", calls=1, **wide)
     assert p.is_identity and "cannot pay for itself in 1 calls" in p.info["reason"]
 
