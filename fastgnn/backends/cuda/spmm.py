@@ -173,23 +173,23 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan
 
     def build():
         idx = graph.index_dtype
-        visit = graph.visit_rows() if use else None       # [num_dst] or None
+        order = graph.visit_rows() if use else None       # [num_dst] or None
         deg = cp.diff(graph.indptr).astype(np.int64)
-        if visit is not None:
-            deg = deg[visit]
+        if order is not None:
+            deg = deg[order]
         ntask = cp.maximum((deg + chunk - 1) // chunk, 1)      # per visit position
         task_ptr = cp.zeros(graph.num_dst + 1, dtype=np.int64)
         cp.cumsum(ntask, out=task_ptr[1:])
         num_tasks = int(task_ptr[-1])
         t = cp.arange(num_tasks, dtype=np.int64)
         pos = cp.searchsorted(task_ptr[1:], t, side="right")
-        row = pos if visit is None else visit[pos].astype(np.int64)
+        row = pos if order is None else order[pos].astype(np.int64)
         begin = graph.indptr[row].astype(np.int64) + (t - task_ptr[pos]) * chunk
         split = ntask > 1
         split_task = split[pos]
         slot = cp.where(split_task, cp.cumsum(split_task) - 1, -1)
         split_pos = cp.nonzero(split)[0]
-        split_row = split_pos if visit is None else visit[split_pos]
+        split_row = split_pos if order is None else order[split_pos]
         slot_ptr = cp.zeros(split_pos.shape[0] + 1, dtype=np.int64)
         cp.cumsum(ntask[split_pos], out=slot_ptr[1:])
         return TaskPlan(chunk, row.astype(idx), begin.astype(idx), slot.astype(idx),
