@@ -313,13 +313,9 @@ class Graph:
             raise ValueError(f"method_or_permutation has {p.num_nodes} nodes, the graph "
                              f"{self.num_dst}")
         if not relabel:
-            new = Graph(self.indptr, self.indices, self.edge_ids, self.num_src, self.num_dst)
-            new.permutation = self.permutation
-            new.visit_order = p
-            if "transpose" in self.cache:         # share the built transpose's arrays
-                t = self.cache["transpose"]
-                nt = Graph(t.indptr, t.indices, t.edge_ids, t.num_src, t.num_dst)
-                nt.permutation, nt.visit_order = t.permutation, p
+            new = self._sharing_arrays(p)
+            if "transpose" in self.cache:         # share the built transpose's arrays too
+                nt = self.cache["transpose"]._sharing_arrays(p)
                 nt.cache["transpose"] = new
                 new.cache["transpose"] = nt
             return new
@@ -329,6 +325,13 @@ class Graph:
                                     index_dtype=self.index_dtype)
         new.permutation = p
         return new
+
+    def _sharing_arrays(self, visit_order) -> "Graph":
+        """A graph on this one's arrays (no copy, empty cache), with its
+        permutation and the given visit order."""
+        g = Graph(self.indptr, self.indices, self.edge_ids, self.num_src, self.num_dst)
+        g.permutation, g.visit_order = self.permutation, visit_order
+        return g
 
     def with_visit_order_of(self, other: "Graph") -> "Graph":
         """Give this graph `other`'s visit order where both have the same
@@ -345,8 +348,8 @@ class Graph:
         None for the natural order."""
         if self.visit_order is None:
             return None
-        return self.cached("visit_rows",
-                           lambda: self.xp.asarray(self.visit_order.perm).astype(self.index_dtype))
+        return self.cached("visit_rows", lambda: self.xp.asarray(
+            self.visit_order.perm.astype(self.index_dtype)))
 
     def to(self, device: str) -> "Graph":
         """A copy of the graph's structure on "cpu" or "cuda[:k]" (caches are not copied)."""

@@ -408,7 +408,7 @@ KEEP_GAP_BITS = 0.6        # ... or when the mean log2 gap is below this share o
 # ... or when even this share of edges is within a window: an order with some
 # locality of its own (a crawl, a BFS) (H200 study: soc-brightkite in its
 # given order, 6.4% within a window, lost with `cluster` on 4 of 5 kernels,
-# 0.84-0.95x; its shuffle and every shuffled suite graph have ~0%)
+# 0.75-0.95x; its shuffle and every shuffled suite graph have ~0%)
 PARTLY_LOCAL = 0.05
 MIN_GAIN = 0.85            # take RCM only if it cuts the mean log2 gap to this share or less
 MIN_NODES = 4096           # smaller graphs fit in cache in any order: keep
@@ -416,8 +416,8 @@ SAMPLE = 1 << 20           # edges sampled for the statistics
 
 # The payback test (auto's `calls`): an order is worth computing only if it
 # can repay its cost within the calls it will serve. Bounds measured on the
-# H200 (benchmarks/results/reorder_study_h200.md, reorder_study_scale20_h200.md
-# and reorder_study_metis_h200.md; five kernels, 13 graphs, every order):
+# H200 (benchmarks/results/reorder_study_h200.md; five kernels, seven
+# graphs, every order):
 # no order saved a call more than 3.9 ps per edge and feature (bf16 dot
 # attention on shuffled clustered20 with `cluster`, which moved it onto the
 # Tensor Core path: 17.6 -> 3.7 ms), nor more than 5.5 ns on the 2-core CPU
@@ -445,9 +445,9 @@ def _check_device(device):
 def payback_calls(cost_s, num_edges, width=DEFAULT_WIDTH, device="cuda"):
     """The fewest calls in which an order that took `cost_s` seconds can pay
     for itself on a graph of `num_edges` edges at `width` features: its cost
-    over the most an order saved a call in the studies, per edge and feature
-    on `device` (MAX_SAVING_PER_EDGE_FEATURE_S). A lower bound where the
-    studies' savings bound the graph's: real break-evens are later."""
+    over the most an order was measured to save a call, per edge and feature
+    on `device` (MAX_SAVING_PER_EDGE_FEATURE_S). A lower bound where those
+    savings bound the graph's: real break-evens are later."""
     _check_device(device)
     saving = max(num_edges, 1) * width * MAX_SAVING_PER_EDGE_FEATURE_S[device]
     return cost_s / saving
@@ -487,7 +487,7 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
     0. Payback: a candidate is considered only if it could pay for itself
        within `calls` (`payback_calls`: its least cost per edge on the host,
        MIN_COST_PER_EDGE_S, over the most an order saved a call in the
-       studies); the one chosen must also do so at its measured cost. On the
+       study); the one chosen must also do so at its measured cost. On the
        GPU at width 128 that takes at least 135 calls for "rcm" and 231 for
        "cluster": with the default 100 calls "auto" keeps the order there
        without computing one.
@@ -507,7 +507,7 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
 
     The statistics read a seeded sample of SAMPLE edges. info records them
     before and after and the choice. The thresholds come from host-side
-    locality measures and two H200 studies (docs/reordering.md: 13 graphs;
+    locality measures and an H200 study (docs/reordering.md: seven graphs;
     PARTLY_LOCAL is set by its one real graph in a given order)."""
     inp = graph_or_edge_index if isinstance(graph_or_edge_index, _Input) else \
         _read_input(graph_or_edge_index, num_nodes)
@@ -716,6 +716,6 @@ if __name__ == "__main__":
     ap.add_argument("--rmat", type=int, nargs="+", metavar="SCALE",
                     help="shuffled R-MAT graphs of these scales instead of the default suite "
                          "(scale 23: about 1.3e8 edges)")
-    ap.add_argument("--methods", nargs="+", default=["rcm", "degree", "cluster", "random", "auto"])
+    ap.add_argument("--methods", nargs="+", help="default: rcm degree cluster random auto")
     a = ap.parse_args()
-    _timing_table(a.rmat, tuple(a.methods))
+    _timing_table(a.rmat, *([tuple(a.methods)] if a.methods else []))

@@ -469,7 +469,8 @@ def test_gpu_ops_unchanged_by_an_order(method, relabel, rng):
         got = _gpu_results(g2, arrays, lambda a: permute_nodes(a, g2),
                            lambda a: unpermute_nodes(a, g2))
     else:
-        plan = __import__("fastgnn.backends.cuda.spmm", fromlist=["task_plan"]).task_plan(g2)
+        from fastgnn.backends.cuda.spmm import task_plan
+        plan = task_plan(g2)
         rows = cp.asnumpy(plan.task_row)
         visited = rows[np.r_[True, rows[1:] != rows[:-1]]]      # a row's tasks are consecutive
         assert np.array_equal(visited, g2.visit_order.perm)

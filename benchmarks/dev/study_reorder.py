@@ -152,22 +152,24 @@ VISIT = "/visit"     # order suffix: the same ids, only the rows' visit order
 
 
 def reordered(g, method, x, dev):
-    """(graph in the new order, x moved into it, info): info holds order_s
-    (the permutation's time_s on the host) and cost_s (wall: permutation +
-    relabelled Graph on the device + features permuted). METHOD/visit: the
-    graph keeps its ids and only visits its rows in the order
-    (Graph.reorder(..., relabel=False)); x stays as it is."""
+    """(graph in the new order, move, info): move(a) takes a node array of
+    the caller's order to the graph's (permute_nodes, or nothing for
+    METHOD/visit: the graph keeps its ids and only visits its rows in the
+    order, Graph.reorder(..., relabel=False)); info holds order_s (the
+    permutation's time_s on the host) and cost_s (wall: permutation + new
+    Graph on the device + x moved)."""
     visit = method.endswith(VISIT)
     dev.sync()
     t0 = time.perf_counter()
-    p = order(g, method[:-len(VISIT)] if visit else method, seed=0)
+    p = order(g, method.removesuffix(VISIT), seed=0)
     g2 = g.reorder(p, relabel=not visit)
-    x2 = x if visit else permute_nodes(x, g2)
+    move = (lambda a: a) if visit else (lambda a: permute_nodes(a, g2))
+    move(x)
     dev.sync()
     cost = time.perf_counter() - t0
     info = {"order_s": p.time_s, "cost_s": cost}
     info.update({k: v for k, v in p.info.items() if isinstance(v, (int, float, str))})
-    return g2, x2, info
+    return g2, move, info
 
 
 # ------------------------------------------------------------------ kernels
@@ -267,9 +269,8 @@ def study_graph(spec, orders, a, dev, t_start):
         if o == "none":
             g2, arrays, info = g, base_arrays, {"order_s": 0.0, "cost_s": 0.0}
         else:
-            g2, x2, info = reordered(g, o, inp.x, dev)
-            move = (lambda v: v) if o.endswith(VISIT) else (lambda v: permute_nodes(v, g2))
-            arrays = {k: (x2 if k == "x" else move(v)) for k, v in inp.node_arrays().items()}
+            g2, move, info = reordered(g, o, inp.x, dev)
+            arrays = {k: move(v) for k, v in inp.node_arrays().items()}
             arrays["dot_vtype"] = inp.dot_vtype
         t, notes, out = measure(g2, arrays, dev, a.repeats)
         if o == "none":
@@ -461,9 +462,9 @@ def main(argv=None):
         orders.insert(0, "none")
     orders.remove("none")
     orders.insert(0, "none")                        # the baseline first
-    if (any(o.split("/")[0] == "metis" for o in orders)
+    if (any(o.removesuffix(VISIT) == "metis" for o in orders)
             and importlib.util.find_spec("pymetis") is None):
-        orders = [o for o in orders if o.split("/")[0] != "metis"]
+        orders = [o for o in orders if o.removesuffix(VISIT) != "metis"]
         skipped = "metis: pymetis is not installed (pip install fastgnn[metis]), skipped"
     else:
         skipped = None
