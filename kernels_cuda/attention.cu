@@ -66,17 +66,25 @@
 // Blocks per multiprocessor (of 256 threads) the one-chunk kernels without
 // an edge term ask ptxas to fit (__launch_bounds__; 1 = no register cap;
 // the edge-term variants keep no cap). The forward of 32- and 16-bit types
-// asks for ATTN_FWD_MIN_BLOCKS = 3 (<= 80 registers, spill-free); the
+// of up to 4 values per lane asks for ATTN_FWD_MIN_BLOCKS = 3 (<= 80
+// registers, spill-free; at 8 values per lane GATv2 spills there); the
 // backward kernels for none (ATTN_MIN_BLOCKS = 1): on persistent grids a cap
 // of 3 gains nothing (H200, rmat20, 4 heads x 32, fp32 backward: gatv2 8.70
 // vs 8.60 ms without, dot 9.01 vs 8.99, gat 7.30 vs 5.99), and the atomic
-// target pass spills under 80 registers. The compile check fails on any
-// spill, so a cap that does not fit shows there.
+// target pass spills under 80 registers. The exception: 16-bit GAT at 8
+// values per lane (ATTN_GAT16_MIN_BLOCKS = 3), whose source pass takes 82
+// registers uncapped, 2 blocks: fwd+bwd 8.21 ms against 6.82 capped (rmat20,
+// 4 heads x 32, H200). The compile check fails on any spill, so a cap that
+// does not fit shows there.
 #define ATTN_FWD_MIN_BLOCKS 3
 #define ATTN_MIN_BLOCKS 1
+#define ATTN_GAT16_MIN_BLOCKS 3
 #define ATTN_FWD_BOUNDS \
-    __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
-#define ATTN_BWD_MIN_BLOCKS ((NCH == 1 && sizeof(T) == 4 && !HAS_E) ? ATTN_MIN_BLOCKS : 1)
+    __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && VEC <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
+#define ATTN_BWD_MIN_BLOCKS                                                         \
+    ((NCH != 1 || HAS_E) ? 1                                                        \
+     : sizeof(T) == 4 ? ATTN_MIN_BLOCKS                                             \
+     : (sizeof(T) == 2 && VEC == 8 && KIND == KIND_GAT) ? ATTN_GAT16_MIN_BLOCKS : 1)
 #define ATTN_BOUNDS __launch_bounds__(256, ATTN_BWD_MIN_BLOCKS)
 // The target pass: the atomic variants keep no cap; the BLOCK_GATT variants
 // of one chunk ask for at least 2 blocks (<= 128 registers, what their
@@ -121,6 +129,23 @@ __device__ __forceinline__ double drop_factor(const Dropout& d, i64 ce, int H, i
                                  + (unsigned long long)h;
     const unsigned long long bits = mix64(d.key + (n + 1ull) * 0x9E3779B97F4A7C15ull);
     return (bits >> 11) >= d.threshold ? d.scale : 0.0;
+}
+
+// e^x of the scores (the online softmax's weights and rescales, the
+// backward's probabilities). With ATTN_APPROX_EXP, 16-bit value types take
+// ex2.approx.ftz of x log2(e): 2 instructions against expf's 8, relative
+// error about 2^-21 for |x| < 64 (e^x under 2^-126 flushes to 0), far below
+// their 2^-8 rounding; fp32 and fp64 keep exp.
+#define ATTN_APPROX_EXP 1
+template <typename T>
+__device__ __forceinline__ typename value_traits<T>::acc_t score_exp(typename value_traits<T>::acc_t x) {
+    if constexpr (sizeof(T) == 2 && ATTN_APPROX_EXP) {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+        return y;
+    } else {
+        return exp(x);
+    }
 }
 
 template <typename A>
@@ -229,6 +254,7 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // ecid: their indices and caller ids, n <= chunk so edge positions are
 // 32-bit).
 #define FOR_EACH_GROUP_TASK                                                         \
+    const int phases = PHASED ? launch_phases : 1;                                  \
     const int grp_ = GROUP ? GROUP : group;                                         \
     Lanes<VEC, GROUP> L;                                                            \
     L.lane = group_lane(grp_);                                                      \
@@ -236,9 +262,11 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     L.nch = nch;                                                                    \
     L.C = C;                                                                        \
     const i64 q_ = group_index(grp_);                                               \
-    const i64 slot_ = q_ / H;                                                       \
-    const int h = (int)(q_ - slot_ * H);                                            \
-    const bool has_slot_ = slot_ < (i64)gridDim.x * (blockDim.x / grp_) / H;        \
+    const i64 slot_ = q_ / (H * phases);                                            \
+    const int phase_ = PHASED ? (int)(q_ - slot_ * H * phases) / H : 0;             \
+    const int phase_shift_ = PHASED ? __ffs(phases) - 1 : 0;   /* a power of two */ \
+    const int h = (int)(q_ - slot_ * H * phases) - phase_ * H;                      \
+    const bool has_slot_ = slot_ < (i64)gridDim.x * (blockDim.x / grp_) / (H * phases); \
     i64 t_end_ = !has_slot_ ? 0 : slot_begin != nullptr ? (i64)slot_begin[slot_ + 1] \
                                                         : slot_ + 1;                \
     t_end_ = t_end_ < num_tasks ? t_end_ : num_tasks;                               \
@@ -250,6 +278,53 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     const I* __restrict__ eidx = indices + e0;                                      \
     const I* __restrict__ ecid = cid + e0;                                          \
     const int n = (int)(e1 - e0);
+
+// Edge phases (the 16-bit kernels of 8 values per lane: PHASED). Where a
+// slot's H groups take fewer lanes than a warp and divide it (16-bit heads
+// of 32 take 4 lanes, 4 heads 16), the launcher gives every slot `phases` =
+// 32 / (H G) copies of its groups, a whole warp (else phases = 1;
+// attention.py's edge_phases): group q of the grid has slot q / (H phases),
+// phase (q mod H phases) / H, head q mod H. Phase p takes the task's edges
+// p, p + phases, p + 2 phases, ... (edge positions (b + u) phases + p of the
+// steps b of FOR_EACH_STEP, masked past n), so every lane of a warp walks
+// the same tasks with the same trip count (two slots per warp diverged at
+// every task of another length) and a step has phases x U rows in flight;
+// the loop's stride stays the constant U. At the task's end the phases'
+// partial results (sums; attn_fwd's softmax state) merge by shuffles across
+// the warp (phase_sum, phase_max) and phase 0 stores them. The other kernels
+// compile with phases = 1, where all of it folds away: with a runtime phase
+// count (and a register cap since dropped) fp32 GAT at 8 lanes of 4 values
+// ran 12% (forward) and 14% (backward) slower on rmat20 with 4 heads x 32,
+// and 16-bit GATv2 and dot at 8
+// values per lane were slower than at 4 even with phases (H200, forward +
+// backward ms, 8 values with phases / 4 values: GATv2 12.23 / 10.49, dot
+// 14.04 / 10.39; GAT 6.82 / 8.66, which takes 8; probe_attention.py).
+#define PHASED (sizeof(T) == 2 && VEC == 8)
+#define FOR_EACH_STEP                                                               \
+    const int steps_ = (n + phases - 1) >> phase_shift_;                            \
+    const int n_own_ = n - phase_;       /* positions from the phase's first edge */ \
+    const I* __restrict__ pidx_ = eidx + phase_;                                    \
+    const I* __restrict__ pcid_ = ecid + phase_;                                    \
+    for (int b = 0; b < steps_; b += U)
+
+// v summed (phase_sum) or maxed (phase_max) over the phases of the lane's
+// slot: lanes lane ^ (32 / phases) 2^k of the warp, every lane gets the
+// result (the same bits: each add pairs the same two values). The whole warp
+// calls them; phases = 1 returns v.
+template <typename A>
+__device__ __forceinline__ A phase_sum(A v, int phases) {
+    for (int off = 32 / phases; off < 32; off <<= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+template <typename A>
+__device__ __forceinline__ A phase_max(A v, int phases) {
+    for (int off = 32 / phases; off < 32; off <<= 1) {
+        const A o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = o > v ? o : v;
+    }
+    return v;
+}
 
 // Edges handled per step of a task's loop: U edges' gathers are issued
 // before any of their arithmetic, so U rows per lane are in flight. Several
@@ -299,6 +374,16 @@ __device__ __forceinline__ void zero_slice(Slice<T, VEC, NCH>& s) {
     for (int k = 0; k < NCH; ++k)
 #pragma unroll
         for (int q = 0; q < VEC; ++q) s.v[k][q] = 0;
+}
+
+// s (scaled by f first) summed over the phases (phase_sum).
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ void phase_sum_slice(Slice<T, VEC, NCH>& s, int phases,
+                                                typename value_traits<T>::acc_t f = 1) {
+#pragma unroll
+    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) s.v[k][q] = phase_sum(s.v[k][q] * f, phases);
 }
 
 // Row r of `rows` (SCALAR: one value per (row, head)).
@@ -392,16 +477,20 @@ __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
     return group_sum_fixed<GROUP>(part, group);
 }
 
-// The U edges [b, b + U) of the task's n (positions past n repeat the last
-// edge, so their loads stay in bounds; callers mask them with b + u < n).
+// The U edges of step b of the lane's phase: positions (b + u) phases +
+// phase of the task's n; EDGE_OK(u) says which are edges (positions past n
+// repeat the last edge, so their loads stay in bounds; callers mask them).
 // Caller ids are read only when NEED_CE (edge term, dropout, per-edge I/O).
 #define EDGE_BATCH(NEED_CE)                                                         \
     I nb_[U], ce[U];                                                                \
     _Pragma("unroll") for (int u = 0; u < U; ++u) {                                  \
-        const int ep = b + u < n ? b + u : n - 1;                                   \
-        nb_[u] = eidx[ep];                                                          \
-        ce[u] = (NEED_CE) ? ecid[ep] : I(0);                                        \
+        const int ep = (b + u) << phase_shift_;                                     \
+        nb_[u] = pidx_[EDGE_OK(u) ? ep : n_own_ - 1];                               \
+        ce[u] = (NEED_CE) ? pcid_[EDGE_OK(u) ? ep : n_own_ - 1] : I(0);             \
     }
+// Whether edge u of the step is one of the task's (recomputed where used: a
+// flag per edge kept across the step costs registers).
+#define EDGE_OK(u) ((((b) + (u)) << phase_shift_) < n_own_)
 
 // Forward. alpha_mode = 0: online softmax; direct rows write out[i] and
 // lse[i], split rows their (m, l, acc) partials. alpha_mode = 1: with lse
@@ -423,7 +512,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
                          typename value_traits<T>::acc_t* __restrict__ p_m,     // [slots, H]
                          typename value_traits<T>::acc_t* __restrict__ p_l,     // [slots, H]
                          typename value_traits<T>::acc_t* __restrict__ p_acc,   // [slots, H, C]
-                         i64 num_tasks, int H, int C, int nch, int chunk, int group,
+                         i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
                          typename value_traits<T>::acc_t slope,
                          typename value_traits<T>::acc_t scale, DROP_PARAMS, int alpha_mode) {
     DROP_MAKE
@@ -440,7 +529,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
         if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
         if (alpha_mode) {                      // its own loop: no softmax state is live
             const A row_lse = lse[row * H + h];
-            for (int b = 0; b < n; b += U) {
+            FOR_EACH_STEP {
                 EDGE_BATCH(true)
                 Sl s[U], e[U];
 #pragma unroll
@@ -451,8 +540,8 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const A sc = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
-                    if (b + u < n && L.lane == 0)
-                        alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(exp(sc - row_lse));
+                    if (EDGE_OK(u) && L.lane == 0)
+                        alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(score_exp<T>(sc - row_lse));
                 }
             }
             continue;
@@ -460,7 +549,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
         zero_slice(acc);
         const bool need_ce = HAS_E || drop.on;
         A m = neg_inf<A>(), l = A(0);
-        for (int b = 0; b < n; b += U) {
+        FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
             A z[U];                            // dropout factors, before the rows are live
 #pragma unroll
@@ -476,13 +565,13 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
-                if (b + u >= n) sc[u] = neg_inf<A>();
+                if (!EDGE_OK(u)) sc[u] = neg_inf<A>();
             }
             A M = m;
 #pragma unroll
             for (int u = 0; u < U; ++u) M = sc[u] > M ? sc[u] : M;
             if (M > m) {                       // new running max: rescale what we have
-                const A corr = exp(m - M);
+                const A corr = score_exp<T>(m - M);
                 l *= corr;
 #pragma unroll
                 for (int k = 0; k < NCH; ++k)
@@ -495,7 +584,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
                 // exp(0) = 1 exactly where the score is the max (also for +inf),
                 // 0 for -inf scores (and the masked tail) and NaN scores; one exp
                 // per edge, evaluated without a branch
-                A w = exp(sc[u] == m ? A(0) : sc[u] - m);
+                A w = score_exp<T>(sc[u] == m ? A(0) : sc[u] - m);
                 w = sc[u] > neg_inf<A>() ? w : A(0);
                 l += w;
                 if (sc[u] != sc[u]) l = sc[u];       // a NaN score makes the row NaN, as torch
@@ -508,6 +597,14 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
                             acc.v[k][q] += w * msg_of<KIND, HAS_E, T, VEC, NCH>(s[u], v[u], e[u], k, q);
                 }
             }
+        }
+        if (phases > 1) {                      // merge the phases' (m, l, acc)
+            const A M = phase_max(m, phases);
+            const A corr = m == M ? A(1) : score_exp<T>(m - M);   // 0 for a phase without edges
+            l = phase_sum(l * corr, phases);             // NaN stays NaN
+            phase_sum_slice(acc, phases, corr);
+            m = M;
+            if (phase_ != 0) continue;
         }
         const i64 slot = (i64)task_slot[t];
         if (slot < 0) {
@@ -658,7 +755,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                              typename value_traits<T>::acc_t* __restrict__ gatt_part,  // [tasks | blocks, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ aS,  // ATOMIC: [num_src, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ aV,  // ATOMIC: [num_src, H, C] or null
-                             i64 num_tasks, int H, int C, int nch, int chunk, int group,
+                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
                              typename value_traits<T>::acc_t slope,
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE
@@ -698,13 +795,14 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) part += gr.v[k][q] * o.v[k][q];
             D = group_sum_fixed<GROUP>(part, group);
-            if (delta != nullptr && L.lane == 0 && e0 == (i64)indptr[row]) delta[row * H + h] = D;
+            if (delta != nullptr && L.lane == 0 && phase_ == 0 && e0 == (i64)indptr[row])
+                delta[row * H + h] = D;
         } else {
             D = delta[row * H + h];
         }
         const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
         A dgat = A(0);                                  // gat's scalar target-side gradient
-        for (int b = 0; b < n; b += U) {
+        FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
             Sl s[U], e[U], v[U];
             A sc[U], gm[U];
@@ -721,8 +819,8 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (b + u >= n) continue;
-                const A p = exp(sc[u] - row_lse);
+                if (!EDGE_OK(u)) continue;
+                const A p = score_exp<T>(sc[u] - row_lse);
                 const A z = (A)drop_factor(drop, ce[u], H, h);
                 A dp = z != A(0) ? z * gm[u] : A(0);
                 if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
@@ -782,6 +880,15 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                 }
             }
         }
+        if (phases > 1) {                      // merge the phases' sums
+            if (KIND == KIND_GAT) {
+                dgat = phase_sum(dgat, phases);
+            } else {
+                phase_sum_slice(dacc, phases);
+                if (!BLOCK_GATT) phase_sum_slice(patt, phases);   // else summed per block
+            }
+            if (phase_ != 0) continue;
+        }
         const i64 slot = (i64)task_slot[t];
         if (KIND == KIND_GAT) {
             if (L.lane == 0) {
@@ -840,7 +947,7 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
                              typename value_traits<T>::acc_t* __restrict__ p_s,   // [slots, H, Cs]
                              T* __restrict__ gV,                // [num_src, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ p_v,   // [slots, H, C]
-                             i64 num_tasks, int H, int C, int nch, int chunk, int group,
+                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
                              typename value_traits<T>::acc_t slope,
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE
@@ -863,7 +970,7 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
         zero_slice(vacc);
         const bool need_ce = HAS_E || drop.on || ga != nullptr;
         A sgat = A(0);
-        for (int b = 0; b < n; b += U) {
+        FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
             Sl dv[U], gv[U], e[U];
             A sc[U], gm[U], row_lse[U], D[U];
@@ -883,8 +990,8 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                if (b + u >= n) continue;
-                const A p = exp(sc[u] - row_lse[u]);
+                if (!EDGE_OK(u)) continue;
+                const A p = score_exp<T>(sc[u] - row_lse[u]);
                 const A z = (A)drop_factor(drop, ce[u], H, h);
                 A dp = z != A(0) ? z * gm[u] : A(0);
                 if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
@@ -908,6 +1015,12 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
                         }
                     }
             }
+        }
+        if (phases > 1) {                      // merge the phases' sums
+            if (KIND == KIND_GAT) sgat = phase_sum(sgat, phases);
+            if (KIND != KIND_GAT) phase_sum_slice(sacc, phases);
+            if (KIND != KIND_GATV2) phase_sum_slice(vacc, phases);
+            if (phase_ != 0) continue;
         }
         const i64 slot = (i64)task_slot[t];
         if (KIND == KIND_GAT && gS != nullptr && L.lane == 0) {

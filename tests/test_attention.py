@@ -863,7 +863,7 @@ def test_gatt_partial_rows_plan():
     ntask = 1_048_576 + 3000                       # rmat20's rows plus split hub tasks
     for vtype, smem in (("float32", 4096), ("bfloat16", 4096)):
         aligned = SimpleNamespace(data=SimpleNamespace(ptr=0), ndim=3, shape=(1, 4, 32))
-        group = attn._shape(vtype, 32, (aligned,))[3]
+        group = attn._shape(vtype, "gatv2", 32, (aligned,))[3]
         assert attn._block_gatt(ntask, 4, 32, group, attn._acc(vtype)) == (True, smem), vtype
     assert attn._block_gatt(ntask, 8, 128, 32, np.float32) == (False, 0)
     for vtype in ("float32", "float64", "float16", "bfloat16"):
@@ -871,7 +871,7 @@ def test_gatt_partial_rows_plan():
             for ptr in (0, 2):                     # wide vectors, or one value per lane
                 a = SimpleNamespace(data=SimpleNamespace(ptr=ptr), ndim=3, shape=(1, 1, C))
                 try:
-                    group = attn._shape(vtype, C, (a,))[3]
+                    group = attn._shape(vtype, "gatv2", C, (a,))[3]
                 except NotImplementedError:        # wider than the kernels hold
                     continue
                 for H in (1, 2, 3, 5, 8, 13, 32, 64):
@@ -918,6 +918,32 @@ def test_persistent_grid_plan(monkeypatch):
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
     monkeypatch.setattr(attn, "PERSISTENT", False)
     assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL)
+    # 4 heads of 4 lanes in two edge phases: a slot per warp, 24 on 3 blocks
+    monkeypatch.setattr(attn, "PERSISTENT", True)
+    assert attn._persistent_grid(None, g, plan, 4, 4, phases=2)[1].shape == (25,)
+    assert attn._persistent_grid(None, g, plan, 1, 4, phases=8)[1].shape == (25,)
+    assert attn._persistent_grid(None, g, plan, 4, 4)[1].shape == (49,)    # 2 slots per warp
+
+
+def test_edge_phases():
+    """The 16-bit kernels of 8 values per lane fill a warp with a slot's lane
+    groups: 32 / (H x group) edge phases where the H groups take fewer lanes
+    than a warp and divide it; every other kernel, and those layouts, 1."""
+    attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
+    from types import SimpleNamespace
+    for vtype in ("bfloat16", "float16"):
+        assert [attn.edge_phases(vtype, 8, 4, g) for g in (4, 8, 16, 32)] == [2, 1, 1, 1]
+        assert [attn.edge_phases(vtype, 8, 1, g) for g in (4, 8, 16, 32)] == [8, 4, 2, 1]
+        assert ([attn.edge_phases(vtype, 8, H, 4) for H in (2, 3, 5, 6, 8, 16)]
+                == [4, 1, 1, 1, 1, 1])
+        assert attn.edge_phases(vtype, 4, 1, 4) == 1
+    assert attn.edge_phases("float32", 4, 1, 8) == 1
+    # GAT's 16-bit heads of 32 take 8 values per lane, GATv2's and dot's 4
+    aligned = SimpleNamespace(data=SimpleNamespace(ptr=0), ndim=3, shape=(1, 4, 32))
+    assert attn._shape("bfloat16", "gat", 32, (aligned,))[:4] == (8, 1, 4, 4)
+    for score in ("gatv2", "dot"):
+        assert attn._shape("bfloat16", score, 32, (aligned,))[:4] == (4, 1, 8, 8)
+    assert attn._shape("float32", "gat", 32, (aligned,))[:4] == (4, 1, 8, 8)
 
 
 @gpu

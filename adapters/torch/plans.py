@@ -716,7 +716,7 @@ class EdgeAttentionPath:
         bias = views.get("bias")
         out = torch.empty((nd, H, C), dtype=dtype, device=dev)
         try:
-            shape = be.shape_for(vtype, C, H, [t.data_ptr() for t in (
+            shape = be.shape_for(vtype, score, C, H, [t.data_ptr() for t in (
                 (S, Dn, Ed, att, V, out) if score != "gat" else (V, out)) if t is not None])
         except NotImplementedError:
             return None                   # the bridge raises it
@@ -753,7 +753,7 @@ class EdgeAttentionPath:
         H, C = out.shape[1], out.shape[2]
         S, Dn, Ed, att, V = (res.backend_view(n) for n in (s_name, d_name, e_name, "att", v_name))
         try:
-            shape = be.shape_for(res.vtype, C, H, [t.data_ptr() for t in (
+            shape = be.shape_for(res.vtype, score, C, H, [t.data_ptr() for t in (
                 (S, Dn, Ed, att, V, g, out) if score != "gat" else (V, g, out)) if t is not None])
         except NotImplementedError:
             return _attention_bridge_backward(self.op, graph, res, grad_outs, needs, tensor_kw)

@@ -3,9 +3,15 @@ same graph (CUDA events, median of 10) for a few head layouts, so the gap
 between them can be placed, then the backward pass alone (all input
 gradients, random cotangent) of the three scores at 4 heads x 32 in fp32 and
 bf16; run under `ncu` to read the counters of one launch of each kernel
-(`bwd-once`: only one backward per score and type, nothing timed).
+(`bwd-once`: only one backward per score and type, nothing timed;
+`fwdbwd`: only the scores' forward and backward at 4 x 32).
+`--max-vec N` builds every score's kernels with at most N values per lane (loader's
+ATTENTION_MAX_VEC), `--source FILE` compiles FILE instead of attention.cu
+(a baseline with the same kernel signatures), and `--patch OLD NEW`
+(repeatable) replaces text in the source before it is compiled: A/B runs of
+a kernel change in one process each.
 
-    python benchmarks/dev/probe_attention.py [scale] [bwd-once]
+    python benchmarks/dev/probe_attention.py [scale] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]...
     ncu -k regex:attn_bwd --section SpeedOfLight --section WarpStateStats \
         python benchmarks/dev/probe_attention.py 20 bwd-once
 """
@@ -31,9 +37,9 @@ def attention_inputs(rng, n, H, C, vtype):
 
 
 def backward_pass(g, n, rng, repeats=10, H=4, C=32):
-    """The backward of each score at H x C in fp32 then bf16: timed (CUDA
-    events, median of `repeats`, one line per type), or run once and untimed
-    with repeats=0 (for ncu)."""
+    """The forward and backward of each score at H x C in fp32 then bf16:
+    timed (CUDA events, median of `repeats`, one line per type), or the
+    backward run once and untimed with repeats=0 (for ncu)."""
     for vtype in ("float32", "bfloat16"):
         inputs, grad = attention_inputs(rng, n, H, C, vtype)
         line = []
@@ -42,8 +48,9 @@ def backward_pass(g, n, rng, repeats=10, H=4, C=32):
             if not repeats:
                 fastgnn.edge_attention_bwd(g, res, grad)
                 continue
+            tf = median_ms(lambda: fastgnn.edge_attention_fwd(g, kind, vtype=vtype, **kw), repeats)
             tb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res, grad), repeats)
-            line.append(f"{kind} bwd {tb:.3f} ms")
+            line.append(f"{kind} fwd {tf:.3f} bwd {tb:.3f} sum {tf + tb:.3f} ms")
         if repeats:
             print(f"{vtype} H={H} C={C}: " + "  ".join(line))
     cp.cuda.Device().synchronize()
@@ -55,6 +62,9 @@ def main(scale=20, mode=""):
     rng = cp.random.default_rng(0)
     if mode == "bwd-once":
         return backward_pass(g, n, rng, repeats=0)
+    if mode == "fwdbwd":                  # only the three scores at 4 x 32
+        print(f"rmat{scale}: n={n} E={g.num_edges}")
+        return backward_pass(g, n, rng)
     x = rng.standard_normal((n, 128), dtype=cp.float32)
     print(f"rmat{scale}: n={n} E={g.num_edges}")
     print(f"spmm sum F=128: {median_ms(lambda: fastgnn.spmm(g, x), 10):.3f} ms")
@@ -71,5 +81,34 @@ def main(scale=20, mode=""):
     backward_pass(g, n, rng)
 
 
+def build_options(argv):
+    """Apply --max-vec / --patch (before any kernel is compiled); the other
+    arguments, in order."""
+    from fastgnn.backends.cuda import loader
+    rest = []
+    args = iter(argv)
+    for a in args:
+        if a == "--max-vec":
+            loader.ATTENTION_MAX_VEC = dict.fromkeys(loader.ATTENTION_MAX_VEC, int(next(args)))
+        elif a == "--source":
+            with open(next(args)) as f:
+                text = f.read()
+            plain = loader.source
+            loader.source = lambda family, plain=plain: text if family == "attention" else plain(family)
+        elif a == "--patch":
+            old, new = next(args), next(args)
+            text = loader.source("attention")
+            if old not in text:
+                sys.exit(f"--patch: {old!r} is not in attention.cu")
+            patched = text.replace(old, new)
+            plain = loader.source
+            loader.source = (lambda family, plain=plain, patched=patched:
+                             patched if family == "attention" else plain(family))
+        else:
+            rest.append(a)
+    return rest
+
+
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:2]), *sys.argv[2:3])
+    rest = build_options(sys.argv[1:])
+    main(*(int(a) for a in rest[:1]), *rest[1:2])

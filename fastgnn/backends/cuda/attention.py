@@ -62,20 +62,21 @@ def _acc(vtype):
     return np.float64 if vtype == "float64" else np.float32
 
 
-def _shape(vtype, C, arrays):
+def _shape(vtype, score, C, arrays):
     """(VEC, NCH, GROUP, group, nch) of a launch over `arrays` (CuPy arrays or
     None): `shape_for` on their addresses."""
     heads = max(a.shape[1] for a in arrays if a is not None and a.ndim == 3)
-    return shape_for(vtype, C, heads, [a.data.ptr for a in arrays if a is not None])
+    return shape_for(vtype, score, C, heads, [a.data.ptr for a in arrays if a is not None])
 
 
-def shape_for(vtype, C, heads, ptrs):
+def shape_for(vtype, score, C, heads, ptrs):
     """(VEC, NCH, GROUP, group, nch): vector width, register chunks, lanes per
     group as compiled in (0 = runtime), lanes per group, chunks used, for
-    heads of C channels over the arrays at addresses `ptrs` (rows of `heads`
-    heads). Raises NotImplementedError for heads wider than the kernels hold."""
+    `score`'s heads of C channels over the arrays at addresses `ptrs` (rows
+    of `heads` heads). Raises NotImplementedError for heads wider than the
+    kernels hold."""
     vec = 1
-    wide = attention_vecs(vtype)[-1]
+    wide = attention_vecs(vtype, score)[-1]
     if C % wide == 0 and all(p % (wide * VALUE_BYTES[vtype]) == 0 for p in ptrs):
         vec = wide
     lanes = -(-C // vec)
@@ -98,6 +99,16 @@ def shape_for(vtype, C, heads, ptrs):
 
 def _grid(units, group):
     return (max(1, -(-units * group // BLOCK)),)
+
+
+def edge_phases(vtype, vec, H, group):
+    """Copies of a slot's H lane groups that walk its tasks' edges together
+    (the edge phases of attention.cu, whose 16-bit kernels of 8 values per
+    lane take them): 32 / (H group) where the H groups take fewer lanes than
+    a warp and divide it, so a slot fills its warp; else 1."""
+    lanes = H * group
+    phased = VALUE_BYTES[vtype] == 2 and vec == 8
+    return 32 // lanes if phased and lanes < 32 and 32 % lanes == 0 else 1
 
 
 # attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
@@ -160,9 +171,10 @@ def task_slots(graph, plan, num_slots):
     return graph.cached(("attention_task_slots", plan.chunk, num_slots, TASK_COST_EDGES), build)
 
 
-def _persistent_grid(kern, graph, plan, H, group, smem=0):
+def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     """(grid, slot_begin) of a launch of `kern` over `plan`'s tasks x H heads,
-    lane groups of `group`: the resident blocks and the slots' task ranges
+    lane groups of `group`, `phases` copies of a slot's H (edge_phases): the
+    resident blocks and the slots' task ranges
     (task_slots) where one group per (task, head) pair would need more
     blocks than that; else that grid and NULL (slot s = task s). The grid
     depends on the graph's task count, the device's multiprocessor count and
@@ -171,11 +183,12 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0):
     the same on every run of one machine and build (another GPU model or MIG
     slice may round grad_att differently)."""
     ntask = int(plan.task_row.shape[0])
-    full = _grid(ntask * H, group)[0]
+    per_slot = H * phases                         # lane groups
+    full = _grid(ntask * per_slot, group)[0]
     if not PERSISTENT:
         return (full,), NULL
     blocks = _resident_blocks(kern, smem)
-    slots = blocks * (BLOCK // group) // H
+    slots = blocks * (BLOCK // group) // per_slot
     if blocks >= full or slots == 0:
         return (full,), NULL
     return (blocks,), task_slots(graph, plan, slots)
@@ -311,14 +324,15 @@ class AttnFwdPlan(LaunchPlan):
         offsets, self.workspace_bytes = layout([slots * H * a, slots * H * a, slots * H * C * a])
         p_m, p_l, p_acc = (None if o is None else Slot(AF_WORKSPACE, o) for o in offsets)
         fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
-        grid, slot_begin = _persistent_grid(fwd, graph, plan, H, group)
+        phases = edge_phases(vtype, vec, H, group)
+        grid, slot_begin = _persistent_grid(fwd, graph, plan, H, group, phases=phases)
         slot_begin = None if slot_begin is NULL else slot_begin
         ins = [Slot(k) for k in (AF_S, AF_DN, AF_ED, AF_ATT, AF_V, AF_BIAS)]
         common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
                   graph.indices, caller_ids(graph), *ins)
         scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
-                   np.int32(DEFAULT_CHUNK), np.int32(group), acc(slope), acc(scale),
-                   *_drop_words(AF_DROP))
+                   np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(phases), acc(slope),
+                   acc(scale), *_drop_words(AF_DROP))
         name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
         launches = [Launch(fwd, grid, common + (Slot(AF_OUT), Slot(AF_OUT_B), Slot(AF_LSE), None,
                                                 p_m, p_l, p_acc) + scalars + (np.int32(0),),
@@ -366,7 +380,7 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     if graph.num_dst == 0 or H == 0 or C == 0:
         return out, lse, alpha, out_b       # nothing to write
     # (the bias is read per value, so its alignment does not matter)
-    shape = _shape(vtype, C, (S, Dn, Ed, att, V, out) if score != "gat" else (V, out))
+    shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, out) if score != "gat" else (V, out))
     plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
                     params, shape)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
@@ -427,7 +441,7 @@ def _combine(plan, partial, out, width, vtype, itype):
         np.int32(width), np.int32(group)))
 
 
-def _block_gatt(ntask, H, C, group, acc):
+def _block_gatt(ntask, H, C, group, acc, phases=1):
     """(block, shared_mem): whether gatv2's grad_att partials go one row per
     thread block of the target pass (attn_bwd_dst's BLOCK_GATT: BLOCK // group
     (task, head) slots of C values in shared memory, summed per block) and
@@ -436,7 +450,7 @@ def _block_gatt(ntask, H, C, group, acc):
     slots in every block); otherwise each task writes its own row. On rmat20
     (H=4, C=32) a block holds 32 groups of 8 lanes, in fp32 and bf16."""
     smem = (BLOCK // group) * C * np.dtype(acc).itemsize
-    if smem <= GATT_SMEM_BUDGET and _grid(ntask * H, group)[0] < ntask:
+    if smem <= GATT_SMEM_BUDGET and _grid(ntask * H * phases, group)[0] < ntask:
         return True, smem
     return False, 0
 
@@ -475,11 +489,13 @@ class AttnBwdPlan(LaunchPlan):
         nd = graph.num_dst
         dplan = task_plan(graph, DEFAULT_CHUNK, visit=False) if dst_pass else None
         dtask = int(dplan.task_row.shape[0]) if dst_pass else 0
-        block_gatt, smem = _block_gatt(dtask, H, C, group, acc) if need_gatt else (False, 0)
+        phases = edge_phases(vtype, vec, H, group)
+        block_gatt, smem = (_block_gatt(dtask, H, C, group, acc, phases) if need_gatt
+                            else (False, 0))
         if dst_pass:
             dst = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e, False,
                           block_gatt)
-            dgrid, dslots = _persistent_grid(dst, graph, dplan, H, group, smem)
+            dgrid, dslots = _persistent_grid(dst, graph, dplan, H, group, smem, phases)
         gatt_rows = (dgrid[0] if block_gatt else dtask) if need_gatt else 0
         t = graph.transpose() if src_pass else None
         splan = task_plan(t, DEFAULT_CHUNK, visit=False) if src_pass else None
@@ -498,7 +514,8 @@ class AttnBwdPlan(LaunchPlan):
         self.gatt_offsets = (offsets[2], offsets[5])
         ins = tuple(Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V, AB_LSE, AB_G))
         scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-                   np.int32(group), acc(slope), acc(scale), *_drop_words(AB_DROP))
+                   np.int32(group), np.int32(phases), acc(slope), acc(scale),
+                   *_drop_words(AB_DROP))
         launches = []
         if dst_pass:
             # the fused case: the target pass computes delta from out itself
@@ -522,7 +539,7 @@ class AttnBwdPlan(LaunchPlan):
                                     np.int32(C), np.int32(g1)), name=name))
         if src_pass:
             src = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)
-            sgrid, sslots = _persistent_grid(src, t, splan, H, group)
+            sgrid, sslots = _persistent_grid(src, t, splan, H, group, phases=phases)
             stask = int(splan.task_row.shape[0])
             launches.append(Launch(
                 src, sgrid,
@@ -615,7 +632,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
     wants = (need_gS, need_gDn, need_gEd, need_gV, need_gatt)
     if plan_serves_backward(score, vtype, g, ga, params, wants):
-        shape = _shape(vtype, C, (S, Dn, Ed, att, V, g, out) if score != "gat" else (V, g, out))
+        shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
+                       else (V, g, out))
         plan = bwd_plan(graph, score, vtype, H, C, Ed is not None, wants, params, shape)
         made = [cp.empty_like(like) if want else None
                 for want, like in zip(wants, (S, Dn, Ed, V))]
@@ -640,10 +658,11 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         delta = cp.empty((graph.num_dst, H), dtype=acc) if src_pass else None
     else:
         delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
-    vec, NCH, GRP, group, nch = _shape(vtype, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
-                                       else (V, g, out))
+    vec, NCH, GRP, group, nch = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out)
+                                       if score != "gat" else (V, g, out))
+    phases = edge_phases(vtype, vec, H, group)
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-               np.int32(group), acc(params.negative_slope),
+               np.int32(group), np.int32(phases), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
@@ -655,13 +674,14 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                 if need_gDn and plan.num_slots else None)
         gEd = cp.empty_like(Ed) if need_gEd else None
         # gatv2: grad_att partial rows per thread block (or per task)
-        block_gatt, smem = _block_gatt(ntask, H, C, group, acc) if need_gatt else (False, 0)
+        block_gatt, smem = (_block_gatt(ntask, H, C, group, acc, phases) if need_gatt
+                            else (False, 0))
         # atomic: fp32/fp64 sums, zeroed (the gradients themselves for fp32/fp64)
         aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
         aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
         kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
                        atomic, block_gatt)
-        grid, slot_begin = _persistent_grid(kern, graph, plan, H, group, smem)
+        grid, slot_begin = _persistent_grid(kern, graph, plan, H, group, smem, phases)
         gatt_rows = grid[0] if block_gatt else ntask
         gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
         kern(grid, (BLOCK,),
@@ -697,7 +717,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
                if need_gV and plan.num_slots else None)
         kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, Ed is not None)
-        grid, slot_begin = _persistent_grid(kern, t, plan, H, group)
+        grid, slot_begin = _persistent_grid(kern, t, plan, H, group, phases=phases)
         kern(grid, (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, t.indptr, t.indices,
               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),

@@ -127,19 +127,24 @@ def attention_nchs(vec):
     return (1, 4) if vec <= 4 else (1, 2)
 
 
-# Widest vector of the attention kernels, in values: 4 (16 bytes of fp32, 8 of
-# a 16-bit type). 16-bit heads of 32 so take 8 lanes of 4 values, as fp32's,
-# instead of 4 lanes of 8: fewer registers per lane (occupancy) and shorter
-# per-lane chains; on persistent grids (rmat20, 4 x 32, bf16, fwd / bwd ms)
-# gatv2 3.35 / 11.45 -> 2.88 / 9.05, dot 3.39 / 9.79 -> 2.62 / 8.46, gat 2.15 /
-# 5.71 -> 1.99 / 5.52 (H200).
-ATTENTION_MAX_VEC = 4
+# Scores of the attention kernels, by their KIND template value.
+ATTENTION_SCORES = ("gat", "gatv2", "dot")
+# Widest vector of the attention kernels per score, in values (16 bytes at
+# most). GATv2 and dot take 4: 16-bit heads of 32 so run 8 lanes of 4
+# values, as fp32's, instead of 4 lanes of 8 (rmat20, 4 heads x 32, bf16,
+# fwd + bwd ms on an H200, 8 / 4 values per lane: gatv2 12.23 / 10.49, dot
+# 14.04 / 10.39, with edge phases for 8; without them, on the first
+# persistent grids, gatv2 3.35 / 11.45 -> 2.88 / 9.05 fwd / bwd): fewer
+# registers per lane (occupancy) and shorter per-lane chains. GAT, whose
+# per-edge score is one value per head, takes 8 (16-bit: 6.82 against 8.66
+# ms), with the edge phases of attention.cu filling each warp.
+ATTENTION_MAX_VEC = {"gat": 8, "gatv2": 4, "dot": 4}
 
 
-def attention_vecs(vtype):
-    """Vector widths of the attention kernels: 1 (any width) and the widest
-    (at most ATTENTION_MAX_VEC values)."""
-    return [1, min(vec_widths(vtype)[-1], ATTENTION_MAX_VEC)]
+def attention_vecs(vtype, score):
+    """Vector widths of the attention kernels of `score`: 1 (any width) and
+    the widest (at most ATTENTION_MAX_VEC[score] values)."""
+    return [1, min(vec_widths(vtype)[-1], ATTENTION_MAX_VEC[score])]
 
 
 # Lanes per (task, head) compiled in (the GROUP template values) for heads
@@ -162,8 +167,8 @@ def _attention_names(vt, it):
     A = "double" if vt == "float64" else "float"
     names = [f"attn_combine<{T}, {I}>", f"softmax_fwd<{T}, {I}>", f"softmax_bwd<{T}, {I}>",
              f"column_sum<{A}>", f"attn_delta<{T}>", f"cast_from_acc<{T}>"]
-    for kind in (0, 1, 2):
-        for vec in attention_vecs(vt):
+    for kind, score in enumerate(ATTENTION_SCORES):
+        for vec in attention_vecs(vt, score):
             for nch in attention_nchs(vec):
                 for grp in attention_groups(vec, nch):
                     for has_e in ("false", "true"):
