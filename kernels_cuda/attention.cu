@@ -66,21 +66,20 @@
 // Blocks per multiprocessor (of 256 threads) the one-chunk kernels without
 // an edge term ask ptxas to fit (__launch_bounds__; 1 = no register cap;
 // the edge-term variants keep no cap). The forward of 32- and 16-bit types
-// of up to 4 values per lane asks for ATTN_FWD_MIN_BLOCKS = 3 (<= 80
-// registers, spill-free; at 8 values per lane GATv2 spills there); the
+// asks for ATTN_FWD_MIN_BLOCKS = 3 (<= 80 registers, spill-free); the
 // backward kernels for none (ATTN_MIN_BLOCKS = 1): on persistent grids a cap
 // of 3 gains nothing (H200, rmat20, 4 heads x 32, fp32 backward: gatv2 8.70
 // vs 8.60 ms without, dot 9.01 vs 8.99, gat 7.30 vs 5.99), and the atomic
 // target pass spills under 80 registers. The exception: 16-bit GAT at 8
 // values per lane (ATTN_GAT16_MIN_BLOCKS = 3), whose source pass takes 82
-// registers uncapped, 2 blocks: fwd+bwd 8.21 ms against 6.82 capped (rmat20,
-// 4 heads x 32, H200). The compile check fails on any spill, so a cap that
-// does not fit shows there.
+// registers uncapped, 2 blocks: backward 6.09 ms against 4.71 capped
+// (rmat20, 4 heads x 32, H200). The compile check fails on any spill, so a
+// cap that does not fit shows there.
 #define ATTN_FWD_MIN_BLOCKS 3
 #define ATTN_MIN_BLOCKS 1
 #define ATTN_GAT16_MIN_BLOCKS 3
 #define ATTN_FWD_BOUNDS \
-    __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && VEC <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
+    __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
 #define ATTN_BWD_MIN_BLOCKS                                                         \
     ((NCH != 1 || HAS_E) ? 1                                                        \
      : sizeof(T) == 4 ? ATTN_MIN_BLOCKS                                             \
@@ -294,11 +293,9 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // the warp (phase_sum, phase_max) and phase 0 stores them. The other kernels
 // compile with phases = 1, where all of it folds away: with a runtime phase
 // count (and a register cap since dropped) fp32 GAT at 8 lanes of 4 values
-// ran 12% (forward) and 14% (backward) slower on rmat20 with 4 heads x 32,
-// and 16-bit GATv2 and dot at 8
-// values per lane were slower than at 4 even with phases (H200, forward +
-// backward ms, 8 values with phases / 4 values: GATv2 12.23 / 10.49, dot
-// 14.04 / 10.39; GAT 6.82 / 8.66, which takes 8; probe_attention.py).
+// ran 12% (forward) and 14% (backward) slower on rmat20 with 4 heads x 32.
+// The launcher takes 8 values per lane for 16-bit GAT backward passes only
+// (loader.ATTENTION_MAX_VEC says why).
 #define PHASED (sizeof(T) == 2 && VEC == 8)
 #define FOR_EACH_STEP                                                               \
     const int steps_ = (n + phases - 1) >> phase_shift_;                            \

@@ -863,7 +863,7 @@ def test_gatt_partial_rows_plan():
     ntask = 1_048_576 + 3000                       # rmat20's rows plus split hub tasks
     for vtype, smem in (("float32", 4096), ("bfloat16", 4096)):
         aligned = SimpleNamespace(data=SimpleNamespace(ptr=0), ndim=3, shape=(1, 4, 32))
-        group = attn._shape(vtype, "gatv2", 32, (aligned,))[3]
+        group = attn._shape(vtype, "gatv2", 32, (aligned,), True)[3]
         assert attn._block_gatt(ntask, 4, 32, group, attn._acc(vtype)) == (True, smem), vtype
     assert attn._block_gatt(ntask, 8, 128, 32, np.float32) == (False, 0)
     for vtype in ("float32", "float64", "float16", "bfloat16"):
@@ -871,7 +871,7 @@ def test_gatt_partial_rows_plan():
             for ptr in (0, 2):                     # wide vectors, or one value per lane
                 a = SimpleNamespace(data=SimpleNamespace(ptr=ptr), ndim=3, shape=(1, 1, C))
                 try:
-                    group = attn._shape(vtype, "gatv2", C, (a,))[3]
+                    group = attn._shape(vtype, "gatv2", C, (a,), True)[3]
                 except NotImplementedError:        # wider than the kernels hold
                     continue
                 for H in (1, 2, 3, 5, 8, 13, 32, 64):
@@ -938,12 +938,15 @@ def test_edge_phases():
                 == [4, 1, 1, 1, 1, 1])
         assert attn.edge_phases(vtype, 4, 1, 4) == 1
     assert attn.edge_phases("float32", 4, 1, 8) == 1
-    # GAT's 16-bit heads of 32 take 8 values per lane, GATv2's and dot's 4
+    # GAT's backward takes 16-bit heads of 32 at 8 values per lane; its
+    # forward, GATv2's and dot's passes and fp32 at 4
     aligned = SimpleNamespace(data=SimpleNamespace(ptr=0), ndim=3, shape=(1, 4, 32))
-    assert attn._shape("bfloat16", "gat", 32, (aligned,))[:4] == (8, 1, 4, 4)
+    assert attn._shape("bfloat16", "gat", 32, (aligned,), True)[:4] == (8, 1, 4, 4)
+    assert attn._shape("bfloat16", "gat", 32, (aligned,), False)[:4] == (4, 1, 8, 8)
     for score in ("gatv2", "dot"):
-        assert attn._shape("bfloat16", score, 32, (aligned,))[:4] == (4, 1, 8, 8)
-    assert attn._shape("float32", "gat", 32, (aligned,))[:4] == (4, 1, 8, 8)
+        for backward in (False, True):
+            assert attn._shape("bfloat16", score, 32, (aligned,), backward)[:4] == (4, 1, 8, 8)
+    assert attn._shape("float32", "gat", 32, (aligned,), True)[:4] == (4, 1, 8, 8)
 
 
 @gpu

@@ -717,7 +717,8 @@ class EdgeAttentionPath:
         out = torch.empty((nd, H, C), dtype=dtype, device=dev)
         try:
             shape = be.shape_for(vtype, score, C, H, [t.data_ptr() for t in (
-                (S, Dn, Ed, att, V, out) if score != "gat" else (V, out)) if t is not None])
+                (S, Dn, Ed, att, V, out) if score != "gat" else (V, out)) if t is not None],
+                False)
         except NotImplementedError:
             return None                   # the bridge raises it
         want = bool(static.get("return_attention_weights", False))
@@ -754,7 +755,8 @@ class EdgeAttentionPath:
         S, Dn, Ed, att, V = (res.backend_view(n) for n in (s_name, d_name, e_name, "att", v_name))
         try:
             shape = be.shape_for(res.vtype, score, C, H, [t.data_ptr() for t in (
-                (S, Dn, Ed, att, V, g, out) if score != "gat" else (V, g, out)) if t is not None])
+                (S, Dn, Ed, att, V, g, out) if score != "gat" else (V, g, out)) if t is not None],
+                True)
         except NotImplementedError:
             return _attention_bridge_backward(self.op, graph, res, grad_outs, needs, tensor_kw)
         plan = be.bwd_plan(graph, score, res.vtype, H, C, Ed is not None, wants, res.params,

@@ -89,7 +89,7 @@ def build_options(argv):
     args = iter(argv)
     for a in args:
         if a == "--max-vec":
-            loader.ATTENTION_MAX_VEC = dict.fromkeys(loader.ATTENTION_MAX_VEC, int(next(args)))
+            loader.ATTENTION_MAX_VEC = dict.fromkeys(loader.ATTENTION_MAX_VEC, (int(next(args)),) * 2)
         elif a == "--source":
             with open(next(args)) as f:
                 text = f.read()

@@ -62,21 +62,22 @@ def _acc(vtype):
     return np.float64 if vtype == "float64" else np.float32
 
 
-def _shape(vtype, score, C, arrays):
+def _shape(vtype, score, C, arrays, backward):
     """(VEC, NCH, GROUP, group, nch) of a launch over `arrays` (CuPy arrays or
     None): `shape_for` on their addresses."""
     heads = max(a.shape[1] for a in arrays if a is not None and a.ndim == 3)
-    return shape_for(vtype, score, C, heads, [a.data.ptr for a in arrays if a is not None])
+    return shape_for(vtype, score, C, heads, [a.data.ptr for a in arrays if a is not None],
+                     backward)
 
 
-def shape_for(vtype, score, C, heads, ptrs):
+def shape_for(vtype, score, C, heads, ptrs, backward):
     """(VEC, NCH, GROUP, group, nch): vector width, register chunks, lanes per
-    group as compiled in (0 = runtime), lanes per group, chunks used, for
-    `score`'s heads of C channels over the arrays at addresses `ptrs` (rows
-    of `heads` heads). Raises NotImplementedError for heads wider than the
-    kernels hold."""
+    group as compiled in (0 = runtime), lanes per group, chunks used, for the
+    forward or backward kernels of `score`'s heads of C channels over the
+    arrays at addresses `ptrs` (rows of `heads` heads). Raises
+    NotImplementedError for heads wider than the kernels hold."""
     vec = 1
-    wide = attention_vecs(vtype, score)[-1]
+    wide = attention_vecs(vtype, score, backward)[-1]
     if C % wide == 0 and all(p % (wide * VALUE_BYTES[vtype]) == 0 for p in ptrs):
         vec = wide
     lanes = -(-C // vec)
@@ -380,7 +381,8 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     if graph.num_dst == 0 or H == 0 or C == 0:
         return out, lse, alpha, out_b       # nothing to write
     # (the bias is read per value, so its alignment does not matter)
-    shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, out) if score != "gat" else (V, out))
+    shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, out) if score != "gat" else (V, out),
+                   False)
     plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
                     params, shape)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
@@ -633,7 +635,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     wants = (need_gS, need_gDn, need_gEd, need_gV, need_gatt)
     if plan_serves_backward(score, vtype, g, ga, params, wants):
         shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
-                       else (V, g, out))
+                       else (V, g, out), True)
         plan = bwd_plan(graph, score, vtype, H, C, Ed is not None, wants, params, shape)
         made = [cp.empty_like(like) if want else None
                 for want, like in zip(wants, (S, Dn, Ed, V))]
@@ -659,7 +661,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     else:
         delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
     vec, NCH, GRP, group, nch = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out)
-                                       if score != "gat" else (V, g, out))
+                                       if score != "gat" else (V, g, out), True)
     phases = edge_phases(vtype, vec, H, group)
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
                np.int32(group), np.int32(phases), acc(params.negative_slope),

@@ -129,22 +129,26 @@ def attention_nchs(vec):
 
 # Scores of the attention kernels, by their KIND template value.
 ATTENTION_SCORES = ("gat", "gatv2", "dot")
-# Widest vector of the attention kernels per score, in values (16 bytes at
-# most). GATv2 and dot take 4: 16-bit heads of 32 so run 8 lanes of 4
-# values, as fp32's, instead of 4 lanes of 8 (rmat20, 4 heads x 32, bf16,
-# fwd + bwd ms on an H200, 8 / 4 values per lane: gatv2 12.23 / 10.49, dot
-# 14.04 / 10.39, with edge phases for 8; without them, on the first
-# persistent grids, gatv2 3.35 / 11.45 -> 2.88 / 9.05 fwd / bwd): fewer
-# registers per lane (occupancy) and shorter per-lane chains. GAT, whose
-# per-edge score is one value per head, takes 8 (16-bit: 6.82 against 8.66
-# ms), with the edge phases of attention.cu filling each warp.
-ATTENTION_MAX_VEC = {"gat": 8, "gatv2": 4, "dot": 4}
+# Widest vector of the attention kernels per score, (forward, backward), in
+# values (16 bytes at most). GATv2 and dot take 4: 16-bit heads of 32 so run
+# 8 lanes of 4 values, as fp32's, instead of 4 lanes of 8 (rmat20, 4 heads x
+# 32, bf16, fwd + bwd ms on an H200, 8 / 4 values per lane: gatv2 12.23 /
+# 10.49, dot 14.04 / 10.39, with edge phases for 8; without them, on the
+# first persistent grids, gatv2 3.35 / 11.45 -> 2.88 / 9.05 fwd / bwd): fewer
+# registers per lane (occupancy) and shorter per-lane chains. GAT's
+# backward, whose per-edge score is one value per head, takes 8 with the
+# edge phases of attention.cu filling each warp (16-bit op on rmat20: 4.62
+# ms against 5.82 at 4 values); its forward keeps 4 (8: op 2.02 against
+# 1.91 ms, the GATConv layer's 2.95 against 2.35). GAT's score needs no
+# reduction over channels, so the backward recomputes the forward's scores
+# bit for bit at either width.
+ATTENTION_MAX_VEC = {"gat": (4, 8), "gatv2": (4, 4), "dot": (4, 4)}
 
 
-def attention_vecs(vtype, score):
-    """Vector widths of the attention kernels of `score`: 1 (any width) and
-    the widest (at most ATTENTION_MAX_VEC[score] values)."""
-    return [1, min(vec_widths(vtype)[-1], ATTENTION_MAX_VEC[score])]
+def attention_vecs(vtype, score, backward):
+    """Vector widths of the attention kernels of `score`'s forward or
+    backward: 1 (any width) and the widest (at most ATTENTION_MAX_VEC)."""
+    return [1, min(vec_widths(vtype)[-1], ATTENTION_MAX_VEC[score][int(backward)])]
 
 
 # Lanes per (task, head) compiled in (the GROUP template values) for heads
@@ -168,17 +172,22 @@ def _attention_names(vt, it):
     names = [f"attn_combine<{T}, {I}>", f"softmax_fwd<{T}, {I}>", f"softmax_bwd<{T}, {I}>",
              f"column_sum<{A}>", f"attn_delta<{T}>", f"cast_from_acc<{T}>"]
     for kind, score in enumerate(ATTENTION_SCORES):
-        for vec in attention_vecs(vt, score):
-            for nch in attention_nchs(vec):
-                for grp in attention_groups(vec, nch):
-                    for has_e in ("false", "true"):
-                        args = f"{kind}, {T}, {I}, {vec}, {nch}, {grp}, {has_e}"
-                        names += [f"attn_fwd<{args}>", f"attn_bwd_src<{args}>"]
-                        # the flags: the atomic backward (deterministic=False), and
-                        # gatv2's grad_att partials per thread block (BLOCK_GATT)
-                        names += [f"attn_bwd_dst<{args}, {atomic}, {block}>"
-                                  for atomic in ("false", "true")
-                                  for block in (("false", "true") if kind == 1 else ("false",))]
+        for backward in (False, True):
+            for vec in attention_vecs(vt, score, backward):
+                for nch in attention_nchs(vec):
+                    for grp in attention_groups(vec, nch):
+                        for has_e in ("false", "true"):
+                            args = f"{kind}, {T}, {I}, {vec}, {nch}, {grp}, {has_e}"
+                            if not backward:
+                                names.append(f"attn_fwd<{args}>")
+                                continue
+                            # the flags: the atomic backward (deterministic=False), and
+                            # gatv2's grad_att partials per thread block (BLOCK_GATT)
+                            names.append(f"attn_bwd_src<{args}>")
+                            names += [f"attn_bwd_dst<{args}, {atomic}, {block}>"
+                                      for atomic in ("false", "true")
+                                      for block in (("false", "true") if kind == 1
+                                                    else ("false",))]
     return names
 
 
