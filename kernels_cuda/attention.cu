@@ -23,7 +23,10 @@
 // <= 4 values, 2 rows of 8, 1 with several chunks): the U edges' rows are
 // gathered first (U loads in flight per lane), then their scores (a shuffle
 // reduction per edge for gatv2/dot), then the running max m moves once per
-// step and the sum l and accumulator take the U weighted messages. Hub
+// step and the sum l and accumulator take the U weighted messages. The
+// 16-bit kernels of 8 values per lane (GAT's backward) copy a slot's groups
+// across the warp as edge phases that walk interleaved edges of one task
+// and merge by shuffles at its end (see "Edge phases" below). Hub
 // rows are split; their (m, l, acc) partials are merged in slot order
 // (attn_combine), source-side backward partials by spmm_combine: no atomics.
 //
