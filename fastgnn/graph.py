@@ -336,10 +336,13 @@ class Graph:
     def with_visit_order_of(self, other: "Graph") -> "Graph":
         """Give this graph `other`'s visit order where both have the same
         node sets (a graph derived from `other`, e.g. with self-loops added);
-        returns self."""
-        if (other.visit_order is not None and self.num_src == self.num_dst
+        returns self. A new order drops what is cached on this graph (task
+        plans and launch plans follow the order)."""
+        if (other.visit_order is not None and other.visit_order is not self.visit_order
+                and self.num_src == self.num_dst
                 and (self.num_src, self.num_dst) == (other.num_src, other.num_dst)):
             self.visit_order = other.visit_order
+            self.cache.clear()
         return self
 
     def visit_rows(self):

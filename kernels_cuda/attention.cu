@@ -74,10 +74,10 @@
 // of 3 gains nothing (H200, rmat20, 4 heads x 32, fp32 backward: gatv2 8.70
 // vs 8.60 ms without, dot 9.01 vs 8.99, gat 7.30 vs 5.99), and the atomic
 // target pass spills under 80 registers. The exception: 16-bit GAT at 8
-// values per lane (ATTN_GAT16_MIN_BLOCKS = 3), whose source pass takes 82
-// registers uncapped, 2 blocks: backward 6.09 ms against 4.71 capped
-// (rmat20, 4 heads x 32, H200). The compile check fails on any spill, so a
-// cap that does not fit shows there.
+// values per lane (PHASED, below; ATTN_GAT16_MIN_BLOCKS = 3), whose source
+// pass takes 82 registers uncapped, 2 blocks: backward 6.09 ms against 4.71
+// capped (rmat20, 4 heads x 32, H200). The compile check fails on any spill,
+// so a cap that does not fit shows there.
 #define ATTN_FWD_MIN_BLOCKS 3
 #define ATTN_MIN_BLOCKS 1
 #define ATTN_GAT16_MIN_BLOCKS 3
@@ -86,7 +86,7 @@
 #define ATTN_BWD_MIN_BLOCKS                                                         \
     ((NCH != 1 || HAS_E) ? 1                                                        \
      : sizeof(T) == 4 ? ATTN_MIN_BLOCKS                                             \
-     : (sizeof(T) == 2 && VEC == 8 && KIND == KIND_GAT) ? ATTN_GAT16_MIN_BLOCKS : 1)
+     : (PHASED && KIND == KIND_GAT) ? ATTN_GAT16_MIN_BLOCKS : 1)
 #define ATTN_BOUNDS __launch_bounds__(256, ATTN_BWD_MIN_BLOCKS)
 // The target pass: the atomic variants keep no cap; the BLOCK_GATT variants
 // of one chunk ask for at least 2 blocks (<= 128 registers, what their
@@ -134,14 +134,13 @@ __device__ __forceinline__ double drop_factor(const Dropout& d, i64 ce, int H, i
 }
 
 // e^x of the scores (the online softmax's weights and rescales, the
-// backward's probabilities). With ATTN_APPROX_EXP, 16-bit value types take
-// ex2.approx.ftz of x log2(e): 2 instructions against expf's 8, relative
+// backward's probabilities). 16-bit value types take ex2.approx.ftz of
+// x log2(e): 2 instructions against expf's 8, relative
 // error about 2^-21 for |x| < 64 (e^x under 2^-126 flushes to 0), far below
 // their 2^-8 rounding; fp32 and fp64 keep exp.
-#define ATTN_APPROX_EXP 1
 template <typename T>
 __device__ __forceinline__ typename value_traits<T>::acc_t score_exp(typename value_traits<T>::acc_t x) {
-    if constexpr (sizeof(T) == 2 && ATTN_APPROX_EXP) {
+    if constexpr (sizeof(T) == 2) {
         float y;
         asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
         return y;

@@ -243,6 +243,12 @@ def test_visit_order_keeps_ids_and_shares_arrays(rng):
     from fastgnn.ops.spmm import self_loop_structure
     assert self_loop_structure(gv)[0].visit_order is p
     assert self_loop_structure(g)[0].visit_order is None
+    # taking an order drops what was cached for the old one (plans follow it)
+    h = Graph.from_edge_index(ei, num_nodes=n)
+    h.cached("derived", lambda: 1)
+    assert h.with_visit_order_of(gv) is h and h.visit_order is p and not h.cache
+    h.cached("derived", lambda: 2)
+    assert h.with_visit_order_of(gv).cache == {"derived": 2}     # the same order: kept
     # a relabelled graph can be given a visit order on top, and back
     g2 = g.reorder("rcm")
     g2v = g2.reorder(p, relabel=False)

@@ -37,12 +37,12 @@ from ..attention_spec import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, s
                               transpose_caller_ids)
 from .plan import Launch, LaunchPlan, Slot, Word, layout, word
 from .segment import _cached_plan, graph_device
-from .loader import (C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES, attention_groups,
-                     attention_nchs, attention_vecs, get_function)
+from .loader import (ATTENTION_SCORES, C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES,
+                     attention_groups, attention_nchs, attention_vecs, get_function)
 from .spmm import (_ITYPE, BLOCK, DEFAULT_CHUNK, NULL, _arg, column_sum, column_sum_plan,
                    column_sums, from_acc, lane_group, spmm_custom, task_plan, to_acc)
 
-KINDS = {"gat": 0, "gatv2": 1, "dot": 2}
+KINDS = {score: kind for kind, score in enumerate(ATTENTION_SCORES)}   # KIND template value
 # Rows per thread of the column sum over the grad_att partial rows (fewer,
 # shorter rows than spmm's bias gradient, whose COLUMN_SUM_ROWS is 64; 1024
 # keeps grad_att's summation order as it was before the sum was shared).

@@ -137,8 +137,8 @@ ATTENTION_SCORES = ("gat", "gatv2", "dot")
 # first persistent grids, gatv2 3.35 / 11.45 -> 2.88 / 9.05 fwd / bwd): fewer
 # registers per lane (occupancy) and shorter per-lane chains. GAT's
 # backward, whose per-edge score is one value per head, takes 8 with the
-# edge phases of attention.cu filling each warp (16-bit op on rmat20: 4.62
-# ms against 5.82 at 4 values); its forward keeps 4 (8: op 2.02 against
+# edge phases of attention.cu filling each warp (16-bit, rmat20, one probe
+# run: 4.71 ms against 5.80 at 4 values); its forward keeps 4 (8: op 2.02 against
 # 1.91 ms, the GATConv layer's 2.95 against 2.35). GAT's score needs no
 # reduction over channels, so the backward recomputes the forward's scores
 # bit for bit at either width.
