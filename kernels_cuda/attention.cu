@@ -294,7 +294,7 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // partial results (sums; attn_fwd's softmax state) merge by shuffles across
 // the warp (phase_sum, phase_max) and phase 0 stores them. The other kernels
 // compile with phases = 1, where all of it folds away: with a runtime phase
-// count (and a register cap since dropped) fp32 GAT at 8 lanes of 4 values
+// count (and a 4-block register cap) fp32 GAT at 8 lanes of 4 values
 // ran 12% (forward) and 14% (backward) slower on rmat20 with 4 heads x 32.
 // The launcher takes 8 values per lane for 16-bit GAT backward passes only
 // (loader.ATTENTION_MAX_VEC says why).

@@ -1,7 +1,7 @@
 """Developer probe (no GPU): registers, spills and machine instructions of
 chosen kernel instantiations, built for sm_90 by the local nvcc and
 disassembled by nvdisasm (`pip install nvidia-cuda-nvdisasm`), so that a
-kernel change can be weighed before device time is spent on it. Prints one
+kernel change can be weighed on a machine without a GPU. Prints one
 line per kernel: registers, spill bytes, instructions and the commonest
 opcodes; writes each kernel's SASS under --out.
 

@@ -133,8 +133,8 @@ ATTENTION_SCORES = ("gat", "gatv2", "dot")
 # values (16 bytes at most). GATv2 and dot take 4: 16-bit heads of 32 so run
 # 8 lanes of 4 values, as fp32's, instead of 4 lanes of 8 (rmat20, 4 heads x
 # 32, bf16, fwd + bwd ms on an H200, 8 / 4 values per lane: gatv2 12.23 /
-# 10.49, dot 14.04 / 10.39, with edge phases for 8; without them, on the
-# first persistent grids, gatv2 3.35 / 11.45 -> 2.88 / 9.05 fwd / bwd): fewer
+# 10.49, dot 14.04 / 10.39, with edge phases for 8; without them, 4 values
+# took gatv2 from 3.35 / 11.45 to 2.88 / 9.05 ms fwd / bwd): fewer
 # registers per lane (occupancy) and shorter per-lane chains. GAT's
 # backward, whose per-edge score is one value per head, takes 8 with the
 # edge phases of attention.cu filling each warp (16-bit, rmat20, one probe
