@@ -8,14 +8,15 @@ of 16 columns and a 16 x 16 bit mask of the real edges per tile. Built once
 per graph (on the GPU for CuPy graphs, by the NumPy twin otherwise) and
 cached on it; `block_sparse(graph)` returns it, `.stats` its statistics.
 
-Where it serves (kernels_cuda/blocksparse.cu; bf16/fp16 inputs, fp32
-accumulation):
+Where it serves (kernels_cuda/blocksparse.cu; bf16/fp16 inputs, and fp32
+inputs as TF32 where the caller passes tf32=True; fp32 accumulation):
 
 - `edge_attention(score="dot")` forward and backward (the graph
   transformer), without an edge term, dropout or returned attention weights,
   on graphs without duplicate edges (a mask bit is one edge), C in 16, 32,
-  64, 128 channels per head (backward up to 64: C = 128 takes the CUDA-core
-  backward, which reads the same out and lse);
+  64, 128 channels per head in 16 bits (backward up to 64: C = 128 takes the
+  CUDA-core backward, which reads the same out and lse), 16, 32, 64 in TF32
+  (backward up to 32);
 - `spmm` (sum, mean, row/column scales, edge weights summed per (source,
   target) pair, bias), F a multiple of 16.
 
@@ -24,8 +25,10 @@ per channel to xl_j + xr_i before the contraction with att, so it is no
 product of per-node matrices; GAT's score LeakyReLU(a_j + b_i) is a scalar
 per edge with no product to gain (its P.V product could use the tiles, but
 the scores would be built elementwise per tile: not implemented).
-fp32 inputs keep the CUDA-core path too (the TF32 variant is not
-implemented).
+fp32 inputs take the path only with tf32=True: TF32 keeps 10 of fp32's 23
+mantissa bits in every product's inputs (relative error about 2^-11, as a
+16-bit float), so an fp32 caller opts in, as torch's
+`torch.backends.cuda.matmul.allow_tf32` does for matmuls.
 
 The automatic rule (`tensor_cores="auto"`): the Tensor Core kernel gathers
 16 rows per tile where the CUDA-core kernels gather one per edge, so it
@@ -79,6 +82,13 @@ def check_option(tensor_cores):
     return tensor_cores
 
 
+def check_tf32(tf32):
+    """Validate a `tf32` argument."""
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32 must be True or False, got {type(tf32).__name__}")
+    return tf32
+
+
 def block_sparse(graph) -> BlockSparse:
     """The graph's block-sparse form (cached on it; see the module docstring)."""
     if is_cupy(graph.indices):
@@ -116,26 +126,35 @@ def _decide(graph, option, reason, op):
     return True if option is True else pays(block_sparse(graph).stats)
 
 
+def _fp32_reason(vtype, tf32):
+    if vtype == "float32" and not tf32:
+        return ("float32 inputs without tf32=True (the Tensor Cores take fp32 as TF32, "
+                "10 mantissa bits)")
+    return None
+
+
 def attention_path(graph, score, arrays, params, need_alpha, vtype, option,
-                   backward=False) -> bool:
+                   backward=False, tf32=False) -> bool:
     """Whether edge_attention's forward (or backward) takes the Tensor Core path."""
     def reason():
         from .backends.cuda.blocksparse import attention_unsupported
-        return attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backward)
+        return (_fp32_reason(vtype, tf32)
+                or attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backward))
     return _decide(graph, option, reason, "attention")
 
 
-def spmm_path(graph, x, vtype, option) -> bool:
+def spmm_path(graph, x, vtype, option, tf32=False) -> bool:
     """Whether spmm takes the Tensor Core path."""
     def reason():
         from .backends.cuda.blocksparse import spmm_unsupported
-        return spmm_unsupported(graph, x, vtype)
+        return _fp32_reason(vtype, tf32) or spmm_unsupported(graph, x, vtype)
     return _decide(graph, option, reason, "SpMM")
 
 
 def attention_backward_path(graph, score, arrays, params, vtype) -> bool:
     """Whether the backward of a forward that took the Tensor Core path takes
-    it too (else the CUDA-core backward, from the same out and lse)."""
+    it too (else the CUDA-core backward, from the same out and lse); an fp32
+    forward there had tf32=True."""
     from .backends.cuda.blocksparse import attention_unsupported
     return attention_unsupported(graph, score, arrays, params, False, vtype, True) is None
 

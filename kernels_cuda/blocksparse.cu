@@ -152,20 +152,31 @@ __global__ void bsr_pad(const int* __restrict__ window_ptr, const int* __restric
 }
 
 // ------------------------------------------------------------------ mma helpers
-// d += A B, A 16 x 16 (4 regs), B 16 x 8 (2 regs), d 16 x 8 fp32, inputs of
-// PTX type TY; and two floats packed into one register (lo in the low half)
-#define BSR_MMA(TY)                                                                   \
-    asm("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, " \
+// Mma<T>: one k-step d += A B of the warp's product for value type T, A
+// 16 x k (4 regs), B k x 8 (2 regs), d 16 x 8 fp32. Rows are read as 32-bit
+// words of VPW values (2 for bf16/fp16, 1 for fp32), so a k-step takes 2
+// words of a lane per A row and B column in every type:
+//   16-bit: mma.m16n8k16, k = 16 (a word holds 2 consecutive k);
+//   fp32:   mma.m16n8k8 with TF32 inputs, k = 8 (A reg0 = (g, t), reg1 =
+//           (g + 8, t), reg2 = (g, t + 4), reg3 = (g + 8, t + 4); B reg0 =
+//           (k t, n g), reg1 = (k t + 4, n g)); every operand rounded to
+//           TF32 (10 mantissa bits, round to nearest) by op().
+// The accumulating products' A operand, 16 rows x 16 tile columns, takes
+// A_REGS registers: one 16-bit k-step (4) or two TF32 k-steps (8).
+#define BSR_MMA(SHAPE, TY)                                                            \
+    asm("mma.sync.aligned." SHAPE ".row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, "  \
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                               \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                              \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 #define BSR_PACK(TY) asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo))
 
-template <typename T> struct mma16;
+template <typename T> struct Mma;
 
-template <> struct mma16<bf16_t> {
+template <> struct Mma<bf16_t> {
+    static constexpr int VPW = 2, A_REGS = 4;
     static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
-                                               unsigned b1) { BSR_MMA("bf16"); }
+                                               unsigned b1) { BSR_MMA("m16n8k16", "bf16"); }
+    static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
     static __device__ __forceinline__ unsigned pack(float lo, float hi) {
         unsigned r;
         BSR_PACK("bf16");
@@ -175,12 +186,13 @@ template <> struct mma16<bf16_t> {
     static __device__ __forceinline__ float hi(unsigned w) {
         return __uint_as_float(w & 0xffff0000u);
     }
-    static constexpr unsigned ONE = 0x3F80u;
 };
 
-template <> struct mma16<f16_t> {
+template <> struct Mma<f16_t> {
+    static constexpr int VPW = 2, A_REGS = 4;
     static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
-                                               unsigned b1) { BSR_MMA("f16"); }
+                                               unsigned b1) { BSR_MMA("m16n8k16", "f16"); }
+    static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
     static __device__ __forceinline__ unsigned pack(float lo, float hi) {
         unsigned r;
         BSR_PACK("f16");
@@ -192,8 +204,43 @@ template <> struct mma16<f16_t> {
     static __device__ __forceinline__ float hi(unsigned w) {
         return value_traits<f16_t>::to_acc(f16_t{(unsigned short)(w >> 16)});
     }
-    static constexpr unsigned ONE = 0x3C00u;
 };
+
+template <> struct Mma<float> {
+    static constexpr int VPW = 1, A_REGS = 8;
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
+                                               unsigned b1) { BSR_MMA("m16n8k8", "tf32"); }
+    static __device__ __forceinline__ unsigned tf32(float x) {
+        unsigned r;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+        return r;
+    }
+    static __device__ __forceinline__ unsigned op(unsigned w) { return tf32(__uint_as_float(w)); }
+};
+
+// Value i of the words w (VPW per word, the lower index in the low half)
+template <typename T>
+__device__ __forceinline__ float word_value(const unsigned* w, int i) {
+    if constexpr (Mma<T>::VPW == 1) return __uint_as_float(w[i]);
+    else return (i & 1) ? Mma<T>::hi(w[i >> 1]) : Mma<T>::lo(w[i >> 1]);
+}
+
+// N values as N / VPW words of T
+template <typename T, int N>
+__device__ __forceinline__ void pack_words(const float* val, unsigned* w) {
+#pragma unroll
+    for (int q = 0; q < N / Mma<T>::VPW; ++q) {
+        if constexpr (Mma<T>::VPW == 1) w[q] = __float_as_uint(val[q]);
+        else w[q] = Mma<T>::pack(val[2 * q], val[2 * q + 1]);
+    }
+}
+
+// The mma operand form of N words (in place; TF32 rounding for fp32)
+template <typename T, int N>
+__device__ __forceinline__ void to_operand(unsigned* w) {
+#pragma unroll
+    for (int q = 0; q < N; ++q) w[q] = Mma<T>::op(w[q]);
+}
 
 // N consecutive 32-bit words as the widest aligned vectors
 template <int N>
@@ -276,18 +323,19 @@ struct TileCols {
 };
 
 // The warp's work unit: window `win` and head (SpMM: feature chunk) h of
-// `per` per window, the row stride rw and head offset hw in words of rows of
-// per * width 16-bit values, and the lane's rows g and g + 8 of the window.
+// `per` per window, the row stride rw and head offset hw in words (of vpw
+// values) of rows of per * width values, and the lane's rows g and g + 8 of
+// the window.
 struct WarpUnit {
     bool valid;
     int win, h, rw, hw, row[2];
-    __device__ __forceinline__ WarpUnit(i64 num_windows, int per, int width) {
+    __device__ __forceinline__ WarpUnit(i64 num_windows, int per, int width, int vpw) {
         const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
         valid = warp < num_windows * per;
         win = (int)(warp / per);
         h = (int)(warp % per);
-        rw = per * width / 2;
-        hw = h * width / 2;
+        rw = per * width / vpw;
+        hw = h * width / vpw;
         const int g = (threadIdx.x & 31) >> 2;
         row[0] = win * BSR_WINDOW + g;
         row[1] = row[0] + 8;
@@ -342,60 +390,80 @@ __device__ __forceinline__ void score_product(float s[2][4], const unsigned a[2]
         for (int kc = 0; kc < QW / 2; ++kc) {
             const unsigned af[4] = {a[0][2 * kc], a[1][2 * kc], a[0][2 * kc + 1],
                                     a[1][2 * kc + 1]};
-            mma16<T>::run(s[j], af, b[j][2 * kc], b[j][2 * kc + 1]);
+            Mma<T>::run(s[j], af, Mma<T>::op(b[j][2 * kc]), Mma<T>::op(b[j][2 * kc + 1]));
         }
 }
 
 // The score accumulator (two n-tiles of C layout, fp32) as the A operand of
-// the next product (16 rows x 16 tile columns)
+// the next product (16 rows x 16 tile columns, Mma<T>::A_REGS registers).
+// 16-bit: one k16 step, tile column k. TF32: k-step hf takes tile columns
+// 8 hf + 2t (as k = t) and 8 hf + 2t + 1 (as k = t + 4), which the value
+// pattern's columns vk[2 hf], vk[2 hf + 1] match in value_product.
 template <typename T>
 __device__ __forceinline__ void acc_to_a(const float s[2][4], unsigned* a) {
-    a[0] = mma16<T>::pack(s[0][0], s[0][1]);
-    a[1] = mma16<T>::pack(s[0][2], s[0][3]);
-    a[2] = mma16<T>::pack(s[1][0], s[1][1]);
-    a[3] = mma16<T>::pack(s[1][2], s[1][3]);
+    if constexpr (Mma<T>::VPW == 1) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            a[4 * hf] = Mma<T>::tf32(s[hf][0]);
+            a[4 * hf + 1] = Mma<T>::tf32(s[hf][2]);
+            a[4 * hf + 2] = Mma<T>::tf32(s[hf][1]);
+            a[4 * hf + 3] = Mma<T>::tf32(s[hf][3]);
+        }
+    } else {
+        a[0] = Mma<T>::pack(s[0][0], s[0][1]);
+        a[1] = Mma<T>::pack(s[0][2], s[0][3]);
+        a[2] = Mma<T>::pack(s[1][0], s[1][1]);
+        a[3] = Mma<T>::pack(s[1][2], s[1][3]);
+    }
 }
 
-// acc (NT n-tiles) += A (4 regs) B, B the value pattern [4][NT/2] words
+// acc (NT n-tiles) += A (A_REGS regs) B, B the value pattern [4][NT / VPW]
+// words (n-tile nt: value nt of each column's words)
 template <typename T, int NT>
 __device__ __forceinline__ void value_product(float acc[NT][4], const unsigned* a,
-                                              const unsigned v[4][NT / 2]) {
+                                              const unsigned v[4][NT / Mma<T>::VPW]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        const unsigned b0 = (nt & 1) ? pair_halves<1>(v[0][nt >> 1], v[1][nt >> 1])
-                                     : pair_halves<0>(v[0][nt >> 1], v[1][nt >> 1]);
-        const unsigned b1 = (nt & 1) ? pair_halves<1>(v[2][nt >> 1], v[3][nt >> 1])
-                                     : pair_halves<0>(v[2][nt >> 1], v[3][nt >> 1]);
-        mma16<T>::run(acc[nt], a, b0, b1);
+        if constexpr (Mma<T>::VPW == 1) {
+            Mma<T>::run(acc[nt], a, Mma<T>::op(v[0][nt]), Mma<T>::op(v[1][nt]));
+            Mma<T>::run(acc[nt], a + 4, Mma<T>::op(v[2][nt]), Mma<T>::op(v[3][nt]));
+        } else {
+            const unsigned b0 = (nt & 1) ? pair_halves<1>(v[0][nt >> 1], v[1][nt >> 1])
+                                         : pair_halves<0>(v[0][nt >> 1], v[1][nt >> 1]);
+            const unsigned b1 = (nt & 1) ? pair_halves<1>(v[2][nt >> 1], v[3][nt >> 1])
+                                         : pair_halves<0>(v[2][nt >> 1], v[3][nt >> 1]);
+            Mma<T>::run(acc[nt], a, b0, b1);
+        }
     }
 }
 
 // Store the accumulator's row rr (0: row g, 1: g + 8) times `mul`: channels
-// [2 t NT, 2 t NT + 2 NT) of the row, NT words, to dst (if not null) and,
-// with the bias words of the same channels added, to dst_b (if bias).
+// [2 t NT, 2 t NT + 2 NT) of the row, 2 NT / VPW words, to dst (if not null)
+// and, with the bias words of the same channels added, to dst_b (if bias).
 template <typename T, int NT>
 __device__ __forceinline__ void store_acc_row(const float acc[NT][4], int rr, float mul,
                                               unsigned* __restrict__ dst,
                                               const unsigned* __restrict__ bias,
                                               unsigned* __restrict__ dst_b) {
-    unsigned w[NT];
+    constexpr int SW = 2 * NT / Mma<T>::VPW;
+    unsigned w[SW];
     float val[2 * NT];
 #pragma unroll
     for (int x = 0; x < NT; ++x) {
         val[x] = acc[x][2 * rr] * mul;
         val[NT + x] = acc[x][2 * rr + 1] * mul;
     }
-#pragma unroll
-    for (int q = 0; q < NT; ++q) w[q] = mma16<T>::pack(val[2 * q], val[2 * q + 1]);
-    if (dst != nullptr) store_words<NT>(dst, w);
+    if (dst != nullptr) {
+        pack_words<T, 2 * NT>(val, w);
+        store_words<SW>(dst, w);
+    }
     if (bias != nullptr) {
-        unsigned bw[NT];
-        load_words<NT>(bias, bw);
+        unsigned bw[SW];
+        load_words<SW>(bias, bw);
 #pragma unroll
-        for (int q = 0; q < NT; ++q)
-            w[q] = mma16<T>::pack(val[2 * q] + mma16<T>::lo(bw[q]),
-                                  val[2 * q + 1] + mma16<T>::hi(bw[q]));
-        store_words<NT>(dst_b, w);
+        for (int x = 0; x < 2 * NT; ++x) val[x] += word_value<T>(bw, x);
+        pack_words<T, 2 * NT>(val, w);
+        store_words<SW>(dst_b, w);
     }
 }
 
@@ -444,7 +512,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 // ------------------------------------------------------------ attention forward
 // out[i, h] = sum_j p_ij v[j, h], p = softmax_j(scale <q_i, k_j>) over the
 // window row's mask bits; lse[i, h]. scale_log2 = scale * log2(e). Rows of
-// [rows, H, C]; rw = H C / 2 words per row, hw = h C / 2.
+// [rows, H, C]; rw = H C / VPW words per row, hw = h C / VPW.
 template <typename T, int C>
 __global__ void __launch_bounds__(32 * BSR_WARPS)
 bsr_attn_fwd(const int* __restrict__ window_ptr, const int* __restrict__ tile_cols,
@@ -452,10 +520,12 @@ bsr_attn_fwd(const int* __restrict__ window_ptr, const int* __restrict__ tile_co
              const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ bias,
              T* __restrict__ out, T* __restrict__ out_b, float* __restrict__ lse,
              i64 num_windows, int num_rows, int H, float scale_log2) {
-    constexpr int QW = C / 8;        // score-pattern words per lane and row
+    constexpr int VPW = Mma<T>::VPW;
+    constexpr int QW = C / 4 / VPW;  // score-pattern words per lane and row
     constexpr int NT = C / 8;        // n-tiles of the value product
-    constexpr int VW = NT / 2;       // value-pattern words per lane and column
-    const WarpUnit U(num_windows, H, C);
+    constexpr int VW = NT / VPW;     // value-pattern words per lane and column
+    constexpr int SW = 2 * NT / VPW; // words of a lane's stored row part
+    const WarpUnit U(num_windows, H, C, VPW);
     if (!U.valid) return;
     const Lane16 L;
     const int h = U.h, rw = U.rw, hw = U.hw;
@@ -463,6 +533,8 @@ bsr_attn_fwd(const int* __restrict__ window_ptr, const int* __restrict__ tile_co
     unsigned qa[2][QW];
     load_score_row<QW>(q, row[0], num_rows, rw, hw, L, qa[0]);
     load_score_row<QW>(q, row[1], num_rows, rw, hw, L, qa[1]);
+    to_operand<T, QW>(qa[0]);
+    to_operand<T, QW>(qa[1]);
     float o[NT][4];
     zero_acc<NT>(o);
     float m[2] = {BSR_NEG_INF, BSR_NEG_INF}, l[2] = {0.f, 0.f};
@@ -508,7 +580,7 @@ bsr_attn_fwd(const int* __restrict__ window_ptr, const int* __restrict__ tile_co
                 s[j][e] = p;
                 l[e >> 1] += p;
             }
-        unsigned pa[4];
+        unsigned pa[Mma<T>::A_REGS];
         acc_to_a<T>(s, pa);
         value_product<T, NT>(o, pa, vb);
     }
@@ -516,10 +588,10 @@ bsr_attn_fwd(const int* __restrict__ window_ptr, const int* __restrict__ tile_co
     for (int rr = 0; rr < 2; ++rr) {
         const float lt = quad_sum(l[rr]);
         if (row[rr] >= num_rows) continue;
-        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * NT;
+        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * SW;
         store_acc_row<T, NT>(o, rr, lt > 0.f ? 1.f / lt : 0.f,
                              reinterpret_cast<unsigned*>(out) + off,
-                             bias ? reinterpret_cast<const unsigned*>(bias) + hw + L.t * NT
+                             bias ? reinterpret_cast<const unsigned*>(bias) + hw + L.t * SW
                                   : nullptr,
                              out_b ? reinterpret_cast<unsigned*>(out_b) + off : nullptr);
         if (L.t == 0)
@@ -538,8 +610,9 @@ bsr_attn_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ til
                  const T* __restrict__ grad, const float* __restrict__ lse,
                  T* __restrict__ grad_q, float* __restrict__ delta, i64 num_windows,
                  int num_rows, int H, float scale_log2, float scale) {
-    constexpr int QW = C / 8, NT = C / 8, VW = NT / 2;
-    const WarpUnit U(num_windows, H, C);
+    constexpr int VPW = Mma<T>::VPW;
+    constexpr int QW = C / 4 / VPW, NT = C / 8, VW = NT / VPW, SW = 2 * NT / VPW;
+    const WarpUnit U(num_windows, H, C, VPW);
     if (!U.valid) return;
     const Lane16 L;
     const int h = U.h, rw = U.rw, hw = U.hw;
@@ -554,10 +627,10 @@ bsr_attn_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ til
         load_score_row<QW>(out, row[rr], num_rows, rw, hw, L, oa);
         float d = 0.f;
 #pragma unroll
-        for (int w = 0; w < QW; ++w)
-            d += mma16<T>::lo(ga[rr][w]) * mma16<T>::lo(oa[w])
-                 + mma16<T>::hi(ga[rr][w]) * mma16<T>::hi(oa[w]);
+        for (int x = 0; x < QW * VPW; ++x) d += word_value<T>(ga[rr], x) * word_value<T>(oa, x);
         D[rr] = quad_sum(d);
+        to_operand<T, QW>(qa[rr]);
+        to_operand<T, QW>(ga[rr]);
         const float ls = row[rr] < num_rows ? lse[(i64)row[rr] * H + h] : 0.f;
         l2[rr] = ls == BSR_NEG_INF ? 0.f : ls * BSR_LOG2E;
         if (L.t == 0 && row[rr] < num_rows) delta[(i64)row[rr] * H + h] = D[rr];
@@ -586,14 +659,14 @@ bsr_attn_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ til
                 const float p = ((mr[rr] >> col) & 1u) ? exp2f(s[j][e] * scale_log2 - l2[rr]) : 0.f;
                 s[j][e] = p * (dp[j][e] - D[rr]);
             }
-        unsigned da[4];
+        unsigned da[Mma<T>::A_REGS];
         acc_to_a<T>(s, da);
         value_product<T, NT>(dq, da, kv);
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         if (row[rr] >= num_rows) continue;
-        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * NT;
+        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * SW;
         store_acc_row<T, NT>(dq, rr, scale, reinterpret_cast<unsigned*>(grad_q) + off, nullptr,
                              nullptr);
     }
@@ -610,8 +683,9 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
                  const float* __restrict__ lse, const float* __restrict__ delta,
                  T* __restrict__ grad_k, T* __restrict__ grad_v, i64 num_windows, int num_src,
                  int H, float scale_log2, float scale) {
-    constexpr int QW = C / 8, NT = C / 8, VW = NT / 2;
-    const WarpUnit U(num_windows, H, C);
+    constexpr int VPW = Mma<T>::VPW;
+    constexpr int QW = C / 4 / VPW, NT = C / 8, VW = NT / VPW, SW = 2 * NT / VPW;
+    const WarpUnit U(num_windows, H, C, VPW);
     if (!U.valid) return;
     const Lane16 L;
     const int h = U.h, rw = U.rw, hw = U.hw;
@@ -621,6 +695,8 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
     for (int rr = 0; rr < 2; ++rr) {
         load_score_row<QW>(k, row[rr], num_src, rw, hw, L, ka[rr]);
         load_score_row<QW>(v, row[rr], num_src, rw, hw, L, va[rr]);
+        to_operand<T, QW>(ka[rr]);
+        to_operand<T, QW>(va[rr]);
     }
     float dk[NT][4], dv[NT][4];
     zero_acc<NT>(dk);
@@ -658,7 +734,7 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
                 s[j][e] = p;
                 dp[j][e] = p * (dp[j][e] - dc[u]);
             }
-        unsigned pa[4], da[4];
+        unsigned pa[Mma<T>::A_REGS], da[Mma<T>::A_REGS];
         acc_to_a<T>(s, pa);
         acc_to_a<T>(dp, da);
         value_product<T, NT>(dv, pa, gv);
@@ -667,7 +743,7 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         if (row[rr] >= num_src) continue;
-        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * NT;
+        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * SW;
         store_acc_row<T, NT>(dk, rr, scale, reinterpret_cast<unsigned*>(grad_k) + off, nullptr,
                              nullptr);
         store_acc_row<T, NT>(dv, rr, 1.f, reinterpret_cast<unsigned*>(grad_v) + off, nullptr,
@@ -681,6 +757,64 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
 // weights of duplicate edges; 0 off the mask). One warp per (window, chunk
 // of FC features); x, out [rows, F], F = nchunk * FC; row_scale [num_rows],
 // col_scale [num_cols] fp32 or null; bias [F] or null.
+// The SpMM's A operand of one tile (16 rows x 16 tile columns, Mma<T>'s
+// register order as acc_to_a): a(r, c) = the weight (WEIGHTED: vals of the
+// tile, [16][16] values) or the mask bit, times col_scale of column c.
+template <typename T, bool WEIGHTED>
+__device__ __forceinline__ void spmm_tile_a(const T* __restrict__ vals,
+                                            const unsigned* __restrict__ tile_mask,
+                                            const float* __restrict__ col_scale, int tile,
+                                            const TileCols& tc, const Lane16& L, unsigned* a) {
+    // the lane's entries: rows g + 8 rr, columns 2t + 8 hf + i (value pattern vk[2 hf + i])
+    float x[2][2][2];   // [rr][hf][i]
+    if (WEIGHTED) {
+        const T* tv = vals + (i64)tile * 256;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const unsigned* w = reinterpret_cast<const unsigned*>(
+                    tv + (L.g + 8 * rr) * 16 + 2 * L.t + 8 * hf);
+                if constexpr (Mma<T>::VPW == 1) {
+                    x[rr][hf][0] = __uint_as_float(w[0]);
+                    x[rr][hf][1] = __uint_as_float(w[1]);
+                } else {
+                    x[rr][hf][0] = Mma<T>::lo(w[0]);
+                    x[rr][hf][1] = Mma<T>::hi(w[0]);
+                }
+            }
+    } else {
+        unsigned mr[2];
+        tile_rows(tile_mask, tile, L, mr);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    x[rr][hf][i] = ((mr[rr] >> (2 * L.t + 8 * hf + i)) & 1u) ? 1.f : 0.f;
+    }
+    if (col_scale != nullptr) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float cs = col_scale[tc.vk[2 * hf + i]];
+                x[0][hf][i] *= cs;
+                x[1][hf][i] *= cs;
+            }
+    }
+    // as the score accumulator's C layout: s[hf][2 rr + i]
+    float sc[2][4];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) sc[hf][2 * rr + i] = x[rr][hf][i];
+    acc_to_a<T>(sc, a);
+}
+
 template <typename T, int FC, bool WEIGHTED>
 __global__ void __launch_bounds__(32 * BSR_WARPS)
 bsr_spmm(const int* __restrict__ window_ptr, const int* __restrict__ tile_cols,
@@ -688,8 +822,9 @@ bsr_spmm(const int* __restrict__ window_ptr, const int* __restrict__ tile_cols,
          const float* __restrict__ row_scale, const float* __restrict__ col_scale,
          const T* __restrict__ bias, const T* __restrict__ x, T* __restrict__ out,
          i64 num_windows, int num_rows, int nchunk) {
-    constexpr int NT = FC / 8, VW = NT / 2;
-    const WarpUnit U(num_windows, nchunk, FC);
+    constexpr int VPW = Mma<T>::VPW;
+    constexpr int NT = FC / 8, VW = NT / VPW, SW = 2 * NT / VPW;
+    const WarpUnit U(num_windows, nchunk, FC, VPW);
     if (!U.valid) return;
     const Lane16 L;
     const int rw = U.rw, hw = U.hw;
@@ -701,51 +836,19 @@ bsr_spmm(const int* __restrict__ window_ptr, const int* __restrict__ tile_cols,
         const TileCols tc = walk.at(tile, tile_cols, L);
         unsigned xv[4][VW];
         load_value_cols<VW>(x, tc, rw, hw, L, xv);
-        // A: reg (rr + 2 hf) = row g + 8 rr, columns 2t + 8 hf + {0, 1}
-        unsigned a[4];
-        if (WEIGHTED) {
-            const unsigned* tv = reinterpret_cast<const unsigned*>(vals) + (i64)tile * 128;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr)
-                    a[rr + 2 * hf] = tv[(L.g + 8 * rr) * 8 + L.t + 4 * hf];
-        } else {
-            unsigned mr[2];
-            tile_rows(tile_mask, tile, L, mr);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const unsigned bits = mr[rr] >> (2 * L.t + 8 * hf);
-                    a[rr + 2 * hf] = ((bits & 1u) ? mma16<T>::ONE : 0u)
-                                     | ((bits & 2u) ? (mma16<T>::ONE << 16) : 0u);
-                }
-        }
-        if (col_scale != nullptr) {
-            float cs[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) cs[u] = col_scale[tc.vk[u]];
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-                for (int rr = 0; rr < 2; ++rr) {
-                    const unsigned w = a[rr + 2 * hf];
-                    a[rr + 2 * hf] = mma16<T>::pack(mma16<T>::lo(w) * cs[2 * hf],
-                                                    mma16<T>::hi(w) * cs[2 * hf + 1]);
-                }
-        }
+        unsigned a[Mma<T>::A_REGS];
+        spmm_tile_a<T, WEIGHTED>(vals, tile_mask, col_scale, tile, tc, L, a);
         value_product<T, NT>(acc, a, xv);
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         if (row[rr] >= num_rows) continue;
-        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * NT;
+        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * SW;
         const float r = row_scale != nullptr ? row_scale[row[rr]] : 1.f;
         unsigned* dst = reinterpret_cast<unsigned*>(out) + off;
         if (bias != nullptr)   // one store, with the bias
             store_acc_row<T, NT>(acc, rr, r, nullptr,
-                                 reinterpret_cast<const unsigned*>(bias) + hw + L.t * NT, dst);
+                                 reinterpret_cast<const unsigned*>(bias) + hw + L.t * SW, dst);
         else
             store_acc_row<T, NT>(acc, rr, r, dst, nullptr, nullptr);
     }

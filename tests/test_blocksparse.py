@@ -184,36 +184,52 @@ def _c_pos(lane, i):
     return g + 8 * (i >= 2), 2 * t + (i & 1)
 
 
+# m16n8k8 with .tf32 A and B (the fp32 inputs' kernels): A 16 x 8, B 8 x 8
+def _a_pos_k8(lane, i):
+    g, t = lane >> 2, lane & 3
+    return g + 8 * (i & 1), t + 4 * (i >> 1)
+
+
+def _b_pos_k8(lane, i):
+    g, t = lane >> 2, lane & 3
+    return t + 4 * i, g
+
+
 def _mma(a, b, c):
-    """d = A B + C from per-lane fragments: a [32, 8], b [32, 4], c [32, 4]
-    element values (as the tables place them)."""
-    A, B = np.full((16, 16), np.nan), np.full((16, 8), np.nan)
+    """d = A B + C from per-lane fragments: a [32, 8], b [32, 4] (m16n8k16)
+    or a [32, 4], b [32, 2] (m16n8k8, TF32), c [32, 4] element values (as
+    the tables place them)."""
+    k = 2 * a.shape[1]
+    a_pos, b_pos = (_a_pos, _b_pos) if k == 16 else (_a_pos_k8, _b_pos_k8)
+    A, B = np.full((16, k), np.nan), np.full((k, 8), np.nan)
     for lane in range(32):
-        for i in range(8):
-            A[_a_pos(lane, i)] = a[lane, i]
-        for i in range(4):
-            B[_b_pos(lane, i)] = b[lane, i]
+        for i in range(a.shape[1]):
+            A[a_pos(lane, i)] = a[lane, i]
+        for i in range(b.shape[1]):
+            B[b_pos(lane, i)] = b[lane, i]
     assert not np.isnan(A).any() and not np.isnan(B).any(), "every element placed once"
     D = A @ B
     return np.array([[c[lane, i] + D[_c_pos(lane, i)] for i in range(4)] for lane in range(32)])
 
 
 def test_ptx_tables_cover_each_element_once():
-    for pos, n, shape in ((_a_pos, 8, (16, 16)), (_b_pos, 4, (16, 8)), (_c_pos, 4, (16, 8))):
+    for pos, n, shape in ((_a_pos, 8, (16, 16)), (_b_pos, 4, (16, 8)), (_c_pos, 4, (16, 8)),
+                          (_a_pos_k8, 4, (16, 8)), (_b_pos_k8, 2, (8, 8))):
         seen = {pos(lane, i) for lane in range(32) for i in range(n)}
         assert len(seen) == shape[0] * shape[1]
 
 
-def _emulate_window_fwd(Q, K, V, cols, masks, scale):
+def _emulate_window_fwd(Q, K, V, cols, masks, scale, vpw=2):
     """bsr_attn_fwd's arithmetic for one (window, head), lane by lane: Q
     [16, C] (the window's rows), K, V [num_src, C], cols [T, 16], masks
-    [T, 16] (row bits). Returns (out [16, C], lse [16])."""
+    [T, 16] (row bits); vpw values per word (2: 16-bit types, m16n8k16; 1:
+    fp32 as TF32, m16n8k8). Returns (out [16, C], lse [16])."""
     C = Q.shape[1]
-    QW, NT = C // 8, C // 8
+    QW, NT = C // 4 // vpw, C // 8
     sl2 = scale * np.log2(np.e)
 
-    def score_words(row_vals, t):         # channel t C/4 + 2 w + i  -> word w, half i
-        return row_vals[t * C // 4:(t + 1) * C // 4].reshape(QW, 2)
+    def score_words(row_vals, t):         # channel t C/4 + vpw w + i  -> word w, value i
+        return row_vals[t * C // 4:(t + 1) * C // 4].reshape(QW, vpw)
 
     o = np.zeros((32, NT, 4))
     m = np.full((32, 2), -np.inf)
@@ -222,8 +238,8 @@ def _emulate_window_fwd(Q, K, V, cols, masks, scale):
         s = np.zeros((32, 2, 4))
         for j in range(2):
             for kc in range(QW // 2):
-                a = np.zeros((32, 8))
-                b = np.zeros((32, 4))
+                a = np.zeros((32, 4 * vpw))
+                b = np.zeros((32, 2 * vpw))
                 for lane in range(32):
                     g, t = lane >> 2, lane & 3
                     q0, q1 = score_words(Q[g], t), score_words(Q[g + 8], t)
@@ -256,16 +272,20 @@ def _emulate_window_fwd(Q, K, V, cols, masks, scale):
                 o[lane, :, 2 * rr:2 * rr + 2] *= corr
         p = np.exp2(s - mu[:, None, [0, 0, 1, 1]])
         lsum += p.reshape(32, 2, 2, 2).sum(axis=(1, 3))
-        a = np.zeros((32, 8))
-        a[:, 0:2], a[:, 2:4], a[:, 4:6], a[:, 6:8] = p[:, 0, 0:2], p[:, 0, 2:4], p[:, 1, 0:2], \
-            p[:, 1, 2:4]
+        # A operand(s) of P (acc_to_a) and the value pattern's columns per k-step
+        if vpw == 2:
+            steps = [(np.concatenate([p[:, 0, 0:2], p[:, 0, 2:4], p[:, 1, 0:2], p[:, 1, 2:4]],
+                                     axis=1), (0, 1, 8, 9))]
+        else:
+            steps = [(p[:, hf][:, [0, 2, 1, 3]], (8 * hf, 8 * hf + 1)) for hf in range(2)]
         for nt in range(NT):
-            b = np.zeros((32, 4))
-            for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                for i, ccol in enumerate((2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9)):
-                    b[lane, i] = V[cols[tile, ccol], NT * g:NT * g + NT][nt]
-            o[:, nt] = _mma(a, b, o[:, nt])
+            for a, offs in steps:
+                b = np.zeros((32, len(offs)))
+                for lane in range(32):
+                    g, t = lane >> 2, lane & 3
+                    for i, off in enumerate(offs):
+                        b[lane, i] = V[cols[tile, 2 * t + off], NT * g:NT * g + NT][nt]
+                o[:, nt] = _mma(a, b, o[:, nt])
     out = np.zeros((16, C))
     lse = np.full(16, -np.inf)
     for lane in range(32):
@@ -280,8 +300,9 @@ def _emulate_window_fwd(Q, K, V, cols, masks, scale):
     return out, lse
 
 
+@pytest.mark.parametrize("vpw", [2, 1], ids=["16bit", "tf32"])
 @pytest.mark.parametrize("C", [16, 32])
-def test_fragment_emulation_of_the_forward_matches_dense_math(C):
+def test_fragment_emulation_of_the_forward_matches_dense_math(C, vpw):
     """The kernel's index maps (channel permutations, score -> A operand,
     value pattern, store) reproduce dense attention on one window."""
     ei, g = _graph("clustered")
@@ -294,7 +315,7 @@ def test_fragment_emulation_of_the_forward_matches_dense_math(C):
     for w in (0, 5):
         t0, t1 = bs.window_ptr[w], bs.window_ptr[w + 1]
         out, lse = _emulate_window_fwd(Q[16 * w:16 * w + 16], K, V, bs.tile_cols[t0:t1],
-                                       bs.tile_mask[t0:t1], scale)
+                                       bs.tile_mask[t0:t1], scale, vpw)
         for r in range(16):
             i = 16 * w + r
             s = np.where(A[i], scale * K @ Q[i], -np.inf)
@@ -307,8 +328,24 @@ def test_fragment_emulation_of_the_forward_matches_dense_math(C):
 
 
 # ------------------------------------------------------------------- GPU
-VTYPES = ["bfloat16", "float16"]
-GRAD_TOL = 3e-2        # delta from the rounded out, P and dS rounded for the products
+VTYPES = ["bfloat16", "float16", "float32"]     # float32: as TF32 (tf32=True)
+# Tolerances (relative error of the whole output): 16-bit outputs are rounded
+# to the type (TOLERANCES); TF32 rounds every product's inputs to 10 mantissa
+# bits (unit roundoff 2^-11) and keeps fp32 sums: 4 units.
+FWD_TOL = {"bfloat16": TOLERANCES["bfloat16"], "float16": TOLERANCES["float16"],
+           "float32": 4 * 2.0**-11}
+# gradients: delta from the rounded out, P and dS rounded for the products
+GRAD_TOL = {"bfloat16": 3e-2, "float16": 3e-2, "float32": 8 * 2.0**-11}
+
+
+def _tf32(vtype):
+    """The keyword that lets fp32 inputs take the Tensor Core kernels."""
+    return {"tf32": True} if vtype == "float32" else {}
+
+
+def _compiled(vtype, C, backward=False):
+    from fastgnn.backends.cuda.loader import BLOCKSPARSE_HEADS, BLOCKSPARSE_SRC_HEADS
+    return C in (BLOCKSPARSE_SRC_HEADS if backward else BLOCKSPARSE_HEADS)[vtype]
 
 
 def _cast(a, vtype):
@@ -317,7 +354,7 @@ def _cast(a, vtype):
     if vtype == "bfloat16":
         bits = to_bf16_bits(a)
         return cp.asarray(bits), from_bf16_bits(bits).astype(np.float64)
-    h = a.astype(np.float16)
+    h = a.astype(np.float16 if vtype == "float16" else np.float32)
     return cp.asarray(h), h.astype(np.float64)
 
 
@@ -363,9 +400,11 @@ def _attention_case(name, vtype, H, C, bias, rng):
 @pytest.mark.parametrize("vtype", VTYPES)
 @pytest.mark.parametrize("name", ATTN_GRAPHS)
 def test_gpu_attention_forward_matches_reference(name, vtype, H, C, bias):
+    if not _compiled(vtype, C):
+        pytest.skip(f"the Tensor Core attention is not compiled for C={C} in {vtype}")
     rng = np.random.default_rng(1)
     ei, g, arrs, vals = _attention_case(name, vtype, H, C, bias, rng)
-    vt = {"vtype": vtype}
+    vt = {"vtype": vtype, **_tf32(vtype)}
     out, res = fastgnn.edge_attention_fwd(g, "dot", **arrs, tensor_cores=True, **vt)
     assert res.tensor_cores
     r_out, _ = ref.edge_attention(ei, "dot", g.num_dst, vals)
@@ -373,7 +412,7 @@ def test_gpu_attention_forward_matches_reference(name, vtype, H, C, bias):
     err = rel_err(got, r_out)
     print(f"tc attention fwd {name} {vtype} H={H} C={C} bias={bias}: rel err {err:.2e}, "
           f"max abs err {np.abs(got - r_out).max() if got.size else 0:.2e}")
-    assert_close(got, r_out, vtype, "out")
+    assert_close(got, r_out, vtype, "out", tol=FWD_TOL[vtype])
     # lse: natural log of the row sums, -inf for rows without edges
     lse = to_numpy(res.lse)
     deg = np.bincount(ei[1], minlength=g.num_dst)
@@ -382,7 +421,8 @@ def test_gpu_attention_forward_matches_reference(name, vtype, H, C, bias):
     # the CUDA-core path agrees
     out_cc, res_cc = fastgnn.edge_attention_fwd(g, "dot", **arrs, tensor_cores=False, **vt)
     assert not res_cc.tensor_cores
-    assert_close(got, _values(out_cc, vtype), vtype, "out vs the CUDA-core path")
+    assert_close(got, _values(out_cc, vtype), vtype, "out vs the CUDA-core path",
+                 tol=FWD_TOL[vtype])
     if g.num_edges:
         np.testing.assert_allclose(lse[deg > 0], to_numpy(res_cc.lse)[deg > 0], rtol=2e-2,
                                    atol=2e-2)
@@ -394,17 +434,20 @@ def test_gpu_attention_forward_matches_reference(name, vtype, H, C, bias):
 @pytest.mark.parametrize("vtype", VTYPES)
 @pytest.mark.parametrize("name", ATTN_GRAPHS)
 def test_gpu_attention_backward_matches_reference(name, vtype, H, C):
+    if not _compiled(vtype, C):
+        pytest.skip(f"the Tensor Core attention is not compiled for C={C} in {vtype}")
     rng = np.random.default_rng(2)
     ei, g, arrs, vals = _attention_case(name, vtype, H, C, True, rng)
     go_d, go = _cast(rng.standard_normal((g.num_dst, H, C)), vtype)
-    out, res = fastgnn.edge_attention_fwd(g, "dot", **arrs, tensor_cores=True, vtype=vtype)
+    out, res = fastgnn.edge_attention_fwd(g, "dot", **arrs, tensor_cores=True, vtype=vtype,
+                                          **_tf32(vtype))
     grads = dict(zip(("q", "k", "v", "ee", "bias"), fastgnn.edge_attention_bwd(g, res, go_d)))
     r = ref.edge_attention_vjp(ei, "dot", g.num_dst, vals, go)
     for n in ("q", "k", "v", "bias"):
         got = _values(grads[n], vtype)
         err = rel_err(got, r[n])
         print(f"tc attention bwd {name} {vtype} H={H} C={C} grad {n}: rel err {err:.2e}")
-        assert_close(got, r[n], vtype, f"grad {n}", tol=GRAD_TOL)
+        assert_close(got, r[n], vtype, f"grad {n}", tol=GRAD_TOL[vtype])
 
 
 @gpu
@@ -419,8 +462,17 @@ def test_gpu_attention_refuses_what_it_cannot_serve():
     assert out.shape == q.shape
     ei, g = _graph("clustered", "cuda")
     q32 = cp.zeros((g.num_dst, 2, 32), dtype=cp.float32)
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="tf32=True"):
         fastgnn.edge_attention(g, "dot", q=q32, k=q32, v=q32, tensor_cores=True)
+    _, res = fastgnn.edge_attention_fwd(g, "dot", q=q32, k=q32, v=q32)   # auto, no tf32
+    assert not res.tensor_cores
+    _, res = fastgnn.edge_attention_fwd(g, "dot", q=q32, k=q32, v=q32, tf32=True)
+    assert res.tensor_cores == tc.pays(tc.block_sparse(g).stats)
+    q128 = cp.zeros((g.num_dst, 1, 128), dtype=cp.float32)
+    with pytest.raises(ValueError, match="C=128"):
+        fastgnn.edge_attention(g, "dot", q=q128, k=q128, v=q128, tensor_cores=True, tf32=True)
+    with pytest.raises(TypeError, match="tf32"):
+        fastgnn.edge_attention(g, "dot", q=q32, k=q32, v=q32, tf32="yes")
     q = cp.zeros((g.num_dst, 2, 32), dtype=cp.float16)
     with pytest.raises(ValueError, match="dropout"):
         fastgnn.edge_attention(g, "dot", q=q, k=q, v=q, dropout=0.5, tensor_cores=True)
@@ -489,7 +541,7 @@ def test_gpu_spmm_matches_reference(case, vtype, F):
               edge_weight=None if w is None else cp.asarray(w, dtype=cp.float32),
               bias=b_d, row_scale=None if r is None else cp.asarray(r, dtype=cp.float32),
               col_scale=None if c is None else cp.asarray(c, dtype=cp.float32))
-    out, res = fastgnn.spmm_fwd(g, x_d, tensor_cores=True, **kw)
+    out, res = fastgnn.spmm_fwd(g, x_d, tensor_cores=True, **kw, **_tf32(vtype))
     assert res.tensor_cores
     # the reference: scales folded into the weights
     we = np.ones(ei.shape[1]) if w is None else w.copy()
@@ -498,7 +550,7 @@ def test_gpu_spmm_matches_reference(case, vtype, F):
     want = ref.spmm(ei, x, we, reduce, num_dst=g.num_dst, bias=b)
     got = _values(out, vtype)
     print(f"tc spmm {case} {vtype} F={F}: rel err {rel_err(got, want):.2e}")
-    assert_close(got, want, vtype, "out")
+    assert_close(got, want, vtype, "out", tol=FWD_TOL[vtype])
     go_d, go = _cast(rng.standard_normal((g.num_dst, F)), vtype)
     gx, _, _ = fastgnn.spmm_bwd(g, res, go_d, needs_weight_grad=False)
     # grad_x = A^T (s * g) with the reference's weights
@@ -508,4 +560,4 @@ def test_gpu_spmm_matches_reference(case, vtype, F):
     np.add.at(want_gx, ei[0], (we * s[ei[1]])[:, None] * go[ei[1]])
     got_gx = _values(gx, vtype)
     print(f"tc spmm {case} {vtype} F={F} grad x: rel err {rel_err(got_gx, want_gx):.2e}")
-    assert_close(got_gx, want_gx, vtype, "grad x", tol=TOLERANCES[vtype] * 2)
+    assert_close(got_gx, want_gx, vtype, "grad x", tol=FWD_TOL[vtype] * 2)

@@ -841,3 +841,38 @@ def test_loop_fill_on_a_graph_of_only_self_loops(fill_value):
     ga, = torch.autograd.grad(a.sum(), ref.lin_edge.weight)
     gb, = torch.autograd.grad(b.sum(), ours.lin_edge.weight)
     assert rel_err(gb.numpy(), ga.numpy()) < TOLERANCES["float64"]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("tf32", [False, True])
+def test_gpu_fp32_dot_attention_takes_tf32_tensor_cores_where_torch_allows(tf32, set_tf32,
+                                                                          monkeypatch):
+    """fp32 dot attention on a locally dense graph runs the Tensor Core
+    kernels as TF32 exactly when torch lets fp32 matmuls use TF32 (forward
+    and backward), and stays within TF32's tolerance of float64 either way."""
+    from fastgnn import blocksparse as tc
+    from fastgnn.generators import clustered
+    ei, n = clustered(2048, block=32, random_per_node=1, seed=3)    # deduplicated
+    H, C = 2, 32
+    calls = []
+    for name in ("attention_fwd", "attention_bwd"):
+        monkeypatch.setattr(tc, name, (lambda f, name: lambda *a, **k: (calls.append(name),
+                                                                         f(*a, **k))[1])(
+            getattr(tc, name), name))
+    set_tf32(tf32)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, go = (torch.randn(n, H, C, generator=gen, dtype=torch.float64) for _ in range(4))
+    edge_index = torch.from_numpy(ei).cuda()
+    leaves = [t.float().cuda().requires_grad_() for t in (q, k, v)]
+    out = ft.edge_attention(edge_index, "dot", q=leaves[0], k=leaves[1], v=leaves[2])
+    grads = torch.autograd.grad(out, leaves, go.float().cuda())
+    assert calls == (["attention_fwd", "attention_bwd"] if tf32 else []), calls
+    ref64 = [t.requires_grad_() for t in (q, k, v)]
+    want = ft.edge_attention(torch.from_numpy(ei), "dot", q=ref64[0], k=ref64[1], v=ref64[2])
+    want_grads = torch.autograd.grad(want, ref64, go)
+    tol = TOLERANCES["tf32"] if tf32 else TOLERANCES["float32"]
+    for what, a, b in [("out", out, want)] + [(f"grad {x}", a, b) for x, a, b in
+                                             zip("qkv", grads, want_grads)]:
+        err = rel_err(a.detach().cpu().double().numpy(), b.detach().numpy())
+        assert err < 4 * tol, f"{what}: rel err {err:.2e} (tf32={tf32})"

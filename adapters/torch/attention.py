@@ -80,7 +80,9 @@ _ATTN_INPUTS = ("a_src", "a_dst", "a_edge", "v", "xl", "xr", "att", "xe", "q", "
 
 
 def _attention_fwd(graph, *arrays, score, **kw):
-    return edge_attention_fwd(graph, score, **dict(zip(_ATTN_INPUTS, arrays)), **kw)
+    # fp32 may take the Tensor Core kernels as TF32 where torch lets matmuls
+    return edge_attention_fwd(graph, score, **dict(zip(_ATTN_INPUTS, arrays)), **kw,
+                              tf32=tf32_allowed())
 
 
 def _attention_bwd(graph, res, grad_out, grad_alpha=None, **flags):

@@ -118,7 +118,8 @@ def add_bias(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _spmm_fwd(graph, x, edge_weight, bias, **static):
-    return spmm_fwd(graph, x, edge_weight, bias=bias, **static)
+    # fp32 may take the Tensor Core kernel as TF32 where torch lets matmuls
+    return spmm_fwd(graph, x, edge_weight, bias=bias, **static, tf32=tf32_allowed())
 
 
 SPMM = Op("spmm", _spmm_fwd, spmm_bwd, inputs=("x", "edge_weight", "bias"),

@@ -42,6 +42,7 @@ from fastgnn.ops.segment import parse_reduce
 
 from . import custom_ops
 from ._autograd import PlanResiduals, _torch_stream_ptr, device_scope
+from .gemm import tf32_allowed
 
 VTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
           torch.bfloat16: "bfloat16"}
@@ -385,12 +386,24 @@ def _inv_in_degree(graph, vtype, device):
     return inv
 
 
+def _tf32_tensor_cores(graph, dtype) -> bool:
+    """Whether an fp32 call on this graph goes to the core's Tensor Core path
+    as TF32 (torch lets fp32 matmuls use TF32 and the graph's fill rule,
+    fastgnn.blocksparse.pays, takes the path): the plans then leave the call
+    to the bridge, whose core call decides."""
+    if dtype != torch.float32 or not tf32_allowed():
+        return False
+    from fastgnn import blocksparse as tc
+    return tc.pays(tc.block_sparse(graph).stats)
+
+
 class SpmmPath:
     """`Op.cuda` of SPMM (inputs x, edge_weight, bias; static reduce, path,
     row_scale, col_scale, csr_weights). Takes fp32/fp64 x without
     edge_weight (constant CsrWeights, scales and a bias of x's dtype are
     fine) when the backend's dispatch runs the custom kernel both ways
-    (its choices made, see `_chunk`); a mean with a caller's row_scale and
+    (its choices made, see `_chunk`); a mean with a caller's row_scale, fp32
+    x that the Tensor Core rule takes as TF32 (`_tf32_tensor_cores`) and
     anything else take the bridge."""
 
     def forward(self, graph, static, tensors, needs):
@@ -408,6 +421,8 @@ class SpmmPath:
                                  or bias.device != dev):
             return None
         if _device_index(graph, x) is None:
+            return None
+        if path == "auto" and _tf32_tensor_cores(graph, x.dtype):
             return None
         vtype = SPMM_VTYPES[x.dtype]
         acc = torch.float64 if vtype == "float64" else torch.float32
@@ -686,8 +701,9 @@ class EdgeAttentionPath:
     """`Op.cuda` of EDGE_ATTENTION (static: score, negative_slope, scale,
     dropout, seed, offset, return_attention_weights, deterministic). Takes
     fp32/fp64 inputs in the shapes the core accepts on a graph with edges
-    and targets (no tensor_cores argument: 16-bit dot attention, where the
-    Tensor Core rule may serve, stays on the bridge). The backward takes the
+    and targets (no tensor_cores argument: 16-bit dot attention, and fp32
+    dot attention where torch allows TF32, where the Tensor Core rule may
+    serve, stay on the bridge). The backward takes the
     bridge (the core's backward on DLPack views of the residuals) where
     its plan does not serve."""
 
@@ -700,6 +716,8 @@ class EdgeAttentionPath:
         if got is None:
             return None
         score, given, H, C, dtype = got
+        if score == "dot" and _tf32_tensor_cores(graph, dtype):
+            return None
         from fastgnn.backends.attention_spec import SLOT_NAMES
         from fastgnn.ops.attention import _attention_params
         params = _attention_params(score, static.get("negative_slope", 0.2),

@@ -1,7 +1,7 @@
 """Developer probe: the block-sparse Tensor Core path against the CUDA-core
 path per graph (CUDA events, median of `repeats` after a warm-up): the
 form's build time and fill statistics, dot attention forward and
-forward+backward (H x C, bf16), and the SpMM (F features, bf16) against the
+forward+backward (H x C), and the SpMM (F features) against the
 custom CUDA-core kernel and cuSPARSE's best (torch.sparse.mm on a CSR
 adjacency in bf16 and fp32, where torch is installed). Each graph ends with
 one line of speedups and what `tensor_cores="auto"` picks; the threshold
@@ -10,8 +10,9 @@ MAX_WINDOW_SKEW) are set from
 these lines. A correctness line per graph compares both paths' outputs.
 
     python benchmarks/dev/probe_blocksparse.py [graph ...] [--heads 4] [--channels 32]
-        [--features 128] [--repeats 10]
-    (default graphs: clustered19 grid mesh3d molecules knn rmat20 uniform20)
+        [--features 128] [--repeats 10] [--dtype bf16|tf32]
+    (--dtype tf32: fp32 inputs, the Tensor Core path as TF32 (tf32=True)
+    against the fp32 CUDA-core path; default graphs: clustered19 grid mesh3d molecules knn rmat20 uniform20)
 """
 import argparse
 import time
@@ -38,6 +39,16 @@ def bf16_values(a):
     return (a.astype(cp.uint32) << 16).view(cp.float32).get().astype(np.float64)
 
 
+def make(rng, dtype, *shape):
+    """Random inputs: bf16 bits, or fp32 (dtype "tf32") holding the same values."""
+    a = bf16(rng, *shape)
+    return a if dtype == "bf16" else (a.astype(cp.uint32) << 16).view(cp.float32)
+
+
+def values(a, dtype):
+    return bf16_values(a) if dtype == "bf16" else a.get().astype(np.float64)
+
+
 def cusparse_ms(g, x_bits, repeats):
     """torch.sparse.mm over a CSR adjacency (cuSPARSE): {dtype: ms}."""
     try:
@@ -59,7 +70,7 @@ def cusparse_ms(g, x_bits, repeats):
     return out
 
 
-def probe(spec, H, C, F, repeats):
+def probe(spec, H, C, F, repeats, dtype="bf16"):
     name, desc, make = parse(spec)
     made = make(cp, 0)
     ei, n = made[0], made[1]
@@ -82,8 +93,9 @@ def probe(spec, H, C, F, repeats):
           f"{st['empty_windows']}/{st['num_windows']}; auto rule: "
           f"{'Tensor Cores' if tc.pays(st) else 'CUDA cores'}")
     rng = cp.random.default_rng(0)
-    q, k, v, go = (bf16(rng, g.num_dst, H, C) for _ in range(4))
-    kw = dict(q=q, k=k, v=v, vtype="bfloat16")
+    q, k, v, go = (make(rng, dtype, g.num_dst, H, C) for _ in range(4))
+    vt = dict(vtype="bfloat16") if dtype == "bf16" else dict(tf32=True)
+    kw = dict(q=q, k=k, v=v, **vt)
     res_line = []
     times = {}
     for path in (True, False):
@@ -97,13 +109,13 @@ def probe(spec, H, C, F, repeats):
             fastgnn.edge_attention_bwd(g, r, go)
         times[("fwd", path)] = median_ms(fwd, repeats)
         times[("fwdbwd", path)] = median_ms(fwd_bwd, repeats)
-        res_line.append(bf16_values(out))
-        x = bf16(rng, g.num_src, F)
-        sp = lambda p=path: fastgnn.spmm(g, x, vtype="bfloat16", tensor_cores=p)  # noqa: E731
+        res_line.append(values(out, dtype))
+        x = make(rng, dtype, g.num_src, F)
+        sp = lambda p=path: fastgnn.spmm(g, x, tensor_cores=p, **vt)  # noqa: E731
         times[("spmm", path)] = median_ms(sp, repeats)
     cus = cusparse_ms(g, bf16(rng, g.num_src, F), repeats)
-    for key, label in (("fwd", f"dot attention fwd (H={H}, C={C}, bf16)"),
-                       ("fwdbwd", "dot attention fwd+bwd"), ("spmm", f"SpMM sum (F={F}, bf16)")):
+    for key, label in (("fwd", f"dot attention fwd (H={H}, C={C}, {dtype})"),
+                       ("fwdbwd", "dot attention fwd+bwd"), ("spmm", f"SpMM sum (F={F}, {dtype})")):
         t_tc, t_cc = times.get((key, True)), times[(key, False)]
         tc_s = f"{t_tc:.3f} ms" if t_tc is not None else "n/a"
         sp = f", speedup {t_cc / t_tc:.2f}x" if t_tc else ""
@@ -114,7 +126,7 @@ def probe(spec, H, C, F, repeats):
     if len(res_line) == 2:
         print(f"  check: attention out rel diff tensor vs CUDA cores {rel_err(*res_line):.2e}")
     if times.get(("fwd", True)):
-        print(f"SUMMARY {name} fill={st['fill']:.3f} skew="
+        print(f"SUMMARY {name} {dtype} fill={st['fill']:.3f} skew="
               f"{st['max_tiles_window'] / max(st['tiles_per_window'], 1e-9):.1f} "
               f"fwd={times[('fwd', False)] / times[('fwd', True)]:.2f}x "
               f"fwdbwd={times[('fwdbwd', False)] / times[('fwdbwd', True)]:.2f}x "
@@ -129,9 +141,10 @@ def main():
     ap.add_argument("--channels", type=int, default=32)
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--dtype", choices=("bf16", "tf32"), default="bf16")
     a = ap.parse_args()
     for spec in a.graphs:
-        probe(spec, a.heads, a.channels, a.features, a.repeats)
+        probe(spec, a.heads, a.channels, a.features, a.repeats, a.dtype)
         cp.get_default_memory_pool().free_all_blocks()
 
 

@@ -354,7 +354,7 @@ def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=N
                        xr=None, att=None, xe=None, q=None, k=None, ee=None, bias=None,
                        negative_slope=0.2, scale=None, dropout=0.0, seed=0, offset=0,
                        return_attention_weights=False, vtype=None, deterministic=True,
-                       tensor_cores="auto"):
+                       tensor_cores="auto", tf32=False):
     """Forward of `edge_attention`; returns (out or (out, alpha), AttentionResiduals)."""
     graph = as_graph(graph)
     given = {"a_src": a_src, "a_dst": a_dst, "a_edge": a_edge, "v": v, "xl": xl, "xr": xr,
@@ -364,7 +364,7 @@ def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=N
                                deterministic)
     anchor = arrays[_ANCHOR[score]]
     tc = _tc.attention_path(graph, score, arrays, params, bool(return_attention_weights), vt,
-                            tensor_cores)
+                            tensor_cores, tf32=_tc.check_tf32(tf32))
     if tc:
         out, lse, out_b = _tc.attention_fwd(graph, arrays, params, vt)
         alpha = None
@@ -437,7 +437,7 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
                    xr=None, att=None, xe=None, q=None, k=None, ee=None, bias=None,
                    negative_slope=0.2,
                    scale=None, dropout=0.0, seed=0, offset=0, return_attention_weights=False,
-                   vtype=None, deterministic=True, tensor_cores="auto"):
+                   vtype=None, deterministic=True, tensor_cores="auto", tf32=False):
     """Fused edge attention over each target's in-edges (see the module
     docstring for the math and the gradients). Per head h, for edges
     e = (j -> i):
@@ -485,11 +485,15 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
               deterministic passes (faster for them).
     tensor_cores: "auto" (default), True or False: the block-sparse Tensor
               Core kernels (`fastgnn.blocksparse`: score="dot" with bf16/fp16
-              inputs, no edge term, dropout or returned weights, no duplicate
+              inputs, or fp32 with tf32=True; no edge term, dropout or returned weights, no duplicate
               edges) where its fill rule says they are faster on this graph;
               True forces them (ValueError where they cannot serve the
               call), False keeps the CUDA-core kernels. Results agree to the
               dtype's tolerance.
+    tf32:     False (default) or True: let fp32 inputs take the Tensor Core
+              kernels as TF32 (q, k, v and the probabilities rounded to 10
+              mantissa bits in the products, fp32 softmax and sums; relative
+              error about 2^-11 per product, as a 16-bit float's).
     Per-edge inputs and outputs are in the caller's edge order. Targets
     without in-edges get 0. Returns out [num_dst, H, C] (and alpha) in the
     inputs' dtype; nothing of size E x H x C is allocated.
@@ -499,5 +503,6 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
                                 negative_slope=negative_slope, scale=scale, dropout=dropout,
                                 seed=seed, offset=offset,
                                 return_attention_weights=return_attention_weights, vtype=vtype,
-                                deterministic=deterministic, tensor_cores=tensor_cores)
+                                deterministic=deterministic, tensor_cores=tensor_cores,
+                                tf32=tf32)
     return out

@@ -169,7 +169,7 @@ def _validate_csr_weights(graph: Graph, cw, dtype):
 
 def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None,
              col_scale=None, csr_weights=None, vtype=None, path="auto", deterministic=True,
-             needs_weight_grad=True, tensor_cores="auto"):
+             needs_weight_grad=True, tensor_cores="auto", tf32=False):
     """Forward of `spmm`; returns (out [num_dst, F], SpmmResiduals).
 
     csr_weights: a CsrWeights of this graph, instead of edge_weight: constant
@@ -197,7 +197,7 @@ def spmm_fwd(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=N
         w_csr = None if w is None else graph.to_csr_order(w).astype(wdt, copy=False)
     # an explicit path keeps the CUDA-core kernels unless tensor_cores=True
     tc = _tc.spmm_path(graph, x, vt, _tc.check_option(tensor_cores) if path == "auto"
-                       else tensor_cores is True)
+                       else tensor_cores is True, _tc.check_tf32(tf32))
     if tc:
         out = _tc.spmm(graph, x, vt, w_csr, r, c, b)
     else:
@@ -228,7 +228,7 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
         w_t = res.weight_t
         if w_t is None and res.weight_csr is not None:
             w_t = res.weight_csr[t.edge_ids]
-        if res.tensor_cores and _tc.spmm_path(t, g, res.vtype, True):
+        if res.tensor_cores and _tc.spmm_path(t, g, res.vtype, True, tf32=True):
             grad_x = _tc.spmm(t, g, res.vtype, w_t, res.col_scale, res.row_scale)
         else:
             grad_x = be.spmm(t, g, w_t, res.vtype, res.path, res.deterministic,
@@ -248,7 +248,8 @@ def spmm_bwd(graph, res: SpmmResiduals, grad_out, needs_x_grad=True, needs_weigh
 
 
 def spmm(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None, col_scale=None,
-         csr_weights=None, vtype=None, path="auto", deterministic=True, tensor_cores="auto"):
+         csr_weights=None, vtype=None, path="auto", deterministic=True, tensor_cores="auto",
+         tf32=False):
     """Neighbour aggregation by sparse-dense product:
 
         out[i] = s_i * r_i * sum_{e=(j->i)} w_e * c_j * x[j]  (+ b)
@@ -275,18 +276,22 @@ def spmm(graph, x, edge_weight=None, reduce="sum", *, bias=None, row_scale=None,
                  (no float atomics anywhere); False lets "auto" also consider
                  cuSPARSE algorithms that are not.
     tensor_cores: "auto" (default), True or False: the block-sparse Tensor
-                 Core kernel (`fastgnn.blocksparse`: bf16/fp16 features, F a
-                 multiple of 16; duplicate edges' weights summed) where its
-                 fill rule says it is faster on this graph; True forces it
-                 (ValueError where it cannot serve), False keeps `path`; an
-                 explicit `path` other than "auto" turns "auto" off. The
-                 backward's grad_x follows the forward's choice.
+                 Core kernel (`fastgnn.blocksparse`: bf16/fp16 features, or
+                 fp32 with tf32=True; F a multiple of 16; duplicate edges'
+                 weights summed) where its fill rule says it is faster on
+                 this graph; True forces it (ValueError where it cannot
+                 serve), False keeps `path`; an explicit `path` other than
+                 "auto" turns "auto" off. The backward's grad_x follows the
+                 forward's choice.
+    tf32:        False (default) or True: let fp32 features take the Tensor
+                 Core kernel as TF32 (x and the weights rounded to 10
+                 mantissa bits, fp32 sums; relative error about 2^-11).
     Returns [num_dst, F] in x's dtype (fp32 accumulation for 16-bit types).
     """
     out, _ = spmm_fwd(graph, x, edge_weight, reduce, bias=bias, row_scale=row_scale,
                       col_scale=col_scale, csr_weights=csr_weights, vtype=vtype, path=path,
                       deterministic=deterministic, needs_weight_grad=False,
-                      tensor_cores=tensor_cores)
+                      tensor_cores=tensor_cores, tf32=tf32)
     return out
 
 

@@ -144,12 +144,12 @@ def attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backw
         return (f"score={score!r}: its scores are not a product of per-node matrices "
                 "(only 'dot' is)")
     if vtype not in BLOCKSPARSE_VTYPES:
-        return f"{vtype} inputs (float16 and bfloat16 only)"
+        return f"{vtype} inputs (float16, bfloat16 and float32 as TF32 only)"
     q = arrays["q"]
     H, C = int(q.shape[1]), int(q.shape[2])
-    widths = BLOCKSPARSE_SRC_HEADS if backward else BLOCKSPARSE_HEADS
+    widths = (BLOCKSPARSE_SRC_HEADS if backward else BLOCKSPARSE_HEADS)[vtype]
     if C not in widths:
-        return f"C={C} channels per head (compiled for {widths})"
+        return f"C={C} channels per head in {vtype} (compiled for {widths})"
     if arrays.get("ee") is not None:
         return "an edge term ee (per-edge data the tiles do not carry)"
     if params.drop.active:
@@ -240,7 +240,7 @@ def spmm_chunk(F):
 
 def spmm_unsupported(graph, x, vtype):
     if vtype not in BLOCKSPARSE_VTYPES:
-        return f"{vtype} features (float16 and bfloat16 only)"
+        return f"{vtype} features (float16, bfloat16 and float32 as TF32 only)"
     F = int(x.shape[1])
     if spmm_chunk(F) is None:
         return f"F={F} features (a multiple of {min(BLOCKSPARSE_CHUNKS)} needed)"
@@ -259,6 +259,8 @@ def tile_values(graph, bs, weight_csr, vtype):
     acc = cp.zeros(bs.num_tiles * TILE * WINDOW, dtype=np.float32)
     if graph.num_edges:
         cupyx.scatter_add(acc, edge_slots(graph, bs), weight_csr.astype(np.float32, copy=False))
+    if vtype == "float32":
+        return acc.reshape(bs.num_tiles, TILE, WINDOW)
     dt = np.uint16 if vtype == "bfloat16" else np.float16
     return from_acc(acc, dt, "spmm", vtype, _itype(graph)).reshape(bs.num_tiles, TILE, WINDOW)
 

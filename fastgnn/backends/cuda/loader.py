@@ -192,26 +192,29 @@ def _attention_names(vt, it):
 
 
 # Channels per head (attention forward and target pass; the source pass of
-# the backward, which holds two accumulators, up to 64: at 128 it spills) and
-# features per warp (SpMM: FC; 32 spills 4 bytes when weighted, so F = 32
-# runs as two chunks of 16) the Tensor Core kernels of
-# kernels_cuda/blocksparse.cu are compiled for; 16-bit types only.
-BLOCKSPARSE_HEADS = (16, 32, 64, 128)
-BLOCKSPARSE_SRC_HEADS = (16, 32, 64)
+# the backward, which holds two accumulators, fewer) and features per warp
+# (SpMM: FC; 32 spills 4 bytes when weighted in 16 bits, so F = 32 runs as
+# two chunks of 16) the Tensor Core kernels of kernels_cuda/blocksparse.cu
+# are compiled for, per value type: bf16/fp16 (mma k16) and fp32 (TF32 mma
+# k8, whose rows take twice the registers: the fp32 target pass spills at
+# C = 128, the source pass takes 252 registers at 64).
+BLOCKSPARSE_HEADS = {"float16": (16, 32, 64, 128), "bfloat16": (16, 32, 64, 128),
+                     "float32": (16, 32, 64)}
+BLOCKSPARSE_SRC_HEADS = {"float16": (16, 32, 64), "bfloat16": (16, 32, 64), "float32": (16, 32)}
 BLOCKSPARSE_CHUNKS = (16, 64, 128)
-BLOCKSPARSE_VTYPES = ("float16", "bfloat16")
+BLOCKSPARSE_VTYPES = tuple(BLOCKSPARSE_HEADS)
 
 
 def _blocksparse_names(vt, it):
     """The block-sparse builder (every module, templated on the index type)
-    and, for 16-bit value types, the mma kernels."""
+    and, for the value types of BLOCKSPARSE_VTYPES, the mma kernels."""
     I = C_INDEX[it]
     names = [f"bsr_keys<{I}>", "bsr_heads", f"bsr_window_cols<{I}>", f"bsr_fill<{I}>", "bsr_pad"]
     if vt in BLOCKSPARSE_VTYPES:
         T = C_VALUE[vt]
-        for c in BLOCKSPARSE_HEADS:
+        for c in BLOCKSPARSE_HEADS[vt]:
             names += [f"bsr_attn_fwd<{T}, {c}>", f"bsr_attn_bwd_dst<{T}, {c}>"]
-        names += [f"bsr_attn_bwd_src<{T}, {c}>" for c in BLOCKSPARSE_SRC_HEADS]
+        names += [f"bsr_attn_bwd_src<{T}, {c}>" for c in BLOCKSPARSE_SRC_HEADS[vt]]
         names += [f"bsr_spmm<{T}, {fc}, {weighted}>" for fc in BLOCKSPARSE_CHUNKS
                   for weighted in ("false", "true")]
     return names
