@@ -2,8 +2,10 @@
 // (fastgnn/backends/blocksparse.py describes it: windows of 16 target rows,
 // tiles of 16 compacted source columns, a 16 x 16 bit mask per tile), and
 // over its tiles the dot-product (graph transformer) attention forward and
-// backward and the SpMM, as warp-level mma.sync.m16n8k16 products with bf16
-// or fp16 inputs and fp32 accumulation. Math of the attention: the "dot"
+// backward and the SpMM, as warp-level mma.sync products with fp32
+// accumulation: m16n8k16 for bf16 or fp16 inputs, m16n8k8 with TF32 inputs
+// for fp32 (Mma<T> below; the fragment layouts here are the 16-bit ones, and
+// Mma<T> says how the TF32 k-steps map to the same words). Math of the attention: the "dot"
 // score of fastgnn/ops/attention.py (s = scale <q_i, k_j>, m = v_j), without
 // edge term or dropout; of the SpMM: fastgnn/ops/spmm.py.
 //
@@ -54,7 +56,7 @@
 // bitwise repeatable.
 //
 // Traffic per (tile, head): forward 16 K rows and 16 V rows of C values
-// (2 x 16 x C x 2 bytes; 2 KB at C = 32), 64 + 32 bytes of columns and mask
+// (2 x 16 x C x 2 bytes in 16 bits; 2 KB at C = 32; twice that in fp32), 64 + 32 bytes of columns and mask
 // (served by L1 across the window's heads); per (window, head) Q, out and
 // lse once. Target pass: K twice (two patterns; the second from L1) and V;
 // source pass: Q and G twice each plus lse and D per column. SpMM: per tile
