@@ -54,7 +54,22 @@ path over the CUDA-core path; benchmarks/results/blocksparse_h200.md):
     rmat20       0.067  15.7         331     0.40x     0.56x         0.15x
 
 so every graph the rule takes is faster on both ops, and the two random
-graphs keep the CUDA-core path.
+graphs keep the CUDA-core path. In fp32 as TF32 (`--dtype tf32`, same
+graphs; benchmarks/results/blocksparse_tf32_h200.md) rows are twice the
+bytes on both paths:
+
+    graph        fill   attn fwd  attn fwd+bwd  spmm
+    clustered19  0.279  5.12x     3.50x         1.32x
+    knn          0.162  3.72x     2.40x         1.04x
+    molecules    0.072  1.36x     1.23x         1.07x
+    mesh3d       0.062  1.38x     1.18x         0.83x
+    grid         0.062  1.44x     1.26x         0.83x
+    uniform20    0.061  1.05x     0.78x         0.96x
+    rmat20       0.067  0.43x     0.36x         0.18x
+
+The attention keeps the rule; the TF32 SpMM loses to the CUDA-core kernel
+at fill 0.062 and gains from 0.072, so it also needs fill >=
+TF32_SPMM_MIN_FILL.
 `tensor_cores=True` forces the path (ValueError naming the reason where it
 cannot serve the call), False keeps the CUDA-core path.
 """
@@ -68,6 +83,7 @@ OPTIONS = ("auto", True, False)
 MIN_FILL = 0.05
 MAX_TILES_PER_WINDOW = 12.0
 MAX_WINDOW_SKEW = 32.0
+TF32_SPMM_MIN_FILL = 0.07
 
 
 def check_option(tensor_cores):
@@ -98,32 +114,36 @@ def block_sparse(graph) -> BlockSparse:
                         lambda: build_numpy(graph.indptr, graph.indices, graph.num_src))
 
 
-def pays(stats) -> bool:
-    """The automatic rule on a form's statistics."""
+def pays(stats, op="attention", vtype="bfloat16") -> bool:
+    """The automatic rule on a form's statistics, for op ("attention" or
+    "spmm") in value type vtype."""
     if stats["num_tiles"] == 0:
         return False
-    return (stats["fill"] >= MIN_FILL
+    min_fill = TF32_SPMM_MIN_FILL if (op == "spmm" and vtype == "float32") else MIN_FILL
+    return (stats["fill"] >= min_fill
             and stats["tiles_per_window"] <= MAX_TILES_PER_WINDOW
             and stats["max_tiles_window"] <= MAX_WINDOW_SKEW * stats["tiles_per_window"])
 
 
-def _decide(graph, option, reason, op):
+def _decide(graph, option, reason, op, vtype):
     """Whether the Tensor Core path serves: `reason` () -> why it cannot (or
-    None); option True raises with it, "auto" asks the rule."""
+    None); option True raises with it, "auto" asks the rule (`pays`) for op
+    ("attention", "spmm") in vtype."""
     option = check_option(option)
+    name = "SpMM" if op == "spmm" else op
     if option is False:
         return False
     if not is_cupy(graph.indices):
         if option is True:
-            raise ValueError(f"tensor_cores=True: {op} runs on Tensor Cores only for GPU (CuPy) "
+            raise ValueError(f"tensor_cores=True: {name} runs on Tensor Cores only for GPU (CuPy) "
                              "graphs and arrays")
         return False
     why = reason()
     if why is not None:
         if option is True:
-            raise ValueError(f"tensor_cores=True: the Tensor Core {op} cannot serve {why}")
+            raise ValueError(f"tensor_cores=True: the Tensor Core {name} cannot serve {why}")
         return False
-    return True if option is True else pays(block_sparse(graph).stats)
+    return True if option is True else pays(block_sparse(graph).stats, op, vtype)
 
 
 def _fp32_reason(vtype, tf32):
@@ -140,7 +160,7 @@ def attention_path(graph, score, arrays, params, need_alpha, vtype, option,
         from .backends.cuda.blocksparse import attention_unsupported
         return (_fp32_reason(vtype, tf32)
                 or attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backward))
-    return _decide(graph, option, reason, "attention")
+    return _decide(graph, option, reason, "attention", vtype)
 
 
 def spmm_path(graph, x, vtype, option, tf32=False) -> bool:
@@ -148,7 +168,7 @@ def spmm_path(graph, x, vtype, option, tf32=False) -> bool:
     def reason():
         from .backends.cuda.blocksparse import spmm_unsupported
         return _fp32_reason(vtype, tf32) or spmm_unsupported(graph, x, vtype)
-    return _decide(graph, option, reason, "SpMM")
+    return _decide(graph, option, reason, "spmm", vtype)
 
 
 def attention_backward_path(graph, score, arrays, params, vtype) -> bool:

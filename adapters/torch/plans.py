@@ -386,7 +386,7 @@ def _inv_in_degree(graph, vtype, device):
     return inv
 
 
-def _tf32_tensor_cores(graph, dtype) -> bool:
+def _tf32_tensor_cores(graph, dtype, op) -> bool:
     """Whether an fp32 call on this graph goes to the core's Tensor Core path
     as TF32 (torch lets fp32 matmuls use TF32 and the graph's fill rule,
     fastgnn.blocksparse.pays, takes the path): the plans then leave the call
@@ -394,7 +394,7 @@ def _tf32_tensor_cores(graph, dtype) -> bool:
     if dtype != torch.float32 or not tf32_allowed():
         return False
     from fastgnn import blocksparse as tc
-    return tc.pays(tc.block_sparse(graph).stats)
+    return tc.pays(tc.block_sparse(graph).stats, op, "float32")
 
 
 class SpmmPath:
@@ -422,7 +422,7 @@ class SpmmPath:
             return None
         if _device_index(graph, x) is None:
             return None
-        if path == "auto" and _tf32_tensor_cores(graph, x.dtype):
+        if path == "auto" and _tf32_tensor_cores(graph, x.dtype, "spmm"):
             return None
         vtype = SPMM_VTYPES[x.dtype]
         acc = torch.float64 if vtype == "float64" else torch.float32
@@ -716,7 +716,7 @@ class EdgeAttentionPath:
         if got is None:
             return None
         score, given, H, C, dtype = got
-        if score == "dot" and _tf32_tensor_cores(graph, dtype):
+        if score == "dot" and _tf32_tensor_cores(graph, dtype, "attention"):
             return None
         from fastgnn.backends.attention_spec import SLOT_NAMES
         from fastgnn.ops.attention import _attention_params

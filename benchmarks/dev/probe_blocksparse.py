@@ -39,7 +39,7 @@ def bf16_values(a):
     return (a.astype(cp.uint32) << 16).view(cp.float32).get().astype(np.float64)
 
 
-def make(rng, dtype, *shape):
+def random_inputs(rng, dtype, *shape):
     """Random inputs: bf16 bits, or fp32 (dtype "tf32") holding the same values."""
     a = bf16(rng, *shape)
     return a if dtype == "bf16" else (a.astype(cp.uint32) << 16).view(cp.float32)
@@ -91,9 +91,11 @@ def probe(spec, H, C, F, repeats, dtype="bf16"):
           f"tiles {st['num_tiles']} fill {st['fill']:.3f} tiles/window "
           f"{st['tiles_per_window']:.2f} max {st['max_tiles_window']} empty windows "
           f"{st['empty_windows']}/{st['num_windows']}; auto rule: "
-          f"{'Tensor Cores' if tc.pays(st) else 'CUDA cores'}")
+          f"{'Tensor Cores' if tc.pays(st) else 'CUDA cores'}"
+          + (f" (TF32 SpMM: {'Tensor Cores' if tc.pays(st, 'spmm', 'float32') else 'CUDA cores'})"
+             if dtype == "tf32" else ""))
     rng = cp.random.default_rng(0)
-    q, k, v, go = (make(rng, dtype, g.num_dst, H, C) for _ in range(4))
+    q, k, v, go = (random_inputs(rng, dtype, g.num_dst, H, C) for _ in range(4))
     vt = dict(vtype="bfloat16") if dtype == "bf16" else dict(tf32=True)
     kw = dict(q=q, k=k, v=v, **vt)
     res_line = []
@@ -110,7 +112,7 @@ def probe(spec, H, C, F, repeats, dtype="bf16"):
         times[("fwd", path)] = median_ms(fwd, repeats)
         times[("fwdbwd", path)] = median_ms(fwd_bwd, repeats)
         res_line.append(values(out, dtype))
-        x = make(rng, dtype, g.num_src, F)
+        x = random_inputs(rng, dtype, g.num_src, F)
         sp = lambda p=path: fastgnn.spmm(g, x, tensor_cores=p, **vt)  # noqa: E731
         times[("spmm", path)] = median_ms(sp, repeats)
     cus = cusparse_ms(g, bf16(rng, g.num_src, F), repeats)
