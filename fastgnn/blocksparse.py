@@ -14,9 +14,9 @@ inputs as TF32 where the caller passes tf32=True; fp32 accumulation):
 - `edge_attention(score="dot")` forward and backward (the graph
   transformer), without an edge term, dropout or returned attention weights,
   on graphs without duplicate edges (a mask bit is one edge), C in 16, 32,
-  64, 128 channels per head in 16 bits (backward up to 64: C = 128 takes the
-  CUDA-core backward, which reads the same out and lse), 16, 32, 64 in TF32
-  (backward up to 32);
+  64, 128 channels per head in 16 bits, 16, 32, 64 in TF32 (the backward's
+  source pass up to 64 and 32: wider heads take the CUDA-core source pass,
+  on the same lse and delta);
 - `spmm` (sum, mean, row/column scales, edge weights summed per (source,
   target) pair, bias), F a multiple of 16.
 
@@ -154,12 +154,12 @@ def _fp32_reason(vtype, tf32):
 
 
 def attention_path(graph, score, arrays, params, need_alpha, vtype, option,
-                   backward=False, tf32=False) -> bool:
-    """Whether edge_attention's forward (or backward) takes the Tensor Core path."""
+                   tf32=False) -> bool:
+    """Whether edge_attention's forward takes the Tensor Core path."""
     def reason():
         from .backends.cuda.blocksparse import attention_unsupported
         return (_fp32_reason(vtype, tf32)
-                or attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backward))
+                or attention_unsupported(graph, score, arrays, params, need_alpha, vtype))
     return _decide(graph, option, reason, "attention", vtype)
 
 
@@ -173,10 +173,11 @@ def spmm_path(graph, x, vtype, option, tf32=False) -> bool:
 
 def attention_backward_path(graph, score, arrays, params, vtype) -> bool:
     """Whether the backward of a forward that took the Tensor Core path takes
-    it too (else the CUDA-core backward, from the same out and lse); an fp32
+    it too (else the CUDA-core backward, from the same out and lse): the
+    forward's conditions hold for the backward's target pass; an fp32
     forward there had tf32=True."""
     from .backends.cuda.blocksparse import attention_unsupported
-    return attention_unsupported(graph, score, arrays, params, False, vtype, True) is None
+    return attention_unsupported(graph, score, arrays, params, False, vtype) is None
 
 
 # The launchers, for the ops (fastgnn/backends/cuda/blocksparse.py documents them)

@@ -137,7 +137,7 @@ def _launch(name, vtype, itype, warps):
 
 
 # ---------------------------------------------------------------- attention
-def attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backward=False):
+def attention_unsupported(graph, score, arrays, params, need_alpha, vtype):
     """Why the Tensor Core attention cannot serve this call (a short reason),
     or None where it can."""
     if score != "dot":
@@ -147,7 +147,7 @@ def attention_unsupported(graph, score, arrays, params, need_alpha, vtype, backw
         return f"{vtype} inputs (float16, bfloat16 and float32 as TF32 only)"
     q = arrays["q"]
     H, C = int(q.shape[1]), int(q.shape[2])
-    widths = (BLOCKSPARSE_SRC_HEADS if backward else BLOCKSPARSE_HEADS)[vtype]
+    widths = BLOCKSPARSE_HEADS[vtype]
     if C not in widths:
         return f"C={C} channels per head in {vtype} (compiled for {widths})"
     if arrays.get("ee") is not None:
@@ -188,7 +188,9 @@ def attention_fwd(graph, arrays, params, vtype):
 def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
     """{q, k, v, ee, bias: gradient or None} of the dot score: the target pass
     (bsr_attn_bwd_dst: delta and grad_q) over the graph's form, the source
-    pass (bsr_attn_bwd_src: grad_k, grad_v) over the transpose's."""
+    pass (bsr_attn_bwd_src: grad_k, grad_v) over the transpose's; for C not
+    in BLOCKSPARSE_SRC_HEADS (its two accumulators would spill) the
+    CUDA-core source pass, on the same lse and delta."""
     q, k, v, bias = arrays["q"], arrays["k"], arrays["v"], arrays.get("bias")
     H, C = int(q.shape[1]), int(q.shape[2])
     grads = {"q": None, "k": None, "v": None, "ee": None, "bias": None}
@@ -217,7 +219,12 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
                      scale))
     if want_q:
         grads["q"] = gq
-    if want_k or want_v:
+    if (want_k or want_v) and C not in BLOCKSPARSE_SRC_HEADS[vtype]:
+        from .attention import edge_attention_bwd as cuda_core_bwd
+        src = cuda_core_bwd(graph, "dot", arrays, out, lse, g, None, params,
+                            {"k": want_k, "v": want_v}, delta=delta)
+        grads["k"], grads["v"] = src["k"], src["v"]
+    elif want_k or want_v:
         t = graph.transpose()
         bt = block_sparse(t)
         gk, gv = cp.empty_like(k), cp.empty_like(v)
