@@ -469,6 +469,27 @@ __device__ __forceinline__ void store_acc_row(const float acc[NT][4], int rr, fl
     }
 }
 
+// Store the accumulator's row rr (NT n-tiles of a part of the head's
+// channels) times `mul` as two runs of NT values: the C layout's columns 2t
+// (at dst) and 2t + 1 (at dst + second words).
+template <typename T, int NT>
+__device__ __forceinline__ void store_acc_row(const float acc[NT][4], int rr, float mul,
+                                              unsigned* __restrict__ dst, int second) {
+    constexpr int RW = NT / Mma<T>::VPW;
+    float val[2][NT];
+#pragma unroll
+    for (int x = 0; x < NT; ++x) {
+        val[0][x] = acc[x][2 * rr] * mul;
+        val[1][x] = acc[x][2 * rr + 1] * mul;
+    }
+#pragma unroll
+    for (int run = 0; run < 2; ++run) {
+        unsigned w[RW];
+        pack_words<T, NT>(val[run], w);
+        store_words<RW>(dst + run * second, w);
+    }
+}
+
 // Score-pattern words of row r (rows past `rows` read as zeros)
 template <int QW>
 __device__ __forceinline__ void load_score_row(const void* base, int r, int rows, int rw,
@@ -489,13 +510,17 @@ __device__ __forceinline__ void load_score_cols(const void* base, const TileCols
                        + L.t * QW, w[j]);
 }
 
+// VW value-pattern words of each of the lane's 4 columns, lane g's at
+// word hw + g * stride of the row (stride: VW, or a whole head's words per
+// lane where a warp takes a part of the head's channels)
 template <int VW>
 __device__ __forceinline__ void load_value_cols(const void* base, const TileCols& tc, int rw,
-                                                int hw, const Lane16& L, unsigned w[4][VW]) {
+                                                int hw, const Lane16& L, unsigned w[4][VW],
+                                                int stride = VW) {
 #pragma unroll
     for (int u = 0; u < 4; ++u)
         load_words<VW>(reinterpret_cast<const unsigned*>(base) + wide_mul_bs(tc.vk[u], rw) + hw
-                       + L.g * VW, w[u]);
+                       + L.g * stride, w[u]);
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -676,8 +701,13 @@ bsr_attn_bwd_dst(const int* __restrict__ window_ptr, const int* __restrict__ til
 
 // Source pass over the block-sparse form of the transpose (windows of 16
 // sources j, tile columns their targets i): grad_v[j] = sum_i p_ij g_i,
-// grad_k[j] = scale sum_i ds_ij q_i.
-template <typename T, int C>
+// grad_k[j] = scale sum_i ds_ij q_i. SPLIT warps per (window, head) (the
+// launcher's: 2 for head rows of 256 bytes or more, else 1), each with the
+// n-tiles [part NT / SPLIT, (part + 1) NT / SPLIT) of the accumulating
+// products and so its own channels of grad_k and grad_v (two accumulators
+// of a whole 256-byte head would spill); every part recomputes the tile's
+// full S and dP.
+template <typename T, int C, int SPLIT>
 __global__ void __launch_bounds__(32 * BSR_WARPS)
 bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ tile_cols,
                  const unsigned* __restrict__ tile_mask, const T* __restrict__ q,
@@ -686,11 +716,12 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
                  T* __restrict__ grad_k, T* __restrict__ grad_v, i64 num_windows, int num_src,
                  int H, float scale_log2, float scale) {
     constexpr int VPW = Mma<T>::VPW;
-    constexpr int QW = C / 4 / VPW, NT = C / 8, VW = NT / VPW, SW = 2 * NT / VPW;
-    const WarpUnit U(num_windows, H, C, VPW);
+    constexpr int QW = C / 4 / VPW, NT = C / 8, VW = NT / VPW;
+    constexpr int NTP = NT / SPLIT, VWP = NTP / VPW;   // n-tiles and value words of the part
+    const WarpUnit U(num_windows, H * SPLIT, C / SPLIT, VPW);
     if (!U.valid) return;
     const Lane16 L;
-    const int h = U.h, rw = U.rw, hw = U.hw;
+    const int h = U.h / SPLIT, part = U.h % SPLIT, rw = U.rw, hw = h * C / VPW;
     const int row[2] = {U.row[0], U.row[1]};
     unsigned ka[2][QW], va[2][QW];
 #pragma unroll
@@ -700,19 +731,19 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
         to_operand<T, QW>(ka[rr]);
         to_operand<T, QW>(va[rr]);
     }
-    float dk[NT][4], dv[NT][4];
-    zero_acc<NT>(dk);
-    zero_acc<NT>(dv);
+    float dk[NTP][4], dv[NTP][4];
+    zero_acc<NTP>(dk);
+    zero_acc<NTP>(dv);
     TileWalk walk(window_ptr, tile_cols, U.win, L);
     for (int tile = walk.t0; tile < walk.t1; ++tile) {
         const TileCols tc = walk.at(tile, tile_cols, L);
         unsigned mr[2];
         tile_rows(tile_mask, tile, L, mr);
-        unsigned qb[2][QW], gb[2][QW], qv[4][VW], gv[4][VW];
+        unsigned qb[2][QW], gb[2][QW], qv[4][VWP], gv[4][VWP];
         load_score_cols<QW>(q, tc, rw, hw, L, qb);
         load_score_cols<QW>(grad, tc, rw, hw, L, gb);
-        load_value_cols<VW>(q, tc, rw, hw, L, qv);
-        load_value_cols<VW>(grad, tc, rw, hw, L, gv);
+        load_value_cols<VWP>(q, tc, rw, hw + part * VWP, L, qv, VW);
+        load_value_cols<VWP>(grad, tc, rw, hw + part * VWP, L, gv, VW);
         // the lane's score columns 8j + 2t + i are the value pattern's vk[2j + i]
         float lc[4], dc[4];
 #pragma unroll
@@ -739,17 +770,17 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
         unsigned pa[Mma<T>::A_REGS], da[Mma<T>::A_REGS];
         acc_to_a<T>(s, pa);
         acc_to_a<T>(dp, da);
-        value_product<T, NT>(dv, pa, gv);
-        value_product<T, NT>(dk, da, qv);
+        value_product<T, NTP>(dv, pa, gv);
+        value_product<T, NTP>(dk, da, qv);
     }
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
         if (row[rr] >= num_src) continue;
-        const i64 off = wide_mul_bs(row[rr], rw) + hw + L.t * SW;
-        store_acc_row<T, NT>(dk, rr, scale, reinterpret_cast<unsigned*>(grad_k) + off, nullptr,
-                             nullptr);
-        store_acc_row<T, NT>(dv, rr, 1.f, reinterpret_cast<unsigned*>(grad_v) + off, nullptr,
-                             nullptr);
+        // the part's channels of the lane's rows: runs [2t NT + part NTP, + NTP) and
+        // [2t NT + NT + part NTP, + NTP), NT / VPW words apart
+        const i64 off = wide_mul_bs(row[rr], rw) + hw + (2 * L.t * NT + part * NTP) / VPW;
+        store_acc_row<T, NTP>(dk, rr, scale, reinterpret_cast<unsigned*>(grad_k) + off, NT / VPW);
+        store_acc_row<T, NTP>(dv, rr, 1.f, reinterpret_cast<unsigned*>(grad_v) + off, NT / VPW);
     }
 }
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..blocksparse import TILE, WINDOW, BlockSparse, check_size, fill_stats, num_windows
 from .loader import (BLOCKSPARSE_CHUNKS, BLOCKSPARSE_HEADS, BLOCKSPARSE_SRC_HEADS,
-                     BLOCKSPARSE_VTYPES, C_INDEX, C_VALUE, get_function)
+                     BLOCKSPARSE_VTYPES, C_INDEX, C_VALUE, blocksparse_src_split, get_function)
 from .spmm import _ITYPE, NULL, _arg, column_sums, from_acc
 
 BUILD_BLOCK = 256
@@ -229,8 +229,9 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
         bt = block_sparse(t)
         gk, gv = cp.empty_like(k), cp.empty_like(v)
         if bt.num_windows:
-            fn, grid, block = _launch(f"bsr_attn_bwd_src<{T}, {C}>", vtype, itype,
-                                      bt.num_windows * H)
+            split = blocksparse_src_split(vtype, C)
+            fn, grid, block = _launch(f"bsr_attn_bwd_src<{T}, {C}, {split}>", vtype, itype,
+                                      bt.num_windows * H * split)
             fn(grid, block, (bt.window_ptr, bt.tile_cols, _mask_words(bt), q, k, v, g, lse,
                              delta, gk, gv, np.int64(bt.num_windows), np.int32(graph.num_src),
                              np.int32(H), sl2, scale))

@@ -191,18 +191,25 @@ def _attention_names(vt, it):
     return names
 
 
-# Channels per head (attention forward and target pass; the source pass of
-# the backward, which holds two accumulators, fewer) and features per warp
-# (SpMM: FC; 32 spills 4 bytes when weighted in 16 bits, so F = 32 runs as
-# two chunks of 16) the Tensor Core kernels of kernels_cuda/blocksparse.cu
-# are compiled for, per value type: bf16/fp16 (mma k16) and fp32 (TF32 mma
-# k8, whose rows take twice the registers: the fp32 target pass spills at
-# C = 128, the source pass takes 252 registers at 64).
+# Channels per head (attention) and features per warp (SpMM: FC; 32 spills
+# 4 bytes when weighted in 16 bits, so F = 32 runs as two chunks of 16) the
+# Tensor Core kernels of kernels_cuda/blocksparse.cu are compiled for, per
+# value type: bf16/fp16 (mma k16) and fp32 (TF32 mma k8, whose rows take
+# twice the registers: its target pass spills at C = 128). The source pass
+# holds two accumulators: for head rows of 256 bytes or more (bf16/fp16 C =
+# 128, fp32 C = 64) it splits each head's channels over
+# blocksparse_src_split warps (one warp would take 252 registers at fp32
+# C = 64, and spill at 16-bit C = 128).
 BLOCKSPARSE_HEADS = {"float16": (16, 32, 64, 128), "bfloat16": (16, 32, 64, 128),
                      "float32": (16, 32, 64)}
-BLOCKSPARSE_SRC_HEADS = {"float16": (16, 32, 64), "bfloat16": (16, 32, 64), "float32": (16, 32)}
+BLOCKSPARSE_SRC_HEADS = {vt: widths for vt, widths in BLOCKSPARSE_HEADS.items()}
 BLOCKSPARSE_CHUNKS = (16, 64, 128)
 BLOCKSPARSE_VTYPES = tuple(BLOCKSPARSE_HEADS)
+
+
+def blocksparse_src_split(vtype, C) -> int:
+    """Warps per (window, head) of the Tensor Core source pass."""
+    return 2 if C * (4 if vtype == "float32" else 2) >= 256 else 1
 
 
 def _blocksparse_names(vt, it):
@@ -214,7 +221,8 @@ def _blocksparse_names(vt, it):
         T = C_VALUE[vt]
         for c in BLOCKSPARSE_HEADS[vt]:
             names += [f"bsr_attn_fwd<{T}, {c}>", f"bsr_attn_bwd_dst<{T}, {c}>"]
-        names += [f"bsr_attn_bwd_src<{T}, {c}>" for c in BLOCKSPARSE_SRC_HEADS[vt]]
+        names += [f"bsr_attn_bwd_src<{T}, {c}, {blocksparse_src_split(vt, c)}>"
+                  for c in BLOCKSPARSE_SRC_HEADS[vt]]
         names += [f"bsr_spmm<{T}, {fc}, {weighted}>" for fc in BLOCKSPARSE_CHUNKS
                   for weighted in ("false", "true")]
     return names
