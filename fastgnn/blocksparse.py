@@ -14,9 +14,7 @@ inputs as TF32 where the caller passes tf32=True; fp32 accumulation):
 - `edge_attention(score="dot")` forward and backward (the graph
   transformer), without an edge term, dropout or returned attention weights,
   on graphs without duplicate edges (a mask bit is one edge), C in 16, 32,
-  64, 128 channels per head in 16 bits, 16, 32, 64 in TF32 (the backward's
-  source pass up to 64 and 32: wider heads take the CUDA-core source pass,
-  on the same lse and delta);
+  64, 128 channels per head in 16 bits, 16, 32, 64 in TF32;
 - `spmm` (sum, mean, row/column scales, edge weights summed per (source,
   target) pair, bias), F a multiple of 16.
 

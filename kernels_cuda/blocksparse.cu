@@ -59,7 +59,8 @@
 // (2 x 16 x C x 2 bytes in 16 bits; 2 KB at C = 32; twice that in fp32), 64 + 32 bytes of columns and mask
 // (served by L1 across the window's heads); per (window, head) Q, out and
 // lse once. Target pass: K twice (two patterns; the second from L1) and V;
-// source pass: Q and G twice each plus lse and D per column. SpMM: per tile
+// source pass: Q and G twice each plus lse and D per column (each warp of
+// a split head reads the score patterns whole, the value patterns' part). SpMM: per tile
 // 16 X rows of FC values (4 KB at F = 128, bf16) + the mask (or 512 bytes of
 // dense tile weights when weighted). The gathers of a window's tiles hit L2
 // where windows share sources (locally dense graphs: the point of the form).

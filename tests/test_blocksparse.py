@@ -335,9 +335,8 @@ VTYPES = ["bfloat16", "float16", "float32"]     # float32: as TF32 (tf32=True)
 FWD_TOL = {"bfloat16": TOLERANCES["bfloat16"], "float16": TOLERANCES["float16"],
            "float32": 4 * 2.0**-11}
 # gradients: delta from the rounded out, P and dS rounded for the products,
-# and dS = P (dP - delta) subtracts nearly equal terms; where the TF32
-# backward is not compiled (C = 64) the CUDA-core backward recomputes P
-# from the TF32 forward's lse: 16 units (tiny graph, C = 64, grad q: 8.4)
+# and dS = P (dP - delta) subtracts nearly equal terms: in TF32 16 units
+# (the largest on the H200: tiny graph, C = 64, grad q, 6.8 units)
 GRAD_TOL = {"bfloat16": 3e-2, "float16": 3e-2, "float32": 16 * 2.0**-11}
 
 
@@ -346,9 +345,9 @@ def _tf32(vtype):
     return {"tf32": True} if vtype == "float32" else {}
 
 
-def _compiled(vtype, C, backward=False):
-    from fastgnn.backends.cuda.loader import BLOCKSPARSE_HEADS, BLOCKSPARSE_SRC_HEADS
-    return C in (BLOCKSPARSE_SRC_HEADS if backward else BLOCKSPARSE_HEADS)[vtype]
+def _compiled(vtype, C):
+    from fastgnn.backends.cuda.loader import BLOCKSPARSE_HEADS
+    return C in BLOCKSPARSE_HEADS[vtype]
 
 
 def _cast(a, vtype):

@@ -598,14 +598,8 @@ def plan_serves_backward(score, vtype, grad_out, grad_alpha, params, wants):
             and not atomic and any(wants))
 
 
-def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs,
-                       delta=None):
-    """{input name: gradient or None} (see fastgnn/ops/attention.py).
-
-    delta: optional [num_dst, H] (fp32; fp64 for fp64) D_i = <g_i, out_i>
-    computed by the caller (the Tensor Core target pass): then only the
-    source pass runs here, and `needs` may ask for source-side gradients
-    only."""
+def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, params, needs):
+    """{input name: gradient or None} (see fastgnn/ops/attention.py)."""
     S, Dn, Ed, att, V = score_slots(score, arrays)
     vtype = _vtype(V, arrays)
     H, C = V.shape[1], V.shape[2]
@@ -639,9 +633,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     out = cp.ascontiguousarray(out)
     ga = None if grad_alpha is None else cp.ascontiguousarray(grad_alpha)
     wants = (need_gS, need_gDn, need_gEd, need_gV, need_gatt)
-    if delta is not None and (need_gDn or need_gEd or need_gatt or ga is not None):
-        raise ValueError("edge_attention_bwd with delta runs the source pass only")
-    if delta is None and plan_serves_backward(score, vtype, g, ga, params, wants):
+    if plan_serves_backward(score, vtype, g, ga, params, wants):
         shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out) if score != "gat"
                        else (V, g, out), True)
         plan = bwd_plan(graph, score, vtype, H, C, Ed is not None, wants, params, shape)
@@ -664,9 +656,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     dst_pass = need_gDn or need_gEd or need_gatt or atomic
     # the common case: the target pass computes delta = <g_i, out_i> itself
     fused = dst_pass and g is not None and ga is None
-    if delta is not None:
-        pass                            # the caller's
-    elif fused:
+    if fused:
         delta = cp.empty((graph.num_dst, H), dtype=acc) if src_pass else None
     else:
         delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)

@@ -16,8 +16,8 @@ import cupy as cp
 import numpy as np
 
 from ..blocksparse import TILE, WINDOW, BlockSparse, check_size, fill_stats, num_windows
-from .loader import (BLOCKSPARSE_CHUNKS, BLOCKSPARSE_HEADS, BLOCKSPARSE_SRC_HEADS,
-                     BLOCKSPARSE_VTYPES, C_INDEX, C_VALUE, blocksparse_src_split, get_function)
+from .loader import (BLOCKSPARSE_CHUNKS, BLOCKSPARSE_HEADS, BLOCKSPARSE_VTYPES, C_INDEX,
+                     C_VALUE, blocksparse_src_split, get_function)
 from .spmm import _ITYPE, NULL, _arg, column_sums, from_acc
 
 BUILD_BLOCK = 256
@@ -188,9 +188,8 @@ def attention_fwd(graph, arrays, params, vtype):
 def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
     """{q, k, v, ee, bias: gradient or None} of the dot score: the target pass
     (bsr_attn_bwd_dst: delta and grad_q) over the graph's form, the source
-    pass (bsr_attn_bwd_src: grad_k, grad_v) over the transpose's; for C not
-    in BLOCKSPARSE_SRC_HEADS (its two accumulators would spill) the
-    CUDA-core source pass, on the same lse and delta."""
+    pass (bsr_attn_bwd_src: grad_k, grad_v) over the transpose's, its heads
+    split over blocksparse_src_split warps."""
     q, k, v, bias = arrays["q"], arrays["k"], arrays["v"], arrays.get("bias")
     H, C = int(q.shape[1]), int(q.shape[2])
     grads = {"q": None, "k": None, "v": None, "ee": None, "bias": None}
@@ -219,12 +218,7 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
                      scale))
     if want_q:
         grads["q"] = gq
-    if (want_k or want_v) and C not in BLOCKSPARSE_SRC_HEADS[vtype]:
-        from .attention import edge_attention_bwd as cuda_core_bwd
-        src = cuda_core_bwd(graph, "dot", arrays, out, lse, g, None, params,
-                            {"k": want_k, "v": want_v}, delta=delta)
-        grads["k"], grads["v"] = src["k"], src["v"]
-    elif want_k or want_v:
+    if want_k or want_v:
         t = graph.transpose()
         bt = block_sparse(t)
         gk, gv = cp.empty_like(k), cp.empty_like(v)
