@@ -172,8 +172,8 @@ def spmm_path(graph, x, vtype, option, tf32=False) -> bool:
 def attention_backward_path(graph, score, arrays, params, vtype) -> bool:
     """Whether the backward of a forward that took the Tensor Core path takes
     it too (else the CUDA-core backward, from the same out and lse): the
-    forward's conditions hold for the backward's target pass; an fp32
-    forward there had tf32=True."""
+    forward's conditions, which both backward passes share; an fp32 forward
+    there had tf32=True."""
     from .backends.cuda.blocksparse import attention_unsupported
     return attention_unsupported(graph, score, arrays, params, False, vtype) is None
 

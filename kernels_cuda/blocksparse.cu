@@ -10,8 +10,9 @@
 // edge term or dropout; of the SpMM: fastgnn/ops/spmm.py.
 //
 // Mapping (every product kernel): one warp per (window, head) -- for the
-// SpMM per (window, chunk of FC features) -- walking its window's tiles in
-// order; 4 warps per block, consecutive warps take the heads of one window
+// SpMM per (window, chunk of FC features), for the source pass of wide
+// heads per (window, head, part of the channels) -- walking its window's
+// tiles in order; 4 warps per block, consecutive warps take the heads of one window
 // (its tile columns and masks are read once from L2, then from L1). With
 // lane = 4 g + t (g = groupID, t = threadID_in_group of the PTX ISA's
 // fragment tables), a lane holds window rows g and g + 8.
@@ -41,10 +42,11 @@
 //     never leave registers. tests/test_blocksparse.py emulates these
 //     index maps on the CPU.
 //
-// Attention forward: per tile S = Q K^T (2 n-tiles x C/16 k-steps), masked
-// to -inf off the tile's mask bits, online softmax in fp32 in the log2
-// domain (running max per row, per-lane partial sums reduced across the 4
-// lanes of a row at the end), P rounded to the input type, O += P V;
+// Attention forward: per tile S = Q K^T (2 n-tiles x C/16 k-steps; C/8 in
+// TF32), masked to -inf off the tile's mask bits, online softmax in fp32 in
+// the log2 domain (running max per row, per-lane partial sums reduced
+// across the 4 lanes of a row at the end), P rounded to the input type (to
+// TF32 for fp32), O += P V;
 // lse[i, h] (natural log, -inf for rows without edges) is stored for the
 // backward. Backward (recompute, FlashAttention-2 order, no atomics, no
 // per-edge buffer): the target pass per (window, head) computes D_i =
@@ -60,9 +62,9 @@
 // (served by L1 across the window's heads); per (window, head) Q, out and
 // lse once. Target pass: K twice (two patterns; the second from L1) and V;
 // source pass: Q and G twice each plus lse and D per column (each warp of
-// a split head reads the score patterns whole, the value patterns' part). SpMM: per tile
-// 16 X rows of FC values (4 KB at F = 128, bf16) + the mask (or 512 bytes of
-// dense tile weights when weighted). The gathers of a window's tiles hit L2
+// a split head reads the score patterns whole, the value patterns' part).
+// SpMM: per tile 16 X rows of FC values (4 KB at F = 128, bf16) + the mask
+// (or 512 bytes of dense tile weights when weighted; fp32: twice both). The gathers of a window's tiles hit L2
 // where windows share sources (locally dense graphs: the point of the form).
 //
 // Builder (fastgnn/backends/cuda/blocksparse.py): keys sorted by CuPy, then
@@ -163,7 +165,8 @@ __global__ void bsr_pad(const int* __restrict__ window_ptr, const int* __restric
 //   fp32:   mma.m16n8k8 with TF32 inputs, k = 8 (A reg0 = (g, t), reg1 =
 //           (g + 8, t), reg2 = (g, t + 4), reg3 = (g + 8, t + 4); B reg0 =
 //           (k t, n g), reg1 = (k t + 4, n g)); every operand rounded to
-//           TF32 (10 mantissa bits, round to nearest) by op().
+//           TF32 (10 mantissa bits, round to nearest with ties away
+//           from zero: cvt.rna) by op().
 // The accumulating products' A operand, 16 rows x 16 tile columns, takes
 // A_REGS registers: one 16-bit k-step (4) or two TF32 k-steps (8).
 #define BSR_MMA(SHAPE, TY)                                                            \
@@ -719,6 +722,8 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
     constexpr int VPW = Mma<T>::VPW;
     constexpr int QW = C / 4 / VPW, NT = C / 8, VW = NT / VPW;
     constexpr int NTP = NT / SPLIT, VWP = NTP / VPW;   // n-tiles and value words of the part
+    static_assert(NT % SPLIT == 0 && NTP % VPW == 0 && VWP > 0 && QW % 2 == 0,
+                  "a part takes whole value words and whole k-steps");
     const WarpUnit U(num_windows, H * SPLIT, C / SPLIT, VPW);
     if (!U.valid) return;
     const Lane16 L;
@@ -786,11 +791,6 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
 }
 
 // ------------------------------------------------------------------ SpMM
-// out[i] = r_i sum_j a_ij c_j x[j] (+ bias), a_ij = the mask bit (1) or, with
-// WEIGHTED, the dense tile weights vals [num_tiles, 16, 16] (the summed
-// weights of duplicate edges; 0 off the mask). One warp per (window, chunk
-// of FC features); x, out [rows, F], F = nchunk * FC; row_scale [num_rows],
-// col_scale [num_cols] fp32 or null; bias [F] or null.
 // The SpMM's A operand of one tile (16 rows x 16 tile columns, Mma<T>'s
 // register order as acc_to_a): a(r, c) = the weight (WEIGHTED: vals of the
 // tile, [16][16] values) or the mask bit, times col_scale of column c.
@@ -849,6 +849,11 @@ __device__ __forceinline__ void spmm_tile_a(const T* __restrict__ vals,
     acc_to_a<T>(sc, a);
 }
 
+// out[i] = r_i sum_j a_ij c_j x[j] (+ bias), a_ij = the mask bit (1) or, with
+// WEIGHTED, the dense tile weights vals [num_tiles, 16, 16] (the summed
+// weights of duplicate edges; 0 off the mask). One warp per (window, chunk
+// of FC features); x, out [rows, F], F = nchunk * FC; row_scale [num_rows],
+// col_scale [num_cols] fp32 or null; bias [F] or null.
 template <typename T, int FC, bool WEIGHTED>
 __global__ void __launch_bounds__(32 * BSR_WARPS)
 bsr_spmm(const int* __restrict__ window_ptr, const int* __restrict__ tile_cols,

@@ -164,6 +164,12 @@ def test_options_are_checked_and_cpu_keeps_the_cuda_core_path():
         fastgnn.edge_attention(g, "dot", q=q, k=q, v=q, tensor_cores=True)
     out = fastgnn.edge_attention(g, "dot", q=q, k=q, v=q)     # "auto": the CPU kernels
     assert out.shape == q.shape
+    with pytest.raises(TypeError, match="tf32"):
+        fastgnn.spmm(g, x, tf32="yes")
+    with pytest.raises(TypeError, match="tf32"):
+        fastgnn.edge_attention(g, "dot", q=q, k=q, v=q, tf32=1)
+    out = fastgnn.spmm(g, x, tf32=True)                      # no GPU: the CPU kernels
+    assert out.shape == (g.num_dst, 16)
 
 
 # ------------------------------------------------- fragment emulation (CPU)
@@ -468,8 +474,12 @@ def test_gpu_attention_refuses_what_it_cannot_serve():
         fastgnn.edge_attention(g, "dot", q=q32, k=q32, v=q32, tensor_cores=True)
     _, res = fastgnn.edge_attention_fwd(g, "dot", q=q32, k=q32, v=q32)   # auto, no tf32
     assert not res.tensor_cores
+    assert tc.pays(tc.block_sparse(g).stats)
     _, res = fastgnn.edge_attention_fwd(g, "dot", q=q32, k=q32, v=q32, tf32=True)
-    assert res.tensor_cores == tc.pays(tc.block_sparse(g).stats)
+    assert res.tensor_cores
+    x32 = cp.zeros((g.num_src, 32), dtype=cp.float32)
+    with pytest.raises(ValueError, match="tf32=True"):
+        fastgnn.spmm(g, x32, tensor_cores=True)
     q128 = cp.zeros((g.num_dst, 1, 128), dtype=cp.float32)
     with pytest.raises(ValueError, match="C=128"):
         fastgnn.edge_attention(g, "dot", q=q128, k=q128, v=q128, tensor_cores=True, tf32=True)

@@ -386,15 +386,22 @@ def _inv_in_degree(graph, vtype, device):
     return inv
 
 
-def _tf32_tensor_cores(graph, dtype, op) -> bool:
-    """Whether an fp32 call on this graph goes to the core's Tensor Core path
-    as TF32 (torch lets fp32 matmuls use TF32 and the graph's fill rule,
-    fastgnn.blocksparse.pays, takes the path): the plans then leave the call
-    to the bridge, whose core call decides."""
+def _tf32_tensor_cores(graph, dtype, op, width) -> bool:
+    """Whether an fp32 call on this graph may go to the core's Tensor Core
+    path as TF32: torch lets fp32 matmuls use TF32, the kernels are compiled
+    for `width` (attention: channels per head; SpMM: features) and the
+    graph's fill rule (fastgnn.blocksparse.pays) takes the path. The plans
+    then leave the call to the bridge, whose core call decides (with the
+    per-call conditions: edge term, dropout, returned weights)."""
     if dtype != torch.float32 or not tf32_allowed():
         return False
     from fastgnn import blocksparse as tc
-    return tc.pays(tc.block_sparse(graph).stats, op, "float32")
+    from fastgnn.backends.cuda.blocksparse import spmm_chunk
+    from fastgnn.backends.cuda.loader import BLOCKSPARSE_HEADS
+    if (spmm_chunk(width) is None) if op == "spmm" else width not in BLOCKSPARSE_HEADS["float32"]:
+        return False
+    bs = tc.block_sparse(graph)
+    return (op == "spmm" or not bs.num_duplicates) and tc.pays(bs.stats, op, "float32")
 
 
 class SpmmPath:
@@ -422,7 +429,7 @@ class SpmmPath:
             return None
         if _device_index(graph, x) is None:
             return None
-        if path == "auto" and _tf32_tensor_cores(graph, x.dtype, "spmm"):
+        if path == "auto" and _tf32_tensor_cores(graph, x.dtype, "spmm", x.shape[1]):
             return None
         vtype = SPMM_VTYPES[x.dtype]
         acc = torch.float64 if vtype == "float64" else torch.float32
@@ -702,8 +709,8 @@ class EdgeAttentionPath:
     dropout, seed, offset, return_attention_weights, deterministic). Takes
     fp32/fp64 inputs in the shapes the core accepts on a graph with edges
     and targets (no tensor_cores argument: 16-bit dot attention, and fp32
-    dot attention where torch allows TF32, where the Tensor Core rule may
-    serve, stay on the bridge). The backward takes the
+    dot attention that the Tensor Core rule may take as TF32 where torch
+    allows TF32 (`_tf32_tensor_cores`), stay on the bridge). The backward takes the
     bridge (the core's backward on DLPack views of the residuals) where
     its plan does not serve."""
 
@@ -716,7 +723,9 @@ class EdgeAttentionPath:
         if got is None:
             return None
         score, given, H, C, dtype = got
-        if score == "dot" and _tf32_tensor_cores(graph, dtype, "attention"):
+        if (score == "dot" and "ee" not in given and not static.get("dropout", 0.0)
+                and not static.get("return_attention_weights")
+                and _tf32_tensor_cores(graph, dtype, "attention", C)):
             return None
         from fastgnn.backends.attention_spec import SLOT_NAMES
         from fastgnn.ops.attention import _attention_params

@@ -123,8 +123,14 @@ def edge_slots(graph, bs: BlockSparse):
     return bs.cache["edge_slot"]
 
 
-def _aligned(*arrays):
-    return all(a.data.ptr % ALIGN == 0 for a in arrays if a is not None)
+def _aligned(a):
+    """a (None) as a C-contiguous array whose data is aligned to ALIGN bytes
+    (the kernels' vector loads): itself, or a copy (a view into a larger
+    buffer may start anywhere)."""
+    if a is None:
+        return None
+    a = cp.ascontiguousarray(a)
+    return a if a.data.ptr % ALIGN == 0 else a.copy()
 
 
 def _mask_words(bs):
@@ -158,8 +164,6 @@ def attention_unsupported(graph, score, arrays, params, need_alpha, vtype):
         return "return_attention_weights (per-edge output)"
     if H * C >= 2**31 or max(graph.num_src, graph.num_dst) * H * C >= 2**62:
         return "rows too wide"
-    if not _aligned(q, arrays["k"], arrays["v"], arrays.get("bias")):
-        return f"inputs not aligned to {ALIGN} bytes"
     if block_sparse(graph).num_duplicates:
         return "duplicate edges (a mask bit is one edge; each copy weighs in the softmax)"
     return None
@@ -168,7 +172,7 @@ def attention_unsupported(graph, score, arrays, params, need_alpha, vtype):
 def attention_fwd(graph, arrays, params, vtype):
     """(out [num_dst, H, C], lse [num_dst, H] fp32, out + bias or None) of the
     dot score, by bsr_attn_fwd."""
-    q, k, v, bias = arrays["q"], arrays["k"], arrays["v"], arrays.get("bias")
+    q, k, v, bias = (_aligned(arrays.get(n)) for n in ("q", "k", "v", "bias"))
     H, C = int(q.shape[1]), int(q.shape[2])
     out = cp.empty((graph.num_dst, H, C), dtype=q.dtype)
     out_b = cp.empty_like(out) if bias is not None else None
@@ -205,8 +209,7 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
         return grads
     if not (want_q or want_k or want_v):
         return grads
-    g = cp.ascontiguousarray(grad_out)
-    out = cp.ascontiguousarray(out)
+    q, k, v, g, out = (_aligned(a) for a in (q, k, v, grad_out, out))
     itype, T = _itype(graph), C_VALUE[vtype]
     sl2, scale = np.float32(params.scale * np.log2(np.e)), np.float32(params.scale)
     bs = block_sparse(graph)
@@ -248,8 +251,6 @@ def spmm_unsupported(graph, x, vtype):
         return f"F={F} features (a multiple of {min(BLOCKSPARSE_CHUNKS)} needed)"
     if F >= 2**31 or max(graph.num_src, graph.num_dst) * F >= 2**62:
         return "rows too wide"
-    if not _aligned(x):
-        return f"x not aligned to {ALIGN} bytes"
     return None
 
 
@@ -289,6 +290,6 @@ def spmm(graph, x, vtype, weight_csr=None, row_scale=None, col_scale=None, bias=
     fn, grid, block = _launch(f"bsr_spmm<{C_VALUE[vtype]}, {fc}, {str(weighted).lower()}>", vtype,
                               _itype(graph), bs.num_windows * (F // fc))
     fn(grid, block, (bs.window_ptr, bs.tile_cols, _mask_words(bs), _arg(tile_vals), _arg(rs),
-                     _arg(cs), _arg(bias), cp.ascontiguousarray(x), out, np.int64(bs.num_windows),
+                     _arg(cs), _arg(_aligned(bias)), _aligned(x), out, np.int64(bs.num_windows),
                      np.int32(graph.num_dst), np.int32(F // fc)))
     return out
