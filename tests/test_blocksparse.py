@@ -333,6 +333,109 @@ def test_fragment_emulation_of_the_forward_matches_dense_math(C, vpw):
             np.testing.assert_allclose(lse[r], s.max() + np.log(p.sum()), rtol=1e-12)
 
 
+def _value_steps(a16, vpw):
+    """(A fragment, tile-column offsets from 2t) per k-step of an accumulating
+    product whose A is the score accumulator a16 [32, 2, 4] (acc_to_a)."""
+    if vpw == 2:
+        return [(np.concatenate([a16[:, 0, 0:2], a16[:, 0, 2:4], a16[:, 1, 0:2], a16[:, 1, 2:4]],
+                                axis=1), (0, 1, 8, 9))]
+    return [(a16[:, hf][:, [0, 2, 1, 3]], (8 * hf, 8 * hf + 1)) for hf in range(2)]
+
+
+def _emulate_window_src(Kr, Vr, Q, G, lse, delta, cols, masks, scale, vpw, split):
+    """bsr_attn_bwd_src's arithmetic for one window, lane by lane and part by
+    part: Kr, Vr [16, C] the window's rows, Q, G [num_cols, C] the rows of the
+    tile columns, lse, delta [num_cols]; cols [T, 16], masks [T, 16] (row
+    bits); vpw values per word, split warps per head, each with n-tiles
+    [part NT/split, (part + 1) NT/split). Returns (grad_k, grad_v) [16, C]
+    as the parts' two-run stores leave them."""
+    C = Kr.shape[1]
+    QW, NT = C // 4 // vpw, C // 8
+    NTP = NT // split
+    sl2 = scale * np.log2(np.e)
+
+    def score_words(row_vals, t):
+        return row_vals[t * C // 4:(t + 1) * C // 4].reshape(QW, vpw)
+
+    gk, gv = np.full((16, C), np.nan), np.full((16, C), np.nan)
+    for part in range(split):
+        dk, dv = np.zeros((32, NTP, 4)), np.zeros((32, NTP, 4))
+        for tile in range(cols.shape[0]):
+            s, dp = np.zeros((32, 2, 4)), np.zeros((32, 2, 4))
+            for j in range(2):
+                for kc in range(QW // 2):
+                    for acc, A_rows, B_rows in ((s, Kr, Q), (dp, Vr, G)):
+                        a = np.zeros((32, 4 * vpw))
+                        b = np.zeros((32, 2 * vpw))
+                        for lane in range(32):
+                            g, t = lane >> 2, lane & 3
+                            r0, r1 = score_words(A_rows[g], t), score_words(A_rows[g + 8], t)
+                            a[lane] = np.concatenate([r0[2 * kc], r1[2 * kc], r0[2 * kc + 1],
+                                                      r1[2 * kc + 1]])
+                            bw = score_words(B_rows[cols[tile, 8 * j + g]], t)
+                            b[lane] = np.concatenate([bw[2 * kc], bw[2 * kc + 1]])
+                        acc[:, j] = _mma(a, b, acc[:, j])
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                mr = [int(masks[tile, g]), int(masks[tile, g + 8])]
+                for j in range(2):
+                    for e in range(4):
+                        c = 8 * j + 2 * t + (e & 1)
+                        col = cols[tile, c]
+                        p = (np.exp2(s[lane, j, e] * sl2 - lse[col] * np.log2(np.e))
+                             if (mr[e >> 1] >> c) & 1 else 0.0)
+                        s[lane, j, e] = p
+                        dp[lane, j, e] = p * (dp[lane, j, e] - delta[col])
+            for acc, a16, rows in ((dv, s, G), (dk, dp, Q)):
+                for ntl in range(NTP):
+                    nt = part * NTP + ntl
+                    for a, offs in _value_steps(a16, vpw):
+                        b = np.zeros((32, len(offs)))
+                        for lane in range(32):
+                            g, t = lane >> 2, lane & 3
+                            for i, off in enumerate(offs):
+                                b[lane, i] = rows[cols[tile, 2 * t + off], NT * g + nt]
+                        acc[:, ntl] = _mma(a, b, acc[:, ntl])
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            for rr in range(2):
+                for run in range(2):
+                    at = 2 * t * NT + run * NT + part * NTP
+                    gk[g + 8 * rr, at:at + NTP] = dk[lane, :, 2 * rr + run] * scale
+                    gv[g + 8 * rr, at:at + NTP] = dv[lane, :, 2 * rr + run]
+    return gk, gv
+
+
+@pytest.mark.parametrize("vpw,split", [(2, 1), (2, 2), (1, 1), (1, 2)],
+                         ids=["16bit", "16bit-split", "tf32", "tf32-split"])
+def test_fragment_emulation_of_the_source_pass_matches_dense_math(vpw, split):
+    """The source pass's index maps (recomputed S and dP, the value products
+    of P^T G and dS^T Q, a split head's parts and their two-run stores)
+    reproduce dense gradients on one window; every channel is stored once."""
+    C = 32
+    ei, g = _graph("clustered")
+    bs = build_numpy(g.indptr, g.indices, g.num_src)
+    rng = np.random.default_rng(5)
+    K, V = (rng.standard_normal((g.num_dst, C)) for _ in range(2))   # the window's rows
+    Q, G = (rng.standard_normal((g.num_src, C)) for _ in range(2))   # the tile columns' rows
+    lse, delta = rng.standard_normal(g.num_src), rng.standard_normal(g.num_src)
+    A = np.zeros((g.num_dst, g.num_src), bool)
+    A[ei[1], ei[0]] = True
+    scale = 1 / np.sqrt(C)
+    for w in (0, 5):
+        t0, t1 = bs.window_ptr[w], bs.window_ptr[w + 1]
+        rows = slice(16 * w, 16 * w + 16)
+        gk, gv = _emulate_window_src(K[rows], V[rows], Q, G, lse, delta, bs.tile_cols[t0:t1],
+                                     bs.tile_mask[t0:t1], scale, vpw, split)
+        assert not np.isnan(gk).any() and not np.isnan(gv).any(), "every channel stored"
+        for r in range(16):
+            j = 16 * w + r
+            p = np.where(A[j], np.exp(scale * Q @ K[j] - lse), 0.0)
+            ds = p * (G @ V[j] - delta)
+            np.testing.assert_allclose(gv[r], p @ G, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(gk[r], scale * ds @ Q, rtol=1e-9, atol=1e-12)
+
+
 # ------------------------------------------------------------------- GPU
 VTYPES = ["bfloat16", "float16", "float32"]     # float32: as TF32 (tf32=True)
 # Tolerances (relative error of the whole output): 16-bit outputs are rounded
