@@ -225,35 +225,55 @@ def test_ptx_tables_cover_each_element_once():
         assert len(seen) == shape[0] * shape[1]
 
 
+def _score_product(rows, cols_rows, tile_cols, vpw):
+    """score_product of one tile, lane by lane: A the window's rows [16, C]
+    (rows g, g + 8 of a lane), B the rows of the tile's columns (cols_rows
+    [num_cols, C] at tile_cols [16]); the score pattern (lane t holds
+    channels [t C/4, (t + 1) C/4) as words of vpw values). Returns the C
+    layout [32, 2 n-tiles, 4]."""
+    C = rows.shape[1]
+    QW = C // 4 // vpw
+
+    def score_words(row_vals, t):         # channel t C/4 + vpw w + i  -> word w, value i
+        return row_vals[t * C // 4:(t + 1) * C // 4].reshape(QW, vpw)
+
+    s = np.zeros((32, 2, 4))
+    for j in range(2):
+        for kc in range(QW // 2):
+            a = np.zeros((32, 4 * vpw))
+            b = np.zeros((32, 2 * vpw))
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                r0, r1 = score_words(rows[g], t), score_words(rows[g + 8], t)
+                a[lane] = np.concatenate([r0[2 * kc], r1[2 * kc], r0[2 * kc + 1], r1[2 * kc + 1]])
+                bw = score_words(cols_rows[tile_cols[8 * j + g]], t)
+                b[lane] = np.concatenate([bw[2 * kc], bw[2 * kc + 1]])
+            s[:, j] = _mma(a, b, s[:, j])
+    return s
+
+
+def _value_steps(a16, vpw):
+    """(A fragment, tile-column offsets from 2t) per k-step of an accumulating
+    product whose A is the score accumulator a16 [32, 2, 4] (acc_to_a)."""
+    if vpw == 2:
+        return [(np.concatenate([a16[:, 0, 0:2], a16[:, 0, 2:4], a16[:, 1, 0:2], a16[:, 1, 2:4]],
+                                axis=1), (0, 1, 8, 9))]
+    return [(a16[:, hf][:, [0, 2, 1, 3]], (8 * hf, 8 * hf + 1)) for hf in range(2)]
+
+
 def _emulate_window_fwd(Q, K, V, cols, masks, scale, vpw=2):
     """bsr_attn_fwd's arithmetic for one (window, head), lane by lane: Q
     [16, C] (the window's rows), K, V [num_src, C], cols [T, 16], masks
     [T, 16] (row bits); vpw values per word (2: 16-bit types, m16n8k16; 1:
     fp32 as TF32, m16n8k8). Returns (out [16, C], lse [16])."""
     C = Q.shape[1]
-    QW, NT = C // 4 // vpw, C // 8
+    NT = C // 8
     sl2 = scale * np.log2(np.e)
-
-    def score_words(row_vals, t):         # channel t C/4 + vpw w + i  -> word w, value i
-        return row_vals[t * C // 4:(t + 1) * C // 4].reshape(QW, vpw)
-
     o = np.zeros((32, NT, 4))
     m = np.full((32, 2), -np.inf)
     lsum = np.zeros((32, 2))
     for tile in range(cols.shape[0]):
-        s = np.zeros((32, 2, 4))
-        for j in range(2):
-            for kc in range(QW // 2):
-                a = np.zeros((32, 4 * vpw))
-                b = np.zeros((32, 2 * vpw))
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    q0, q1 = score_words(Q[g], t), score_words(Q[g + 8], t)
-                    regs = [q0[2 * kc], q1[2 * kc], q0[2 * kc + 1], q1[2 * kc + 1]]
-                    a[lane] = np.concatenate(regs)
-                    kw = score_words(K[cols[tile, 8 * j + g]], t)
-                    b[lane] = np.concatenate([kw[2 * kc], kw[2 * kc + 1]])
-                s[:, j] = _mma(a, b, s[:, j])
+        s = _score_product(Q, K, cols[tile], vpw)
         for lane in range(32):
             g, t = lane >> 2, lane & 3
             mr = [int(masks[tile, g]), int(masks[tile, g + 8])]
@@ -278,14 +298,8 @@ def _emulate_window_fwd(Q, K, V, cols, masks, scale, vpw=2):
                 o[lane, :, 2 * rr:2 * rr + 2] *= corr
         p = np.exp2(s - mu[:, None, [0, 0, 1, 1]])
         lsum += p.reshape(32, 2, 2, 2).sum(axis=(1, 3))
-        # A operand(s) of P (acc_to_a) and the value pattern's columns per k-step
-        if vpw == 2:
-            steps = [(np.concatenate([p[:, 0, 0:2], p[:, 0, 2:4], p[:, 1, 0:2], p[:, 1, 2:4]],
-                                     axis=1), (0, 1, 8, 9))]
-        else:
-            steps = [(p[:, hf][:, [0, 2, 1, 3]], (8 * hf, 8 * hf + 1)) for hf in range(2)]
         for nt in range(NT):
-            for a, offs in steps:
+            for a, offs in _value_steps(p, vpw):
                 b = np.zeros((32, len(offs)))
                 for lane in range(32):
                     g, t = lane >> 2, lane & 3
@@ -333,15 +347,6 @@ def test_fragment_emulation_of_the_forward_matches_dense_math(C, vpw):
             np.testing.assert_allclose(lse[r], s.max() + np.log(p.sum()), rtol=1e-12)
 
 
-def _value_steps(a16, vpw):
-    """(A fragment, tile-column offsets from 2t) per k-step of an accumulating
-    product whose A is the score accumulator a16 [32, 2, 4] (acc_to_a)."""
-    if vpw == 2:
-        return [(np.concatenate([a16[:, 0, 0:2], a16[:, 0, 2:4], a16[:, 1, 0:2], a16[:, 1, 2:4]],
-                                axis=1), (0, 1, 8, 9))]
-    return [(a16[:, hf][:, [0, 2, 1, 3]], (8 * hf, 8 * hf + 1)) for hf in range(2)]
-
-
 def _emulate_window_src(Kr, Vr, Q, G, lse, delta, cols, masks, scale, vpw, split):
     """bsr_attn_bwd_src's arithmetic for one window, lane by lane and part by
     part: Kr, Vr [16, C] the window's rows, Q, G [num_cols, C] the rows of the
@@ -350,31 +355,15 @@ def _emulate_window_src(Kr, Vr, Q, G, lse, delta, cols, masks, scale, vpw, split
     [part NT/split, (part + 1) NT/split). Returns (grad_k, grad_v) [16, C]
     as the parts' two-run stores leave them."""
     C = Kr.shape[1]
-    QW, NT = C // 4 // vpw, C // 8
+    NT = C // 8
     NTP = NT // split
     sl2 = scale * np.log2(np.e)
-
-    def score_words(row_vals, t):
-        return row_vals[t * C // 4:(t + 1) * C // 4].reshape(QW, vpw)
-
     gk, gv = np.full((16, C), np.nan), np.full((16, C), np.nan)
     for part in range(split):
         dk, dv = np.zeros((32, NTP, 4)), np.zeros((32, NTP, 4))
         for tile in range(cols.shape[0]):
-            s, dp = np.zeros((32, 2, 4)), np.zeros((32, 2, 4))
-            for j in range(2):
-                for kc in range(QW // 2):
-                    for acc, A_rows, B_rows in ((s, Kr, Q), (dp, Vr, G)):
-                        a = np.zeros((32, 4 * vpw))
-                        b = np.zeros((32, 2 * vpw))
-                        for lane in range(32):
-                            g, t = lane >> 2, lane & 3
-                            r0, r1 = score_words(A_rows[g], t), score_words(A_rows[g + 8], t)
-                            a[lane] = np.concatenate([r0[2 * kc], r1[2 * kc], r0[2 * kc + 1],
-                                                      r1[2 * kc + 1]])
-                            bw = score_words(B_rows[cols[tile, 8 * j + g]], t)
-                            b[lane] = np.concatenate([bw[2 * kc], bw[2 * kc + 1]])
-                        acc[:, j] = _mma(a, b, acc[:, j])
+            s = _score_product(Kr, Q, cols[tile], vpw)
+            dp = _score_product(Vr, G, cols[tile], vpw)
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
                 mr = [int(masks[tile, g]), int(masks[tile, g + 8])]
