@@ -40,9 +40,9 @@ def bf16_values(a):
 
 
 def random_inputs(rng, dtype, *shape):
-    """Random inputs: bf16 bits, or fp32 (dtype "tf32") holding the same values."""
-    a = bf16(rng, *shape)
-    return a if dtype == "bf16" else (a.astype(cp.uint32) << 16).view(cp.float32)
+    """Random normal inputs: bf16 bits, or fp32 (dtype "tf32", full fp32
+    mantissas, so the check line shows TF32's input rounding)."""
+    return bf16(rng, *shape) if dtype == "bf16" else rng.standard_normal(shape, dtype=cp.float32)
 
 
 def values(a, dtype):
