@@ -443,54 +443,47 @@ __device__ __forceinline__ void value_product(float acc[NT][4], const unsigned* 
     }
 }
 
-// Store the accumulator's row rr (0: row g, 1: g + 8) times `mul`: channels
-// [2 t NT, 2 t NT + 2 NT) of the row, 2 NT / VPW words, to dst (if not null)
-// and, with the bias words of the same channels added, to dst_b (if bias).
-template <typename T, int NT>
+// Store the accumulator's row rr (0: row g, 1: g + 8) times `mul`: its NT
+// n-tiles' values of C-layout columns 2t and 2t + 1 as two runs of NT / VPW
+// words, the second GAP words after the first (GAP = NT / VPW: channels
+// [2 t NT, 2 t NT + 2 NT) of the row, one vector; a split head's part leaves
+// a gap), to dst (if not null) and, with the bias words of the same channels
+// added, to dst_b (if bias).
+template <typename T, int NT, int GAP = NT / Mma<T>::VPW>
 __device__ __forceinline__ void store_acc_row(const float acc[NT][4], int rr, float mul,
                                               unsigned* __restrict__ dst,
                                               const unsigned* __restrict__ bias,
                                               unsigned* __restrict__ dst_b) {
-    constexpr int SW = 2 * NT / Mma<T>::VPW;
-    unsigned w[SW];
+    constexpr int RW = NT / Mma<T>::VPW;     // words of a run
+    constexpr bool JOINED = GAP == RW;
     float val[2 * NT];
 #pragma unroll
     for (int x = 0; x < NT; ++x) {
         val[x] = acc[x][2 * rr] * mul;
         val[NT + x] = acc[x][2 * rr + 1] * mul;
     }
-    if (dst != nullptr) {
+    unsigned w[2 * RW];
+    auto put = [&](unsigned* __restrict__ p) {
         pack_words<T, 2 * NT>(val, w);
-        store_words<SW>(dst, w);
-    }
+        if constexpr (JOINED) {
+            store_words<2 * RW>(p, w);
+        } else {
+            store_words<RW>(p, w);
+            store_words<RW>(p + GAP, w + RW);
+        }
+    };
+    if (dst != nullptr) put(dst);
     if (bias != nullptr) {
-        unsigned bw[SW];
-        load_words<SW>(bias, bw);
+        unsigned bw[2 * RW];
+        if constexpr (JOINED) {
+            load_words<2 * RW>(bias, bw);
+        } else {
+            load_words<RW>(bias, bw);
+            load_words<RW>(bias + GAP, bw + RW);
+        }
 #pragma unroll
         for (int x = 0; x < 2 * NT; ++x) val[x] += word_value<T>(bw, x);
-        pack_words<T, 2 * NT>(val, w);
-        store_words<SW>(dst_b, w);
-    }
-}
-
-// Store the accumulator's row rr (NT n-tiles of a part of the head's
-// channels) times `mul` as two runs of NT values: the C layout's columns 2t
-// (at dst) and 2t + 1 (at dst + second words).
-template <typename T, int NT>
-__device__ __forceinline__ void store_acc_row(const float acc[NT][4], int rr, float mul,
-                                              unsigned* __restrict__ dst, int second) {
-    constexpr int RW = NT / Mma<T>::VPW;
-    float val[2][NT];
-#pragma unroll
-    for (int x = 0; x < NT; ++x) {
-        val[0][x] = acc[x][2 * rr] * mul;
-        val[1][x] = acc[x][2 * rr + 1] * mul;
-    }
-#pragma unroll
-    for (int run = 0; run < 2; ++run) {
-        unsigned w[RW];
-        pack_words<T, NT>(val[run], w);
-        store_words<RW>(dst + run * second, w);
+        put(dst_b);
     }
 }
 
@@ -785,8 +778,10 @@ bsr_attn_bwd_src(const int* __restrict__ window_ptr, const int* __restrict__ til
         // the part's channels of the lane's rows: runs [2t NT + part NTP, + NTP) and
         // [2t NT + NT + part NTP, + NTP), NT / VPW words apart
         const i64 off = wide_mul_bs(row[rr], rw) + hw + (2 * L.t * NT + part * NTP) / VPW;
-        store_acc_row<T, NTP>(dk, rr, scale, reinterpret_cast<unsigned*>(grad_k) + off, NT / VPW);
-        store_acc_row<T, NTP>(dv, rr, 1.f, reinterpret_cast<unsigned*>(grad_v) + off, NT / VPW);
+        store_acc_row<T, NTP, NT / VPW>(dk, rr, scale, reinterpret_cast<unsigned*>(grad_k) + off,
+                                        nullptr, nullptr);
+        store_acc_row<T, NTP, NT / VPW>(dv, rr, 1.f, reinterpret_cast<unsigned*>(grad_v) + off,
+                                        nullptr, nullptr);
     }
 }
 

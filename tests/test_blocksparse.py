@@ -261,6 +261,19 @@ def _value_steps(a16, vpw):
     return [(a16[:, hf][:, [0, 2, 1, 3]], (8 * hf, 8 * hf + 1)) for hf in range(2)]
 
 
+def _tile_entries(masks, tile):
+    """(lane, n-tile j, element e, tile column c, whether the mask has the
+    edge) of every C-layout entry of a tile: row g + 8 (e >> 1) of lane
+    4 g + t, column c = 8 j + 2 t + (e & 1)."""
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        mr = (int(masks[tile, g]), int(masks[tile, g + 8]))
+        for j in range(2):
+            for e in range(4):
+                c = 8 * j + 2 * t + (e & 1)
+                yield lane, j, e, c, bool((mr[e >> 1] >> c) & 1)
+
+
 def _emulate_window_fwd(Q, K, V, cols, masks, scale, vpw=2):
     """bsr_attn_fwd's arithmetic for one (window, head), lane by lane: Q
     [16, C] (the window's rows), K, V [num_src, C], cols [T, 16], masks
@@ -274,13 +287,8 @@ def _emulate_window_fwd(Q, K, V, cols, masks, scale, vpw=2):
     lsum = np.zeros((32, 2))
     for tile in range(cols.shape[0]):
         s = _score_product(Q, K, cols[tile], vpw)
-        for lane in range(32):
-            g, t = lane >> 2, lane & 3
-            mr = [int(masks[tile, g]), int(masks[tile, g + 8])]
-            for j in range(2):
-                for e in range(4):
-                    col = 8 * j + 2 * t + (e & 1)
-                    s[lane, j, e] = s[lane, j, e] * sl2 if (mr[e >> 1] >> col) & 1 else -np.inf
+        for lane, j, e, _, edge in _tile_entries(masks, tile):
+            s[lane, j, e] = s[lane, j, e] * sl2 if edge else -np.inf
         mu = np.zeros((32, 2))
         for lane in range(32):
             quad = range(lane & ~3, (lane & ~3) + 4)
@@ -364,17 +372,11 @@ def _emulate_window_src(Kr, Vr, Q, G, lse, delta, cols, masks, scale, vpw, split
         for tile in range(cols.shape[0]):
             s = _score_product(Kr, Q, cols[tile], vpw)
             dp = _score_product(Vr, G, cols[tile], vpw)
-            for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                mr = [int(masks[tile, g]), int(masks[tile, g + 8])]
-                for j in range(2):
-                    for e in range(4):
-                        c = 8 * j + 2 * t + (e & 1)
-                        col = cols[tile, c]
-                        p = (np.exp2(s[lane, j, e] * sl2 - lse[col] * np.log2(np.e))
-                             if (mr[e >> 1] >> c) & 1 else 0.0)
-                        s[lane, j, e] = p
-                        dp[lane, j, e] = p * (dp[lane, j, e] - delta[col])
+            for lane, j, e, c, edge in _tile_entries(masks, tile):
+                col = cols[tile, c]
+                p = np.exp2(s[lane, j, e] * sl2 - lse[col] * np.log2(np.e)) if edge else 0.0
+                s[lane, j, e] = p
+                dp[lane, j, e] = p * (dp[lane, j, e] - delta[col])
             for acc, a16, rows in ((dv, s, G), (dk, dp, Q)):
                 for ntl in range(NTP):
                     nt = part * NTP + ntl

@@ -386,22 +386,12 @@ def _inv_in_degree(graph, vtype, device):
     return inv
 
 
-def _tf32_tensor_cores(graph, dtype, op, width) -> bool:
-    """Whether an fp32 call on this graph may go to the core's Tensor Core
-    path as TF32: torch lets fp32 matmuls use TF32, the kernels are compiled
-    for `width` (attention: channels per head; SpMM: features) and the
-    graph's fill rule (fastgnn.blocksparse.pays) takes the path. The plans
-    then leave the call to the bridge, whose core call decides (with the
-    per-call conditions: edge term, dropout, returned weights)."""
-    if dtype != torch.float32 or not tf32_allowed():
-        return False
-    from fastgnn import blocksparse as tc
-    from fastgnn.backends.cuda.blocksparse import spmm_chunk
-    from fastgnn.backends.cuda.loader import BLOCKSPARSE_HEADS
-    if (spmm_chunk(width) is None) if op == "spmm" else width not in BLOCKSPARSE_HEADS["float32"]:
-        return False
-    bs = tc.block_sparse(graph)
-    return (op == "spmm" or not bs.num_duplicates) and tc.pays(bs.stats, op, "float32")
+def _tf32_tensor_cores(dtype) -> bool:
+    """Whether an fp32 call may take the core's Tensor Core path as TF32
+    (torch lets fp32 matmuls use TF32); the plans then ask the core's own
+    rule (fastgnn.blocksparse.spmm_path / attention_path) and leave the calls
+    it takes to the bridge."""
+    return dtype == torch.float32 and tf32_allowed()
 
 
 class SpmmPath:
@@ -429,8 +419,10 @@ class SpmmPath:
             return None
         if _device_index(graph, x) is None:
             return None
-        if path == "auto" and _tf32_tensor_cores(graph, x.dtype, "spmm", x.shape[1]):
-            return None
+        if path == "auto" and _tf32_tensor_cores(x.dtype):
+            from fastgnn import blocksparse as tc
+            if tc.spmm_path(graph, x, "float32", "auto", tf32=True):
+                return None
         vtype = SPMM_VTYPES[x.dtype]
         acc = torch.float64 if vtype == "float64" else torch.float32
         r, c = static.get("row_scale"), static.get("col_scale")
@@ -723,16 +715,18 @@ class EdgeAttentionPath:
         if got is None:
             return None
         score, given, H, C, dtype = got
-        if (score == "dot" and "ee" not in given and not static.get("dropout", 0.0)
-                and not static.get("return_attention_weights")
-                and _tf32_tensor_cores(graph, dtype, "attention", C)):
-            return None
         from fastgnn.backends.attention_spec import SLOT_NAMES
         from fastgnn.ops.attention import _attention_params
         params = _attention_params(score, static.get("negative_slope", 0.2),
                                    static.get("scale"), C, static.get("dropout", 0.0),
                                    static.get("seed", 0), static.get("offset", 0),
                                    static.get("deterministic", True))
+        if score == "dot" and _tf32_tensor_cores(dtype):
+            from fastgnn import blocksparse as tc
+            if tc.attention_path(graph, score, given, params,
+                                 bool(static.get("return_attention_weights")), "float32", "auto",
+                                 tf32=True):
+                return None
         be = _attention_backend()
         vtype, dev = ATTN_VTYPES[dtype], given[next(iter(given))].device
         nd, E = graph.num_dst, graph.num_edges

@@ -199,10 +199,10 @@ def _attention_names(vt, it):
 # holds two accumulators: for head rows of 256 bytes or more (bf16/fp16 C =
 # 128, fp32 C = 64) it splits each head's channels over
 # blocksparse_src_split warps (one warp would take 252 registers at fp32
-# C = 64, and spill at 16-bit C = 128; split, 180 and 238). On clustered19
-# (H200) the split pass made the bf16 forward+backward at 1 x 128 1.99 ms
-# against 4.00 with the CUDA-core source pass, TF32 at 2 x 64 4.65 against
-# 5.97 (knn: 3.66 vs 5.40, 8.10 vs 7.97;
+# C = 64, and spill at 16-bit C = 128; split, 180 and 236). On clustered19
+# (H200) the bf16 forward+backward at 1 x 128 takes 1.99 ms with the split
+# pass, 4.00 with a CUDA-core source pass on the Tensor Core target pass's
+# delta; TF32 at 2 x 64 4.65 and 5.97 (knn: 3.66 and 5.40, 8.10 and 7.97;
 # benchmarks/results/blocksparse_wide_heads_h200.md).
 BLOCKSPARSE_HEADS = {"float16": (16, 32, 64, 128), "bfloat16": (16, 32, 64, 128),
                      "float32": (16, 32, 64)}
