@@ -1,8 +1,7 @@
 // Attention family kernels: edge softmax, and fused edge attention (GAT,
 // GATv2, Graph Transformer "dot") with an online softmax. Nothing of size
 // edges x heads x channels is read or written beyond the caller's optional
-// edge term; the backward's target pass recomputes the scores from lse[i, h]
-// and hands the source pass two numbers per edge and head (store_coef).
+// edge term; the backward passes recompute scores from lse[i, h].
 //
 // Math and the backend contract: fastgnn/ops/attention.py. Slots, per head h
 // (Cs = C except "gat", whose score inputs have Cs = 1):
@@ -56,11 +55,10 @@
 // and att are loaded once per task.
 // The backward target pass adds g[i] and out[i] (once per task; delta_i =
 // <g_i, out_i> is computed there, no separate pass over g and out) and writes
-// per-edge gradients and the pair (w_e, ds_e); the source pass gathers g[i]
-// (and Dn[i] for gatv2 and dot) per edge with that pair. So per edge and
-// head: forward 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows and a
-// pair written (target pass) + 1-2 rows and the pair read (source pass); per
-// target and head 3 rows (Dn, g, out).
+// per-edge gradients; the source pass keeps S[j], V[j] in registers and
+// gathers Dn[i], g[i], lse and delta per edge. So per edge and head: forward
+// 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source
+// pass); per target and head 3 rows (Dn, g, out) and delta written once.
 // gatv2's grad_att: per thread block of the target pass one row [H, C] of
 // acc values (BLOCK_GATT; the sums of its blockDim / group groups over all
 // their tasks: on a persistent grid about num_tasks / blocks tasks per row),
@@ -89,12 +87,7 @@
     ((NCH != 1 || HAS_E) ? 1                                                        \
      : sizeof(T) == 4 ? ATTN_MIN_BLOCKS                                             \
      : (PHASED && KIND == KIND_GAT) ? ATTN_GAT16_MIN_BLOCKS : 1)
-// The source pass (per-edge pairs, no reductions) fits 80 registers without
-// spilling in one chunk without an edge term: ATTN_SRC_MIN_BLOCKS = 3.
-#define ATTN_SRC_MIN_BLOCKS 3
-#define ATTN_SRC_BOUNDS \
-    __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_SRC_MIN_BLOCKS \
-                                                                   : ATTN_BWD_MIN_BLOCKS)
+#define ATTN_BOUNDS __launch_bounds__(256, ATTN_BWD_MIN_BLOCKS)
 // The target pass: the atomic variants keep no cap; the BLOCK_GATT variants
 // of one chunk ask for at least 2 blocks (<= 128 registers, what their
 // per-task twins take), so the shared-slot write costs them no occupancy.
@@ -364,15 +357,6 @@ struct BwdUnroll {
                                : VEC != 4 ? 2
                                : KIND == KIND_DOT || ATOMIC || sizeof(T) == 2 ? 4 : 2;
     static constexpr int U = NCH > 1 ? 1 : tuned;
-};
-
-// The source pass's edges per step (one chunk; several: 1): its per-edge
-// work is a pair and one or two rows of fused multiply-adds, no reduction,
-// so more rows in flight cost few registers.
-#define SRC_UNROLL 4
-template <int NCH>
-struct SrcUnroll {
-    static constexpr int U = NCH > 1 ? 1 : SRC_UNROLL;
 };
 
 // One lane's values of one head of one row: NCH chunks of VEC channels
@@ -732,24 +716,10 @@ __device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [block
     }
 }
 
-// The target pass's hand-off to the source pass: per edge (caller id ce) and
-// head the pair coef[ce, h] = (w_e, ds_e) in the acc type, w_e = p_e z_e the
-// message's weight and ds_e the score's gradient (gat: ds_e lrelu'(u_e), the
-// gradient of both score scalars). One 8-byte store (16 for fp64) per edge
-// and head, read once by the source pass, which so recomputes no score.
-template <typename A, typename I>
-__device__ __forceinline__ void store_coef(A* __restrict__ coef, I ce, int H, int h, A w, A ds) {
-    pack_t<A, 2> c;
-    c.v[0] = w;
-    c.v[1] = ds;
-    store_pack<A, 2>(coef + ((i64)ce * H + h) * 2, c);
-}
-
 // Backward, target pass over the CSR: per edge ds_e = p (z <g_i, m_e> + ga_e
 // - delta_i); the target-side gradient summed over the task (direct rows
 // write gDn[i], split rows a partial slot), the per-edge gradient written at
-// the caller's id, the source pass's coefficients (coef, if not null), and
-// gatv2's grad_att: one partial row [H, C] per thread
+// the caller's id, and gatv2's grad_att: one partial row [H, C] per thread
 // block (BLOCK_GATT, gatt_block_sum) or, where the launcher finds the slots
 // too big or the blocks no fewer than the tasks, one per task (C values per
 // (task, head)). U edges per step, their source rows gathered before any
@@ -761,8 +731,9 @@ __device__ __forceinline__ void store_coef(A* __restrict__ coef, I ce, int H, in
 // walk and no second gather of Dn[i], g[i], but the sums' order varies.
 // delta: with `out` given (grad_out given, no grad_alpha) every task computes
 // delta_i = <g_i, out_i> itself from out_i (same lanes and vector loads as
-// g_i, fp32/fp64 sums; the same bits in every task of a split row); without
-// `out`, delta is read (attn_delta and the grad_alpha term).
+// g_i, fp32/fp64 sums; the same bits in every task of a split row) and the
+// row's first task writes it to `delta` (if not null) for the source pass;
+// without `out`, delta is read (attn_delta and the grad_alpha term).
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E, bool ATOMIC,
           bool BLOCK_GATT>
 __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
@@ -776,11 +747,10 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                              const T* __restrict__ g,          // [num_dst, H, C] or null
                              const T* __restrict__ ga,         // [E, H] or null
                              const T* __restrict__ out,        // [num_dst, H, C] or null
-                             const typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H] or null
+                             typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
                              T* __restrict__ gDn,              // [num_dst, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_dn,  // [slots, H, Cs]
                              T* __restrict__ gEd,              // [E, H, Cs] or null
-                             typename value_traits<T>::acc_t* __restrict__ coef,  // [E, H, 2] or null
                              typename value_traits<T>::acc_t* __restrict__ gatt_part,  // [tasks | blocks, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ aS,  // ATOMIC: [num_src, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ aV,  // ATOMIC: [num_src, H, C] or null
@@ -824,10 +794,12 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) part += gr.v[k][q] * o.v[k][q];
             D = group_sum_fixed<GROUP>(part, group);
+            if (delta != nullptr && L.lane == 0 && phase_ == 0 && e0 == (i64)indptr[row])
+                delta[row * H + h] = D;
         } else {
             D = delta[row * H + h];
         }
-        const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr || coef != nullptr;
+        const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
         A dgat = A(0);                                  // gat's scalar target-side gradient
         FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
@@ -860,7 +832,6 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     const A du = ds * lrelu_grad(x, slope);
                     dgat += du;
                     if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
-                    if (coef != nullptr && L.lane == 0) store_coef(coef, ce[u], H, h, w, du);
                     if (ATOMIC && aS != nullptr && L.lane == 0) atomicAdd(aS + jrow, du);
                     if (ATOMIC && aV != nullptr && w != A(0)) {
 #pragma unroll
@@ -873,7 +844,6 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     }
                     continue;
                 }
-                if (coef != nullptr && L.lane == 0) store_coef(coef, ce[u], H, h, w, ds);
                 T* __restrict__ ge_row = gEr.at(ce[u]);
 #pragma unroll
                 for (int k = 0; k < NCH; ++k) {
@@ -957,90 +927,102 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 }
 
 // Backward, source pass over the transpose (task rows are sources j, t_indices
-// targets i, t_cid caller ids): the source-side gradients from the target
-// pass's per-edge coefficients (w_e, ds_e) = coef[ce, h] (store_coef), so no
-// score, exponential or reduction over channels is recomputed here:
-//   gat    gS[j] = sum_e ds_e                     gV[j] = sum_e w_e g_i
-//   gatv2  gS[j] = sum_e w_e g_i + ds_e att * lrelu'(xl_j + xr_i (+ xe_e))
-//   dot    gS[j] = scale sum_e ds_e q_i            gV[j] = sum_e w_e g_i
-// (gatv2's S and V are both xl: one gradient). Per edge and head: the pair
-// (8 bytes; 16 for fp64), the rows g[i] and (gatv2, dot) Dn[i], gatv2's edge
-// term row; per task gatv2's xl[j] and att. U edges in flight per step.
+// targets i, t_cid caller ids): grad of the source-side score input and of
+// the message (gatv2: both are xl, summed into gS). The task's own S[j] and
+// V[j] stay in registers; per edge the target rows Dn[i], g[i] (U edges in
+// flight) and lse, delta are gathered.
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
-__global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+__global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
                              const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
                              const T* __restrict__ S, const T* __restrict__ Dn,
                              const T* __restrict__ Ed, const T* __restrict__ att,
-                             const T* __restrict__ g,          // [num_dst, H, C] or null
-                             const typename value_traits<T>::acc_t* __restrict__ coef,  // [E, H, 2]
+                             const T* __restrict__ V,
+                             const typename value_traits<T>::acc_t* __restrict__ lse,
+                             const T* __restrict__ g, const T* __restrict__ ga,
+                             const typename value_traits<T>::acc_t* __restrict__ delta,
                              T* __restrict__ gS,                // [num_src, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_s,   // [slots, H, Cs]
                              T* __restrict__ gV,                // [num_src, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ p_v,   // [slots, H, C]
                              i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
                              typename value_traits<T>::acc_t slope,
-                             typename value_traits<T>::acc_t scale) {
+                             typename value_traits<T>::acc_t scale, DROP_PARAMS) {
+    DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = SrcUnroll<NCH>::U;
-    constexpr bool GAT = KIND == KIND_GAT, GATV2 = KIND == KIND_GATV2;
+    constexpr int U = BwdUnroll<KIND, T, VEC, NCH>::U;
+    constexpr bool GAT = KIND == KIND_GAT;
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
         const i64 j = row;
-        const Rows<const T*> Dr = rows_of<false>(L, Dn, H, h), Er = rows_of<false>(L, Ed, H, h),
+        const Rows<const T*> Dr = rows_of<GAT>(L, Dn, H, h), Er = rows_of<GAT>(L, Ed, H, h),
                              Gr = rows_of<false>(L, g, H, h);
         const bool has_g = g != nullptr;
-        Sl sj, a, sacc, vacc;
-        if (GATV2) {
-            load_slice<false>(L, rows_of<false>(L, S, H, h), j, sj);
-            load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
-        }
+        Sl sj, vj, a, sacc, vacc;
+        load_slice<GAT>(L, rows_of<GAT>(L, S, H, h), j, sj);
+        if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, rows_of<false>(L, V, H, h), j, vj);
+        else zero_slice(vj);
+        if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
         zero_slice(sacc);
         zero_slice(vacc);
+        const bool need_ce = HAS_E || drop.on || ga != nullptr;
         A sgat = A(0);
         FOR_EACH_STEP {
-            EDGE_BATCH(true)
+            EDGE_BATCH(need_ce)
             Sl dv[U], gv[U], e[U];
-            A w[U], ds[U];
+            A sc[U], gm[U], row_lse[U], D[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const pack_t<A, 2> c = load_pack<A, 2>(coef + ((i64)ce[u] * H + h) * 2);
-                w[u] = c.v[0];
-                ds[u] = c.v[1];
-                if (!GAT) load_slice<false>(L, Dr, nb_[u], dv[u]);
-                if (GATV2 && HAS_E) load_slice<false>(L, Er, ce[u], e[u]);
+                load_slice<GAT>(L, Dr, nb_[u], dv[u]);
+                if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
                 if (has_g) load_slice<false>(L, Gr, nb_[u], gv[u]);
                 else zero_slice(gv[u]);
+                row_lse[u] = lse[(i64)nb_[u] * H + h];
+                D[u] = delta[(i64)nb_[u] * H + h];
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                sc[u] = score_of<KIND, GROUP, HAS_E>(sj, dv[u], e[u], a, slope, scale, group);
+                gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gv[u], sj, vj, e[u], group) : A(0);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (!EDGE_OK(u)) continue;
-                if (GAT) sgat += ds[u];
+                const A p = score_exp<T>(sc[u] - row_lse[u]);
+                const A z = (A)drop_factor(drop, ce[u], H, h);
+                A dp = z != A(0) ? z * gm[u] : A(0);
+                if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
+                const A ds = p * (dp - D[u]);
+                const A w = p * z;
+                if (KIND == KIND_GAT) {
+                    A x = sj.v[0][0] + dv[u].v[0][0];
+                    if (HAS_E) x += e[u].v[0][0];
+                    sgat += ds * lrelu_grad(x, slope);
+                }
 #pragma unroll
                 for (int k = 0; k < NCH; ++k)
 #pragma unroll
                     for (int q = 0; q < VEC; ++q) {
-                        if (GATV2) {
+                        if (KIND == KIND_GATV2) {
                             const A tt = lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q);
-                            sacc.v[k][q] += ds[u] * a.v[k][q] * lrelu_grad(tt, slope)
-                                            + w[u] * gv[u].v[k][q];
+                            sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u].v[k][q];
                         } else {
-                            if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds[u] * dv[u].v[k][q];
-                            vacc.v[k][q] += w[u] * gv[u].v[k][q];
+                            if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u].v[k][q];
+                            vacc.v[k][q] += w * gv[u].v[k][q];
                         }
                     }
             }
         }
         if (phases > 1) {                      // merge the phases' sums
-            if (GAT) sgat = phase_sum(sgat, phases);
-            if (!GAT) phase_sum_slice(sacc, phases);
-            if (!GATV2) phase_sum_slice(vacc, phases);
+            if (KIND == KIND_GAT) sgat = phase_sum(sgat, phases);
+            if (KIND != KIND_GAT) phase_sum_slice(sacc, phases);
+            if (KIND != KIND_GATV2) phase_sum_slice(vacc, phases);
             if (phase_ != 0) continue;
         }
         const i64 slot = (i64)task_slot[t];
-        if (GAT && gS != nullptr && L.lane == 0) {
+        if (KIND == KIND_GAT && gS != nullptr && L.lane == 0) {
             if (slot < 0) gS[j * H + h] = value_traits<T>::from_acc(sgat);
             else p_s[slot * H + h] = sgat;
         }
@@ -1048,10 +1030,10 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
         for (int k = 0; k < NCH; ++k) {
             if (!L.has(k)) continue;
             const int c0 = L.chan(k);
-            if (!GAT && gS != nullptr)
+            if (KIND != KIND_GAT && gS != nullptr)
                 store_row<T, VEC>(gS, p_s, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
                                   sacc.v[k]);
-            if (!GATV2 && gV != nullptr)
+            if (KIND != KIND_GATV2 && gV != nullptr)
                 store_row<T, VEC>(gV, p_v, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
                                   vacc.v[k]);
         }

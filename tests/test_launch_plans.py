@@ -551,18 +551,17 @@ def test_edge_attention_forward_plan_runs_end_to_end_against_fakes(fake_cuda, sc
 
 
 # attn_bwd_dst's and attn_bwd_src's parameters by position (kernels_cuda/attention.cu)
-_COMMON = "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att "
+_COMMON = "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att V lse g ga "
 _D = {name: i for i, name in enumerate(
-    (_COMMON + "V lse g ga out delta gDn p_dn gEd coef gatt_part aS aV num_tasks").split())}
-_S = {name: i for i, name in enumerate((_COMMON + "g coef gS p_s gV p_v num_tasks").split())}
+    (_COMMON + "out delta gDn p_dn gEd gatt_part aS aV num_tasks").split())}
+_S = {name: i for i, name in enumerate((_COMMON + "delta gS p_s gV p_v num_tasks").split())}
 
 
 @pytest.mark.parametrize("score", ["gat", "gatv2", "dot"])
 def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, score):
     """edge_attention forward + backward on plans (edge term, bias, dropout):
-    the target pass (fused delta), the source pass over the transpose on
-    the target pass's per-edge pairs, the split rows' combines, gatv2's
-    grad_att column sum; each gradient's
+    the target pass (fused delta), the source pass over the transpose, the
+    split rows' combines, gatv2's grad_att column sum; each gradient's
     address in its slot, the bias gradient's column sum, every launch
     matching its kernel's signature, nothing through DLPack."""
     g, t = _attention_case(score)
@@ -578,8 +577,7 @@ def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, s
     dst = bwd.launches[0]
     src = bwd.launches[kinds.index("attn_bwd_src")]
     assert dst.values[_D["out"]] != 0 and dst.values[_D["ga"]] == 0    # fused delta
-    assert dst.values[_D["delta"]] == 0
-    assert dst.values[_D["coef"]] == src.values[_S["coef"]] != 0
+    assert dst.values[_D["delta"]] == src.values[_S["delta"]] != 0
     assert dst.values[_D["gDn"]] == grads[d_name].data_ptr()
     assert dst.values[_D["gEd"]] == grads[e_name].data_ptr()
     assert dst.values[_D["aS"]] == dst.values[_D["aV"]] == 0
@@ -599,22 +597,19 @@ def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, s
     assert len(fake_cuda) == n_fwd + len(bwd.launches) + len(sums and sums[0].launches) + n_bias
 
 
-def test_attention_backward_plan_of_the_source_side_alone_hands_pairs_over(fake_cuda):
-    """Only v wants a gradient: the target pass writes no gradient, only the
-    per-edge pairs the source pass reads; a cotangent of the weights or float
-    atomics take the core instead (no backward plan)."""
+def test_attention_backward_plan_of_the_source_side_alone_runs_attn_delta(fake_cuda):
+    """Only v wants a gradient: no target pass, delta from attn_delta, then
+    the source pass; a cotangent of the weights or float atomics take the
+    core instead (no backward plan)."""
     g, t = _attention_case("gat")
     v = t["v"]
     fixed = {n: x.detach() for n, x in t.items() if n != "v"}
     out = ft.edge_attention(g, "gat", **fixed, v=v)
     gv, = torch.autograd.grad(out, [v], torch.ones_like(out))
     (bwd,) = _by_name(g, cuda_attention.AttnBwdPlan)
-    assert [l.name.split("<")[0] for l in bwd.launches][:2] == ["attn_bwd_dst", "attn_bwd_src"]
-    dst, src = bwd.launches[:2]
-    assert dst.values[_D["gDn"]] == dst.values[_D["gEd"]] == dst.values[_D["gatt_part"]] == 0
-    assert dst.values[_D["coef"]] == src.values[_S["coef"]] != 0
-    assert src.values[_S["gV"]] == gv.data_ptr()
-    assert src.values[_S["gS"]] == 0
+    assert [l.name.split("<")[0] for l in bwd.launches][:2] == ["attn_delta", "attn_bwd_src"]
+    assert bwd.launches[1].values[_S["gV"]] == gv.data_ptr()
+    assert bwd.launches[1].values[_S["gS"]] == 0
     _check_launches(fake_cuda, g, kernel_signatures())
     params = fastgnn.ops.attention._attention_params("gatv2", 0.2, None, 8, 0.0, 0, 0, False)
     serves = cuda_attention.plan_serves_backward
