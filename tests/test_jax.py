@@ -474,6 +474,82 @@ def test_core_validation_reaches_the_caller(graph_ei, rng):
         fj.spmm(g.core, _arr(rng, (N, F), "float32"))
 
 
+# ------------------------------------------------------------------ TF32
+TF32_PRECISIONS = {None: True, "bfloat16": True, "tensorfloat32": True, "high": True,
+                   "TF32_TF32_F32": True, "BF16_BF16_F32": True, "float32": False,
+                   "highest": False, "F32_F32_F32": False, "TF32_TF32_F32_X3": False,
+                   "BF16_BF16_F32_X6": False}
+
+
+def test_tf32_follows_jax_matmul_precision(graph_ei, rng, monkeypatch):
+    """spmm and edge_attention hand the core tf32=True exactly where JAX's
+    matmul precision lets float32 products be TF32 (or coarser), eagerly and
+    under jit (a new precision retraces)."""
+    import fastgnn.jax.ops as ops
+    g, _ = graph_ei
+    seen = []
+    for name in ("spmm_fwd", "edge_attention_fwd"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, real=real, **k: (seen.append(k["tf32"]),
+                                                                   real(*a, **k))[1])
+    x = _arr(rng, (N, F), "float32")
+    q, k, v = (_arr(rng, (N, H, C), "float32") for _ in range(3))
+    run = jax.jit(lambda x, q, k, v: (fj.spmm(g, x), fj.edge_attention(g, "dot", q=q, k=k, v=v)))
+    for precision, want in TF32_PRECISIONS.items():
+        with jax.default_matmul_precision(precision):
+            assert fj.ops.tf32_allowed() is want, precision
+            for fn in (lambda: (fj.spmm(g, x), fj.edge_attention(g, "dot", q=q, k=k, v=v)),
+                       lambda: run(x, q, k, v)):
+                seen.clear()
+                jax.block_until_ready(fn())
+                assert seen and set(seen) == {want}, (precision, seen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tensorfloat32", "float32"])
+def test_gpu_fp32_attention_and_spmm_take_tf32_tensor_cores_where_jax_allows(precision,
+                                                                              monkeypatch):
+    """On a locally dense graph fp32 dot attention and SpMM run the Tensor
+    Core kernels as TF32 exactly when JAX's matmul precision allows TF32
+    (forward and backward), within TF32's tolerance of float64 either way."""
+    from fastgnn import blocksparse as tc
+    from fastgnn.generators import clustered
+    from fastgnn.testing import TOLERANCES, rel_err
+    dev = _gpu()
+    ei, n = clustered(2048, block=32, random_per_node=1, seed=3)    # deduplicated
+    Hh, Cc = 2, 32
+    calls = []
+    for name in ("attention_fwd", "attention_bwd", "spmm"):
+        monkeypatch.setattr(tc, name, (lambda f, name: lambda *a, **k: (calls.append(name),
+                                                                         f(*a, **k))[1])(
+            getattr(tc, name), name))
+    r = np.random.default_rng(4)
+    q, k, v, go = (r.standard_normal((n, Hh, Cc)) for _ in range(4))
+    x, gx = r.standard_normal((n, 64)), r.standard_normal((n, 64))
+    g = fj.Graph.from_edge_index(ei, n)
+
+    def loss(q, k, v, x):
+        return (jnp.sum(fj.edge_attention(g, "dot", q=q, k=k, v=v) * go.astype(np.float32))
+                + jnp.sum(fj.spmm(g, x) * gx.astype(np.float32)))
+
+    q32, k32, v32, x32 = jax.device_put(tuple(np.float32(a) for a in (q, k, v, x)), dev)
+    with jax.default_matmul_precision(precision):
+        grads = jax.grad(loss, argnums=(0, 1, 2, 3))(q32, k32, v32, x32)
+        out = fj.edge_attention(g, "dot", q=q32, k=k32, v=v32)
+        jax.block_until_ready((grads, out))
+    tf32 = precision == "tensorfloat32"
+    assert {"attention_fwd", "attention_bwd", "spmm"} <= set(calls) if tf32 else not calls, calls
+    want, _ = ref.edge_attention(ei, "dot", n, dict(q=q, k=k, v=v))
+    vjp = ref.edge_attention_vjp(ei, "dot", n, dict(q=q, k=k, v=v), go)
+    gq, gk, gv = vjp["q"], vjp["k"], vjp["v"]
+    gxx = ref.spmm_vjp(ei, x, None, "sum", gx)[0]
+    tol = TOLERANCES["tf32"] if tf32 else TOLERANCES["float32"]
+    for what, a, b in (("out", out, want), ("grad q", grads[0], gq), ("grad k", grads[1], gk),
+                       ("grad v", grads[2], gv), ("grad x", grads[3], gxx)):
+        err = rel_err(np.asarray(a, np.float64), b)
+        assert err < 16 * tol, f"{what}: rel err {err:.2e} ({precision})"
+
+
 # ---------------------------------------------------------------- layers
 def test_layers(graph_ei, rng):
     """Every layer's forward and gradient in one jitted program (one

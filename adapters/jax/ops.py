@@ -5,7 +5,9 @@ record; the core (fastgnn.ops) validates them and runs the kernels. All of
 them work eagerly and under `jax.jit`, `jax.grad`, `jax.lax.scan` and
 `jax.vmap` (vmap runs the examples one after the other through the host
 callback's sequential rule). Value types: float32, and float64 with
-`jax_enable_x64`.
+`jax_enable_x64`. `spmm` and `edge_attention` let float32 inputs take the
+Tensor Core path as TF32 exactly where JAX lets float32 matmuls use TF32
+(`tf32_allowed`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,27 @@ from ._bridge import Op, apply
 from ._graph import Graph
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "edge_softmax", "edge_attention",
-           "SPMM", "SEGMENT_REDUCE", "EDGE_SOFTMAX", "EDGE_ATTENTION"]
+           "tf32_allowed", "SPMM", "SEGMENT_REDUCE", "EDGE_SOFTMAX", "EDGE_ATTENTION"]
+
+# Values of `jax_default_matmul_precision` (lower case; precision names and
+# dot-algorithm presets) whose float32 products are TF32 or coarser. None is
+# JAX's default, under which a GPU's float32 matmuls use TF32.
+_TF32_PRECISIONS = frozenset({
+    None, "default", "fastest", "bfloat16", "high", "tensorfloat32", "tf32_tf32_f32",
+    "bf16_bf16_bf16", "bf16_bf16_f32", "f16_f16_f16", "f16_f16_f32", "any_f8_any_f8_f32",
+    "any_f8_any_f8_f32_fast_accum", "any_f8_any_f8_any", "any_f8_any_f8_any_fast_accum"})
+
+
+def tf32_allowed() -> bool:
+    """Whether JAX lets float32 matmuls round their products to TF32 (or
+    coarser): `jax.config.jax_default_matmul_precision` (or the
+    `jax.default_matmul_precision(...)` context) is unset or one of
+    "default"/"bfloat16", "high"/"tensorfloat32", or a dot-algorithm preset of
+    TF32, 16-bit or 8-bit products; "float32"/"highest", F32_F32_F32 and the
+    multi-pass presets keep fp32. Read when a call is traced, so jit's cache
+    follows it."""
+    p = jax.config.jax_default_matmul_precision
+    return (None if p is None else str(p).lower()) in _TF32_PRECISIONS
 
 
 # ------------------------------------------------------------------ spmm
@@ -49,8 +71,10 @@ def spmm(graph: Graph, x, edge_weight=None, reduce="sum", *, bias=None):
 
     graph: fastgnn.jax.Graph; x: [num_src, F]; edge_weight: [E] in the
     caller's edge order (default 1); reduce: "sum" (s = 1) or "mean"
-    (s_i = 1/deg_in(i), empty rows 0); bias: [F]. Returns [num_dst, F]."""
-    return apply(SPMM, graph, x, edge_weight, bias, reduce=reduce)
+    (s_i = 1/deg_in(i), empty rows 0); bias: [F]. Returns [num_dst, F].
+    float32 features on a locally dense graph run as TF32 on the Tensor Cores
+    where `tf32_allowed()` (fastgnn.spmm's tf32=True)."""
+    return apply(SPMM, graph, x, edge_weight, bias, reduce=reduce, tf32=tf32_allowed())
 
 
 # ------------------------------------------------------------ gcn_norm
@@ -199,9 +223,12 @@ def edge_attention(graph: Graph, score, *, a_src=None, a_dst=None, a_edge=None, 
     bias [H, C] (or [H*C]) optional. dropout/seed/offset as in `edge_softmax`
     (seed may be a traced integer scalar). Returns out [num_dst, H, C], and
     alpha [E, H] (the softmax weights before dropout) with
-    return_attention_weights."""
+    return_attention_weights. float32 inputs on a locally dense graph run as
+    TF32 on the Tensor Cores where `tf32_allowed()` (fastgnn.edge_attention's
+    tf32=True)."""
     given = dict(a_src=a_src, a_dst=a_dst, a_edge=a_edge, v=v, xl=xl, xr=xr, att=att, xe=xe,
                  q=q, k=k, ee=ee, bias=bias)
     return apply(EDGE_ATTENTION, graph, *(given[n] for n in _ATTN_INPUTS), seed, score=score,
                  negative_slope=negative_slope, scale=scale, dropout=dropout,
-                 offset=int(offset), return_attention_weights=bool(return_attention_weights))
+                 offset=int(offset), return_attention_weights=bool(return_attention_weights),
+                 tf32=tf32_allowed())
