@@ -11,13 +11,18 @@ ATTENTION_MAX_VEC), `--source FILE` compiles FILE instead of attention.cu
 (repeatable) replaces text in the source before it is compiled: A/B runs of
 a kernel change in one process each.
 
-    python benchmarks/dev/probe_attention.py [scale] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]...
+    python benchmarks/dev/probe_attention.py [scale | GRAPH] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]...
+
+GRAPH: a bench graph spec (fastgnn.bench.graphs), optionally "+shuffle"
+(node ids permuted, seed 1) and ":ORDER" (relabelled by fastgnn.reorder's
+ORDER), e.g. clustered20+shuffle:cluster; a bare number is rmat of that scale.
     ncu -k regex:attn_bwd --section SpeedOfLight --section WarpStateStats \
         python benchmarks/dev/probe_attention.py 20 bwd-once
 """
 import sys
 
 import cupy as cp
+import numpy as np
 
 import fastgnn
 from fastgnn.backends.cuda.spmm import median_ms
@@ -56,17 +61,34 @@ def backward_pass(g, n, rng, repeats=10, H=4, C=32):
     cp.cuda.Device().synchronize()
 
 
-def main(scale=20, mode=""):
-    ei, n = rmat_edge_index(scale, xp=cp)
+def build_graph(spec):
+    """(name, fastgnn.Graph, n) of a scale (rmat) or GRAPH spec (see above)."""
+    if spec.isdigit():
+        ei, n = rmat_edge_index(int(spec), xp=cp)
+        return f"rmat{spec}", fastgnn.Graph.from_edge_index(ei, num_nodes=n), n
+    from fastgnn.bench.graphs import parse
+    base, _, method = spec.partition(":")
+    shuffle = base.endswith("+shuffle")
+    made = parse(base.removesuffix("+shuffle"))[2](cp, 0)
+    ei, n = cp.asarray(made[0]), int(made[1])
+    if shuffle:
+        ei = cp.asarray(np.random.default_rng(1).permutation(n))[ei]
     g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
+    if method:
+        g = g.reorder(method)
+    return spec, g, n
+
+
+def main(spec="20", mode=""):
+    name, g, n = build_graph(spec)
     rng = cp.random.default_rng(0)
     if mode == "bwd-once":
         return backward_pass(g, n, rng, repeats=0)
     if mode == "fwdbwd":                  # only the three scores at 4 x 32
-        print(f"rmat{scale}: n={n} E={g.num_edges}")
+        print(f"{name}: n={n} E={g.num_edges}")
         return backward_pass(g, n, rng)
     x = rng.standard_normal((n, 128), dtype=cp.float32)
-    print(f"rmat{scale}: n={n} E={g.num_edges}")
+    print(f"{name}: n={n} E={g.num_edges}")
     print(f"spmm sum F=128: {median_ms(lambda: fastgnn.spmm(g, x), 10):.3f} ms")
     for H, C in ((4, 32), (1, 128), (2, 64)):
         xl = x.reshape(n, H, C)
@@ -111,4 +133,4 @@ def build_options(argv):
 
 if __name__ == "__main__":
     rest = build_options(sys.argv[1:])
-    main(*(int(a) for a in rest[:1]), *rest[1:2])
+    main(*rest[:2])
