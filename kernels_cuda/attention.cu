@@ -231,9 +231,13 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // Persistent grids: the launcher sizes the grid to what the device holds at
 // once (fastgnn/backends/cuda/attention.py, _persistent_grid), and each run
 // of H consecutive lane groups (a "slot": group q has head h = q mod H, slot
-// q / H) walks a contiguous range of tasks, slot_begin[s] .. slot_begin[s +
-// 1], the ranges cut so that each holds about the same work (its edges plus
-// TASK_COST_EDGES per task: task_slots there, cached per graph). A group that ends a short task so
+// q / H, S slots) walks `rounds` ranges of tasks: the task list is cut into
+// S x rounds ranges of about the same work (its edges plus TASK_COST_EDGES
+// per task: task_slots there, cached per graph), slot_begin[r] ..
+// slot_begin[r + 1], and slot s takes ranges s, s + S, s + 2S, ... So the
+// slots sweep the task list together, a round at a time: the source rows of
+// neighbouring targets are read by slots running at the same time, and L2
+// keeps them for each other. A group that ends a short task so
 // starts its next one at once, where a grid of one group per (task, head)
 // left it idle until its block's longest task ended (rmat20: 47% of the
 // gatv2 target pass's warp cycles waited at the block's grad_att barrier,
@@ -248,8 +252,8 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // gatv2 3.15 / 11.55 -> 2.97 / 8.44, dot 3.19 / 9.78 -> 2.84 / 9.00, gat
 // 2.47 / 6.91 -> 1.99 / 5.91 (the looped kernels on a grid of one group per
 // pair, the launcher's PERSISTENT = False, are slower still). slot_begin null:
-// slot s holds task s alone (the grid has a slot for every task). Groups
-// past the last whole slot have no task.
+// slot s holds task s alone (the grid has a slot for every task; rounds =
+// 1). Groups past the last whole slot have no task.
 // FOR_EACH_GROUP_TASK opens the loop over the group's tasks t (lane layout L
 // and head h fixed); TASK_PROLOGUE gives task t's row and its n edges (eidx,
 // ecid: their indices and caller ids, n <= chunk so edge positions are
@@ -267,12 +271,15 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     const int phase_ = PHASED ? (int)(q_ - slot_ * H * phases) / H : 0;             \
     const int phase_shift_ = PHASED ? __ffs(phases) - 1 : 0;   /* a power of two */ \
     const int h = (int)(q_ - slot_ * H * phases) - phase_ * H;                      \
-    const bool has_slot_ = slot_ < (i64)gridDim.x * (blockDim.x / grp_) / (H * phases); \
-    i64 t_end_ = !has_slot_ ? 0 : slot_begin != nullptr ? (i64)slot_begin[slot_ + 1] \
-                                                        : slot_ + 1;                \
-    t_end_ = t_end_ < num_tasks ? t_end_ : num_tasks;                               \
-    for (i64 t = !has_slot_ ? 0 : slot_begin != nullptr ? (i64)slot_begin[slot_] : slot_; \
-         t < t_end_; ++t)
+    /* 32-bit slots and ranges (fewer registers): a persistent grid holds what */ \
+    /* the device runs at once, the one-task-per-slot grid small graphs' tasks */   \
+    const int slots_ = (int)((i64)gridDim.x * (blockDim.x / grp_) / (H * phases));  \
+    const int ranges_ = slots_ * rounds;                                            \
+    for (int r_ = slot_ < slots_ ? (int)slot_ : ranges_; r_ < ranges_; r_ += slots_) \
+        for (i64 t = slot_begin != nullptr ? (i64)slot_begin[r_] : r_,              \
+                 t_end_ = min(slot_begin != nullptr ? (i64)slot_begin[r_ + 1] : r_ + 1, \
+                              num_tasks);                                           \
+             t < t_end_; ++t)
 #define TASK_PROLOGUE                                                               \
     i64 row, e0, e1;                                                                \
     task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);                \
@@ -511,7 +518,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
                          typename value_traits<T>::acc_t* __restrict__ p_m,     // [slots, H]
                          typename value_traits<T>::acc_t* __restrict__ p_l,     // [slots, H]
                          typename value_traits<T>::acc_t* __restrict__ p_acc,   // [slots, H, C]
-                         i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
+                         i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases, int rounds,
                          typename value_traits<T>::acc_t slope,
                          typename value_traits<T>::acc_t scale, DROP_PARAMS, int alpha_mode) {
     DROP_MAKE
@@ -754,7 +761,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                              typename value_traits<T>::acc_t* __restrict__ gatt_part,  // [tasks | blocks, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ aS,  // ATOMIC: [num_src, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ aV,  // ATOMIC: [num_src, H, C] or null
-                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
+                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases, int rounds,
                              typename value_traits<T>::acc_t slope,
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE
@@ -946,7 +953,7 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
                              typename value_traits<T>::acc_t* __restrict__ p_s,   // [slots, H, Cs]
                              T* __restrict__ gV,                // [num_src, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ p_v,   // [slots, H, C]
-                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
+                             i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases, int rounds,
                              typename value_traits<T>::acc_t slope,
                              typename value_traits<T>::acc_t scale, DROP_PARAMS) {
     DROP_MAKE

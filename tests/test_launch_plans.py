@@ -511,8 +511,8 @@ def _attention_case(score, n=300, H=2, C=8, dtype=torch.float64, seed=6):
 # attn_fwd's parameters by position (kernels_cuda/attention.cu)
 _F = {name: i for i, name in enumerate(
     "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att V bias out out_b "
-    "lse alpha p_m p_l p_acc num_tasks H C nch chunk group phases slope scale dkey doffset dthreshold "
-    "dscale don alpha_mode".split())}
+    "lse alpha p_m p_l p_acc num_tasks H C nch chunk group phases rounds slope scale dkey doffset "
+    "dthreshold dscale don alpha_mode".split())}
 
 
 @pytest.mark.parametrize("score", ["gat", "gatv2", "dot"])

@@ -9,9 +9,10 @@ bf16; run under `ncu` to read the counters of one launch of each kernel
 ATTENTION_MAX_VEC), `--source FILE` compiles FILE instead of attention.cu
 (a baseline with the same kernel signatures), and `--patch OLD NEW`
 (repeatable) replaces text in the source before it is compiled: A/B runs of
-a kernel change in one process each.
+a kernel change in one process each. `--rounds 1,8,32` repeats fwdbwd for
+each count of the persistent grids' rounds (the launcher's ROUNDS).
 
-    python benchmarks/dev/probe_attention.py [scale | GRAPH] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]...
+    python benchmarks/dev/probe_attention.py [scale | GRAPH] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]... [--rounds N,N,...]
 
 GRAPH: a bench graph spec (fastgnn.bench.graphs), optionally "+shuffle"
 (node ids permuted, seed 1) and ":ORDER" (relabelled by fastgnn.reorder's
@@ -86,7 +87,12 @@ def main(spec="20", mode=""):
         return backward_pass(g, n, rng, repeats=0)
     if mode == "fwdbwd":                  # only the three scores at 4 x 32
         print(f"{name}: n={n} E={g.num_edges}")
-        return backward_pass(g, n, rng)
+        from fastgnn.backends.cuda import attention
+        for rounds in ROUNDS or [attention.ROUNDS]:
+            attention.ROUNDS = rounds
+            print(f"rounds {rounds}")
+            backward_pass(g, n, rng)
+        return
     x = rng.standard_normal((n, 128), dtype=cp.float32)
     print(f"{name}: n={n} E={g.num_edges}")
     print(f"spmm sum F=128: {median_ms(lambda: fastgnn.spmm(g, x), 10):.3f} ms")
@@ -103,13 +109,19 @@ def main(spec="20", mode=""):
     backward_pass(g, n, rng)
 
 
+ROUNDS = []
+
+
 def build_options(argv):
-    """Apply --max-vec / --patch (before any kernel is compiled); the other
-    arguments, in order."""
+    """Apply --max-vec / --patch (before any kernel is compiled) and --rounds;
+    the other arguments, in order."""
     from fastgnn.backends.cuda import loader
     rest = []
     args = iter(argv)
     for a in args:
+        if a == "--rounds":
+            ROUNDS.extend(int(r) for r in next(args).split(","))
+            continue
         if a == "--max-vec":
             loader.ATTENTION_MAX_VEC = dict.fromkeys(loader.ATTENTION_MAX_VEC, (int(next(args)),) * 2)
         elif a == "--source":

@@ -113,11 +113,13 @@ def edge_phases(vtype, vec, H, group):
 
 
 # attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
-# blocks as the device holds at once, each slot of H lane groups walking a
-# contiguous range of tasks of about equal work (task_slots; FOR_EACH_GROUP_TASK
-# in attention.cu). False: one lane group per (task, head) pair, one task each
+# blocks as the device holds at once, each slot of H lane groups walking
+# ROUNDS ranges of tasks of about equal work, one per round of a sweep of the
+# whole grid over the task list (task_slots; FOR_EACH_GROUP_TASK in
+# attention.cu). False: one lane group per (task, head) pair, one task each
 # (slower where a block's short tasks wait for its hub task; tests run both).
 PERSISTENT = True
+ROUNDS = 1
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
 RESIDENT_BLOCKS = None
@@ -192,7 +194,7 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     slots = blocks * (BLOCK // group) // per_slot
     if blocks >= full or slots == 0:
         return (full,), NULL
-    return (blocks,), task_slots(graph, plan, slots)
+    return (blocks,), task_slots(graph, plan, slots * ROUNDS)
 
 
 def _names(graph, vtype):
@@ -332,7 +334,7 @@ class AttnFwdPlan(LaunchPlan):
         common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
                   graph.indices, caller_ids(graph), *ins)
         scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
-                   np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(phases), acc(slope),
+                   np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(phases), np.int32(ROUNDS), acc(slope),
                    acc(scale), *_drop_words(AF_DROP))
         name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
         launches = [Launch(fwd, grid, common + (Slot(AF_OUT), Slot(AF_OUT_B), Slot(AF_LSE), None,
@@ -360,7 +362,7 @@ def fwd_plan(graph, score, vtype, H, C, has_e, has_bias, need_alpha, params, sha
     as in segment._cached_plan."""
     key = ("cuda_attention_fwd", score, vtype, H, C, bool(has_e), bool(has_bias),
            bool(need_alpha), params.negative_slope, params.scale, shape, PERSISTENT,
-           RESIDENT_BLOCKS)
+           RESIDENT_BLOCKS, ROUNDS)
     return _cached_plan(graph, key, lambda: AttnFwdPlan(
         graph, score, vtype, H, C, has_e, has_bias, need_alpha, params.negative_slope,
         params.scale, shape), context)
@@ -516,7 +518,7 @@ class AttnBwdPlan(LaunchPlan):
         self.gatt_offsets = (offsets[2], offsets[5])
         ins = tuple(Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V, AB_LSE, AB_G))
         scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-                   np.int32(group), np.int32(phases), acc(slope), acc(scale),
+                   np.int32(group), np.int32(phases), np.int32(ROUNDS), acc(slope), acc(scale),
                    *_drop_words(AB_DROP))
         launches = []
         if dst_pass:
@@ -582,7 +584,7 @@ def bwd_plan(graph, score, vtype, H, C, has_e, wants, params, shape,
     """The cached AttnBwdPlan of this request (wants: a tuple of five bools);
     `context` as in segment._cached_plan."""
     key = ("cuda_attention_bwd", score, vtype, H, C, bool(has_e), tuple(wants),
-           params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS)
+           params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS, ROUNDS)
     return _cached_plan(graph, key, lambda: AttnBwdPlan(
         graph, score, vtype, H, C, has_e, wants, params.negative_slope, params.scale, shape),
         context)
@@ -664,7 +666,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                                        if score != "gat" else (V, g, out), True)
     phases = edge_phases(vtype, vec, H, group)
     scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-               np.int32(group), np.int32(phases), acc(params.negative_slope),
+               np.int32(group), np.int32(phases), np.int32(ROUNDS), acc(params.negative_slope),
                acc(params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
