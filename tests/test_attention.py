@@ -923,6 +923,12 @@ def test_persistent_grid_plan(monkeypatch):
     assert attn._persistent_grid(None, g, plan, 4, 4, phases=2)[1].shape == (25,)
     assert attn._persistent_grid(None, g, plan, 1, 4, phases=8)[1].shape == (25,)
     assert attn._persistent_grid(None, g, plan, 4, 4)[1].shape == (49,)    # 2 slots per warp
+    # rounds: 24 slots x 3 rounds of ranges, cut as 72 slots' would be
+    monkeypatch.setattr(attn, "ROUNDS", 3)
+    ranges = attn._persistent_grid(None, g, plan, 4, 8)[1]
+    assert ranges.shape == (73,) and ranges[-1] == T
+    monkeypatch.setattr(attn, "ROUNDS", 1)
+    np.testing.assert_array_equal(ranges, attn.task_slots(g, plan, 72))
 
 
 def test_edge_phases():
@@ -951,22 +957,24 @@ def test_edge_phases():
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("rounds", [1, 3])
 @pytest.mark.parametrize("case", ["plain", "odd_width", "wide", "weights", "bipartite", "bias"])
 @pytest.mark.parametrize("vtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("score", SCORES)
-def test_gpu_persistent_grid_walks_many_tasks_per_group(score, vtype, case, monkeypatch):
-    """A grid of two blocks, where every lane group walks many tasks (gatv2's
-    block grad_att summed across them; odd_width's 3 heads leave groups past
-    the last slot of 3 idle), gives the reference's results (checked in
-    _gpu_backward), and the output, attention weights and every gradient
-    but grad_att bit for bit as on a grid of one group per pair (grad_att
-    sums in another order)."""
+def test_gpu_persistent_grid_walks_many_tasks_per_group(score, vtype, case, rounds, monkeypatch):
+    """A grid of two blocks, where every lane group walks many tasks, in one
+    range or in `rounds` ranges (gatv2's block grad_att summed across them;
+    odd_width's 3 heads leave groups past the last slot of 3 idle), gives the
+    reference's results (checked in _gpu_backward), and the output,
+    attention weights and every gradient but grad_att bit for bit as on a
+    grid of one group per pair (grad_att sums in another order)."""
     from fastgnn.backends.cuda import attention as attn
     seed = _seed()
     monkeypatch.setattr(attn, "PERSISTENT", False)
     full = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
     monkeypatch.setattr(attn, "PERSISTENT", True)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 2)
+    monkeypatch.setattr(attn, "ROUNDS", rounds)
     few = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
     assert sorted(few) == sorted(full)
     for name in full:
