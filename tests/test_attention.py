@@ -899,6 +899,7 @@ def test_persistent_grid_plan(monkeypatch):
     plan = TaskPlan(chunk, row, begin, np.full(len(row), -1), None, None, 0)
     T = len(row)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
+    monkeypatch.setattr(attn, "ROUNDS", 1)                         # one range per slot first
     grid, slot_begin = attn._persistent_grid(None, g, plan, 4, 8)     # 3 blocks x 32 groups / 4
     assert grid == (3,) and slot_begin.shape == (25,)
     assert slot_begin[0] == 0 and slot_begin[-1] == T and np.all(np.diff(slot_begin) >= 0)

@@ -119,7 +119,20 @@ def edge_phases(vtype, vec, H, group):
 # attention.cu). False: one lane group per (task, head) pair, one task each
 # (slower where a block's short tasks wait for its hub task; tests run both).
 PERSISTENT = True
-ROUNDS = 1
+# Rounds: the slots sweep the task list together, so neighbouring targets'
+# source rows are read at about the same time and L2 serves them again; one
+# range per slot (1) left each slot a contiguous stretch of the graph and
+# L2 nothing to share (clustered20 in `cluster` order, fp32: 3-14% L2 hits,
+# DRAM at 60-86% of peak, by ncu). More rounds cut the ranges finer and
+# balance them less (max / mean work of a slot on rmat20, 3168 slots: 1.04
+# at 1 round, 1.15 at 8, 1.25 at 32). H200, 4 x 32, fwd+bwd ms at 1 / 8 / 32
+# rounds (benchmarks/results/attention_rounds_h200.md): over the 24 (graph,
+# type, score) cases of rmat20, mesh3d101 (given and rcm order) and
+# clustered20 in cluster order, 8 rounds take 0.95x the time of 1 at the
+# geometric mean and 1.01x at worst; 32 take 0.93x but 1.14x on rmat20's GAT
+# (fp32 GAT, clustered20: 15.6 / 13.2 / 12.6; mesh3d101: 4.13 / 3.57 / 3.48;
+# rmat20: 7.93 / 7.75 / 8.99).
+ROUNDS = 8
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
 RESIDENT_BLOCKS = None
