@@ -899,9 +899,9 @@ def test_persistent_grid_plan(monkeypatch):
     plan = TaskPlan(chunk, row, begin, np.full(len(row), -1), None, None, 0)
     T = len(row)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
-    monkeypatch.setattr(attn, "ROUNDS", 1)                         # one range per slot first
-    grid, slot_begin = attn._persistent_grid(None, g, plan, 4, 8)     # 3 blocks x 32 groups / 4
-    assert grid == (3,) and slot_begin.shape == (25,)
+    monkeypatch.setattr(attn, "ROUNDS", (1,))                      # one range per slot first
+    grid, slot_begin, rounds = attn._persistent_grid(None, g, plan, 4, 8)   # 3 x 32 groups / 4
+    assert grid == (3,) and slot_begin.shape == (25,) and rounds == 1
     assert slot_begin[0] == 0 and slot_begin[-1] == T and np.all(np.diff(slot_begin) >= 0)
     work = np.minimum(begin + chunk, indptr[row + 1]) - begin + attn.TASK_COST_EDGES
     per_slot = np.add.reduceat(np.r_[work, 0], slot_begin[:-1])[np.diff(slot_begin) > 0]
@@ -915,21 +915,61 @@ def test_persistent_grid_plan(monkeypatch):
     monkeypatch.setattr(attn, "TASK_COST_EDGES", 0)                 # edges alone: other cuts
     assert not np.array_equal(attn._persistent_grid(None, g, plan, 4, 8)[1], slot_begin)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 1000)
-    assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL)
+    assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL, 1)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
     monkeypatch.setattr(attn, "PERSISTENT", False)
-    assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL)
+    assert attn._persistent_grid(None, g, plan, 4, 8) == ((-(-T * 4 * 8 // 256),), attn.NULL, 1)
     # 4 heads of 4 lanes in two edge phases: a slot per warp, 24 on 3 blocks
     monkeypatch.setattr(attn, "PERSISTENT", True)
     assert attn._persistent_grid(None, g, plan, 4, 4, phases=2)[1].shape == (25,)
     assert attn._persistent_grid(None, g, plan, 1, 4, phases=8)[1].shape == (25,)
     assert attn._persistent_grid(None, g, plan, 4, 4)[1].shape == (49,)    # 2 slots per warp
     # rounds: 24 slots x 3 rounds of ranges, cut as 72 slots' would be
-    monkeypatch.setattr(attn, "ROUNDS", 3)
-    ranges = attn._persistent_grid(None, g, plan, 4, 8)[1]
-    assert ranges.shape == (73,) and ranges[-1] == T
-    monkeypatch.setattr(attn, "ROUNDS", 1)
+    monkeypatch.setattr(attn, "ROUNDS", (3, 1))
+    monkeypatch.setattr(attn, "ROUND_BALANCE", float("inf"))
+    _, ranges, rounds = attn._persistent_grid(None, g, plan, 4, 8)
+    assert rounds == 3 and ranges.shape == (73,) and ranges[-1] == T
     np.testing.assert_array_equal(ranges, attn.task_slots(g, plan, 72))
+
+
+def test_rounds_follow_the_balance_of_the_cut(monkeypatch):
+    """A launch takes the largest round count whose ranges keep every slot's
+    work (edges + TASK_COST_EDGES per task) within ROUND_BALANCE of the
+    mean: all of them on even degrees, fewer as hubs make the cut coarse,
+    one round when no count is balanced enough."""
+    attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
+    from fastgnn.backends.cuda.spmm import TaskPlan
+
+    def case(deg, chunk=256):
+        indptr = np.r_[0, np.cumsum(deg)]
+        g = Graph(indptr, np.zeros(indptr[-1], dtype=np.int64), None, 1, len(deg))
+        ntask = np.maximum(-(-deg // chunk), 1)
+        row = np.repeat(np.arange(len(deg)), ntask)
+        first = np.r_[0, np.cumsum(ntask)][row]
+        begin = indptr[row] + (np.arange(len(row)) - first) * chunk
+        return g, TaskPlan(chunk, row, begin, np.full(len(row), -1), None, None, 0)
+
+    def worst(g, plan, slots, rounds):          # a slot's work over the mean
+        cuts = attn.task_slots(g, plan, slots * rounds)
+        prefix = attn._task_work(g, plan)
+        work = (prefix[cuts[1:]] - prefix[cuts[:-1]]).reshape(rounds, slots).sum(0)
+        return work.max() / work.mean()
+
+    monkeypatch.setattr(attn, "ROUNDS", (32, 8, 1))
+    monkeypatch.setattr(attn, "ROUND_BALANCE", 1.10)
+    even = case(np.full(20000, 12))
+    assert attn.task_rounds(*even, 24)[0] == 32
+    # degrees 3000 / sqrt(rank), shuffled (fixed seed): the more slots, the
+    # coarser the cut against a hub's tasks
+    skewed = case(np.random.default_rng(0).permutation(
+        (3000 / np.sqrt(1 + np.arange(20000))).astype(np.int64) + 1))
+    for slots, want in ((24, 32), (150, 8), (400, 1)):
+        rounds, cuts = attn.task_rounds(*skewed, slots)
+        assert rounds == want and cuts.shape == (slots * rounds + 1,), (slots, rounds)
+        assert all(worst(*skewed, slots, r) > 1.10 for r in (32, 8) if r > rounds)
+        assert rounds == 1 or worst(*skewed, slots, rounds) <= 1.10
+    monkeypatch.setattr(attn, "ROUND_BALANCE", 1.0)               # nothing balances exactly
+    assert attn.task_rounds(*case(np.r_[np.full(999, 3), [5000]]), 24)[0] == 1
 
 
 def test_edge_phases():
@@ -975,7 +1015,8 @@ def test_gpu_persistent_grid_walks_many_tasks_per_group(score, vtype, case, roun
     full = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
     monkeypatch.setattr(attn, "PERSISTENT", True)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 2)
-    monkeypatch.setattr(attn, "ROUNDS", rounds)
+    monkeypatch.setattr(attn, "ROUNDS", (rounds,))
+    monkeypatch.setattr(attn, "ROUND_BALANCE", float("inf"))      # exactly `rounds`
     few = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
     assert sorted(few) == sorted(full)
     for name in full:

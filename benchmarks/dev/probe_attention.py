@@ -10,7 +10,8 @@ ATTENTION_MAX_VEC), `--source FILE` compiles FILE instead of attention.cu
 (a baseline with the same kernel signatures), and `--patch OLD NEW`
 (repeatable) replaces text in the source before it is compiled: A/B runs of
 a kernel change in one process each. `--rounds 1,8,32` repeats fwdbwd for
-each count of the persistent grids' rounds (the launcher's ROUNDS).
+each count of the persistent grids' rounds, forced (the launcher's ROUNDS
+and ROUND_BALANCE).
 
     python benchmarks/dev/probe_attention.py [scale | GRAPH] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]... [--rounds N,N,...]
 
@@ -88,9 +89,10 @@ def main(spec="20", mode=""):
     if mode == "fwdbwd":                  # only the three scores at 4 x 32
         print(f"{name}: n={n} E={g.num_edges}")
         from fastgnn.backends.cuda import attention
-        for rounds in ROUNDS or [attention.ROUNDS]:
-            attention.ROUNDS = rounds
-            print(f"rounds {rounds}")
+        for rounds in ROUNDS or [None]:
+            if rounds is not None:           # exactly this many: no balance rule
+                attention.ROUNDS, attention.ROUND_BALANCE = (rounds,), float("inf")
+            print(f"rounds {rounds or attention.ROUNDS}")
             backward_pass(g, n, rng)
         return
     x = rng.standard_normal((n, 128), dtype=cp.float32)

@@ -114,25 +114,25 @@ def edge_phases(vtype, vec, H, group):
 
 # attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
 # blocks as the device holds at once, each slot of H lane groups walking
-# ROUNDS ranges of tasks of about equal work, one per round of a sweep of the
-# whole grid over the task list (task_slots; FOR_EACH_GROUP_TASK in
-# attention.cu). False: one lane group per (task, head) pair, one task each
+# ranges of tasks of about equal work, one per round of a sweep of the whole
+# grid over the task list (task_rounds; FOR_EACH_GROUP_TASK in attention.cu). False: one lane group per (task, head) pair, one task each
 # (slower where a block's short tasks wait for its hub task; tests run both).
 PERSISTENT = True
 # Rounds: the slots sweep the task list together, so neighbouring targets'
 # source rows are read at about the same time and L2 serves them again; one
-# range per slot (1) left each slot a contiguous stretch of the graph and
-# L2 nothing to share (clustered20 in `cluster` order, fp32: 3-14% L2 hits,
-# DRAM at 60-86% of peak, by ncu). More rounds cut the ranges finer and
-# balance them less (max / mean work of a slot on rmat20, 3168 slots: 1.04
-# at 1 round, 1.15 at 8, 1.25 at 32). H200, 4 x 32, fwd+bwd ms at 1 / 8 / 32
-# rounds (benchmarks/results/attention_rounds_h200.md): over the 24 (graph,
-# type, score) cases of rmat20, mesh3d101 (given and rcm order) and
-# clustered20 in cluster order, 8 rounds take 0.95x the time of 1 at the
-# geometric mean and 1.01x at worst; 32 take 0.93x but 1.14x on rmat20's GAT
-# (fp32 GAT, clustered20: 15.6 / 13.2 / 12.6; mesh3d101: 4.13 / 3.57 / 3.48;
-# rmat20: 7.93 / 7.75 / 8.99).
-ROUNDS = 8
+# range per slot (1 round) left each slot a contiguous stretch of the graph
+# and L2 nothing to share (clustered20 in `cluster` order, fp32: 3-14% L2
+# hits, DRAM at 47-86% of peak, by ncu). More rounds cut the ranges finer
+# and balance them less: a launch takes the largest count in ROUNDS whose
+# cut keeps every slot's work within ROUND_BALANCE of the mean (one round
+# always does, up to a task). H200, 4 x 32, fwd+bwd ms at 1 / 8 / 32 rounds
+# (benchmarks/results/attention_rounds_h200.md): fp32 GAT on clustered20 in
+# cluster order 15.6 / 13.2 / 12.6, fp32 dot there 23.5 / 22.3 / 16.6,
+# mesh3d101 GAT 4.13 / 3.57 / 3.48 (their slots' worst work at 32 rounds:
+# 1.02-1.04 of the mean); rmat20 GAT 7.93 / 7.75 / 8.99, dot 11.2 / 11.3 /
+# 12.1 (worst slot at 8 rounds 1.07-1.18 of the mean, at 32 1.17-1.39).
+ROUNDS = (32, 8, 1)
+ROUND_BALANCE = 1.10
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
 RESIDENT_BLOCKS = None
@@ -168,12 +168,9 @@ def _resident_blocks(kern, smem):
     return _resident[key]
 
 
-def task_slots(graph, plan, num_slots):
-    """slot_begin [num_slots + 1] int64: slot s of a persistent grid takes the
-    tasks slot_begin[s] .. slot_begin[s + 1] - 1 of `plan` (graph's task
-    plan), the ranges cut where the running work (each task's edges plus
-    TASK_COST_EDGES) crosses s / num_slots of the total. Cached per graph and
-    slot count; NumPy or CuPy arrays, as the plan's."""
+def _task_work(graph, plan):
+    """[num_tasks + 1] int64 prefix sums of the tasks' work (each task's
+    edges plus TASK_COST_EDGES), cached per graph."""
     def build():
         xp = cp.get_array_module(plan.task_row)
         begin = plan.task_begin.astype(np.int64)
@@ -181,18 +178,48 @@ def task_slots(graph, plan, num_slots):
         work = xp.minimum(begin + plan.chunk, row_end) - begin + TASK_COST_EDGES
         prefix = xp.zeros(work.shape[0] + 1, dtype=np.int64)
         xp.cumsum(work, out=prefix[1:])
-        # the total stays on the device: no host sync per new graph
+        return prefix
+    return graph.cached(("attention_task_work", plan.chunk, TASK_COST_EDGES), build)
+
+
+def task_slots(graph, plan, num_slots):
+    """slot_begin [num_slots + 1] int64: range s takes the tasks
+    slot_begin[s] .. slot_begin[s + 1] - 1 of `plan` (graph's task plan), the
+    ranges cut where the running work crosses s / num_slots of the total.
+    Cached per graph and range count; NumPy or CuPy arrays, as the plan's."""
+    def build():
+        prefix = _task_work(graph, plan)
+        xp = cp.get_array_module(prefix)
+        # the total stays on the device: no host sync for the cut
         cuts = xp.arange(num_slots + 1, dtype=np.int64) * prefix[-1:] // num_slots
         return xp.searchsorted(prefix, cuts, side="left").astype(np.int64)
     return graph.cached(("attention_task_slots", plan.chunk, num_slots, TASK_COST_EDGES), build)
 
 
+def task_rounds(graph, plan, num_slots):
+    """(rounds, slot_begin [num_slots * rounds + 1]): the largest of ROUNDS whose
+    ranges (task_slots of num_slots * rounds; slot s takes ranges s, s +
+    num_slots, ...) keep every slot's work within ROUND_BALANCE of the mean,
+    else one round. Cached per graph and slot count (one host sync per
+    candidate tried)."""
+    def build():
+        prefix = _task_work(graph, plan)
+        for rounds in sorted(set(ROUNDS) - {1}, reverse=True):
+            cuts = task_slots(graph, plan, num_slots * rounds)
+            work = (prefix[cuts[1:]] - prefix[cuts[:-1]]).reshape(rounds, num_slots).sum(0)
+            if float(work.max()) <= ROUND_BALANCE * float(work.mean()):
+                return rounds, cuts
+        return 1, task_slots(graph, plan, num_slots)
+    return graph.cached(("attention_task_rounds", plan.chunk, num_slots, TASK_COST_EDGES,
+                         tuple(ROUNDS), ROUND_BALANCE), build)
+
+
 def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
-    """(grid, slot_begin) of a launch of `kern` over `plan`'s tasks x H heads,
-    lane groups of `group`, `phases` copies of a slot's H (edge_phases): the
-    resident blocks and the slots' task ranges
-    (task_slots) where one group per (task, head) pair would need more
-    blocks than that; else that grid and NULL (slot s = task s). The grid
+    """(grid, slot_begin, rounds) of a launch of `kern` over `plan`'s tasks x
+    H heads, lane groups of `group`, `phases` copies of a slot's H
+    (edge_phases): the resident blocks and the slots' task ranges and rounds
+    (task_rounds) where one group per (task, head) pair would need more
+    blocks than that; else that grid, NULL (slot s = task s) and 1. The grid
     depends on the graph's task count, the device's multiprocessor count and
     the compiled kernel's occupancy, nothing else: which tasks a group takes,
     in which order, and every sum carried across them (gatv2's grad_att), is
@@ -202,12 +229,13 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     per_slot = H * phases                         # lane groups
     full = _grid(ntask * per_slot, group)[0]
     if not PERSISTENT:
-        return (full,), NULL
+        return (full,), NULL, 1
     blocks = _resident_blocks(kern, smem)
     slots = blocks * (BLOCK // group) // per_slot
     if blocks >= full or slots == 0:
-        return (full,), NULL
-    return (blocks,), task_slots(graph, plan, slots * ROUNDS)
+        return (full,), NULL, 1
+    rounds, ranges = task_rounds(graph, plan, slots)
+    return (blocks,), ranges, rounds
 
 
 def _names(graph, vtype):
@@ -341,13 +369,13 @@ class AttnFwdPlan(LaunchPlan):
         p_m, p_l, p_acc = (None if o is None else Slot(AF_WORKSPACE, o) for o in offsets)
         fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
         phases = edge_phases(vtype, vec, H, group)
-        grid, slot_begin = _persistent_grid(fwd, graph, plan, H, group, phases=phases)
+        grid, slot_begin, rounds = _persistent_grid(fwd, graph, plan, H, group, phases=phases)
         slot_begin = None if slot_begin is NULL else slot_begin
         ins = [Slot(k) for k in (AF_S, AF_DN, AF_ED, AF_ATT, AF_V, AF_BIAS)]
         common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
                   graph.indices, caller_ids(graph), *ins)
         scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
-                   np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(phases), np.int32(ROUNDS), acc(slope),
+                   np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(phases), np.int32(rounds), acc(slope),
                    acc(scale), *_drop_words(AF_DROP))
         name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
         launches = [Launch(fwd, grid, common + (Slot(AF_OUT), Slot(AF_OUT_B), Slot(AF_LSE), None,
@@ -375,7 +403,7 @@ def fwd_plan(graph, score, vtype, H, C, has_e, has_bias, need_alpha, params, sha
     as in segment._cached_plan."""
     key = ("cuda_attention_fwd", score, vtype, H, C, bool(has_e), bool(has_bias),
            bool(need_alpha), params.negative_slope, params.scale, shape, PERSISTENT,
-           RESIDENT_BLOCKS, ROUNDS)
+           RESIDENT_BLOCKS, tuple(ROUNDS), ROUND_BALANCE)
     return _cached_plan(graph, key, lambda: AttnFwdPlan(
         graph, score, vtype, H, C, has_e, has_bias, need_alpha, params.negative_slope,
         params.scale, shape), context)
@@ -512,7 +540,7 @@ class AttnBwdPlan(LaunchPlan):
         if dst_pass:
             dst = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e, False,
                           block_gatt)
-            dgrid, dslots = _persistent_grid(dst, graph, dplan, H, group, smem, phases)
+            dgrid, dslots, drounds = _persistent_grid(dst, graph, dplan, H, group, smem, phases)
         gatt_rows = (dgrid[0] if block_gatt else dtask) if need_gatt else 0
         t = graph.transpose() if src_pass else None
         splan = task_plan(t, DEFAULT_CHUNK, visit=False) if src_pass else None
@@ -530,9 +558,10 @@ class AttnBwdPlan(LaunchPlan):
                                                     for o in offsets)
         self.gatt_offsets = (offsets[2], offsets[5])
         ins = tuple(Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V, AB_LSE, AB_G))
-        scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-                   np.int32(group), np.int32(phases), np.int32(ROUNDS), acc(slope), acc(scale),
-                   *_drop_words(AB_DROP))
+        def scalars(rounds):
+            return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
+                    np.int32(group), np.int32(phases), np.int32(rounds), acc(slope), acc(scale),
+                    *_drop_words(AB_DROP))
         launches = []
         if dst_pass:
             # the fused case: the target pass computes delta from out itself
@@ -542,7 +571,7 @@ class AttnBwdPlan(LaunchPlan):
                  None if dslots is NULL else dslots, graph.indptr, graph.indices,
                  caller_ids(graph), *ins, None, Slot(AB_OUT), delta,
                  Slot(AB_GDN) if need_gDn else None, p_dn, Slot(AB_GED) if need_gEd else None,
-                 gatt_part, None, None, np.int64(dtask)) + scalars, smem=smem,
+                 gatt_part, None, None, np.int64(dtask)) + scalars(drounds), smem=smem,
                 name=_kernel_name("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e,
                                   False, block_gatt)))
             if need_gDn:
@@ -556,7 +585,7 @@ class AttnBwdPlan(LaunchPlan):
                                     np.int32(C), np.int32(g1)), name=name))
         if src_pass:
             src = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)
-            sgrid, sslots = _persistent_grid(src, t, splan, H, group, phases=phases)
+            sgrid, sslots, srounds = _persistent_grid(src, t, splan, H, group, phases=phases)
             stask = int(splan.task_row.shape[0])
             launches.append(Launch(
                 src, sgrid,
@@ -564,7 +593,7 @@ class AttnBwdPlan(LaunchPlan):
                  None if sslots is NULL else sslots, t.indptr, t.indices,
                  transpose_caller_ids(graph), *ins, None, delta,
                  Slot(AB_GS) if need_gS else None, p_s, Slot(AB_GV) if need_gV else None, p_v,
-                 np.int64(stask)) + scalars,
+                 np.int64(stask)) + scalars(srounds),
                 name=_kernel_name("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)))
             if need_gS:
                 launches += _combine_launches(splan, p_s, Slot(AB_GS), H * Cs, vtype, itype)
@@ -597,7 +626,8 @@ def bwd_plan(graph, score, vtype, H, C, has_e, wants, params, shape,
     """The cached AttnBwdPlan of this request (wants: a tuple of five bools);
     `context` as in segment._cached_plan."""
     key = ("cuda_attention_bwd", score, vtype, H, C, bool(has_e), tuple(wants),
-           params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS, ROUNDS)
+           params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS, tuple(ROUNDS),
+           ROUND_BALANCE)
     return _cached_plan(graph, key, lambda: AttnBwdPlan(
         graph, score, vtype, H, C, has_e, wants, params.negative_slope, params.scale, shape),
         context)
@@ -678,9 +708,10 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     vec, NCH, GRP, group, nch = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out)
                                        if score != "gat" else (V, g, out), True)
     phases = edge_phases(vtype, vec, H, group)
-    scalars = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-               np.int32(group), np.int32(phases), np.int32(ROUNDS), acc(params.negative_slope),
-               acc(params.scale), *_drop_args(params.drop))
+    def scalars(rounds):
+        return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
+                np.int32(group), np.int32(phases), np.int32(rounds),
+                acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
     if dst_pass:
@@ -698,7 +729,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
         kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
                        atomic, block_gatt)
-        grid, slot_begin = _persistent_grid(kern, graph, plan, H, group, smem, phases)
+        grid, slot_begin, rounds = _persistent_grid(kern, graph, plan, H, group, smem, phases)
         gatt_rows = grid[0] if block_gatt else ntask
         gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
         kern(grid, (BLOCK,),
@@ -706,7 +737,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
               graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g),
               _arg(ga),
               out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
-              _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars,
+              _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars(rounds),
              shared_mem=smem)
         if aS is not None:
             grads[s_name] = from_acc(aS, S.dtype, "attention", vtype, itype)
@@ -734,11 +765,11 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
                if need_gV and plan.num_slots else None)
         kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, Ed is not None)
-        grid, slot_begin = _persistent_grid(kern, t, plan, H, group, phases=phases)
+        grid, slot_begin, rounds = _persistent_grid(kern, t, plan, H, group, phases=phases)
         kern(grid, (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, t.indptr, t.indices,
               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
-              delta, _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask)) + scalars)
+              delta, _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask)) + scalars(rounds))
         _combine(plan, p_s, gS, H * Cs, vtype, itype)
         _combine(plan, p_v, gV, H * C, vtype, itype)
         if need_gS:
