@@ -15,7 +15,7 @@
 //
 // Mapping: the task list of spmm.cu (rows cut into <= chunk edges); a lane
 // group per (task, head) at a time, on a persistent grid where each group
-// keeps one head and walks a range of tasks (FOR_EACH_GROUP_TASK below).
+// keeps one head and walks ranges of tasks (FOR_EACH_GROUP_TASK below).
 // Lane l owns channels c = l*VEC + k*G*VEC,
 // k < nch (<= NCH, a template parameter: 1 when one pass of the group
 // covers the head, else 4), so a head of up to NCH*32*VEC channels sits in
@@ -233,7 +233,7 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // of H consecutive lane groups (a "slot": group q has head h = q mod H, slot
 // q / H, S slots) walks `rounds` ranges of tasks: the task list is cut into
 // S x rounds ranges of about the same work (its edges plus TASK_COST_EDGES
-// per task: task_slots there, cached per graph), slot_begin[r] ..
+// per task; task_rounds there picks the rounds, cached per graph), slot_begin[r] ..
 // slot_begin[r + 1], and slot s takes ranges s, s + S, s + 2S, ... So the
 // slots sweep the task list together, a round at a time: the source rows of
 // neighbouring targets are read by slots running at the same time, and L2
