@@ -272,7 +272,7 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
     const int phase_shift_ = PHASED ? __ffs(phases) - 1 : 0;   /* a power of two */ \
     const int h = (int)(q_ - slot_ * H * phases) - phase_ * H;                      \
     /* 32-bit slots and ranges (fewer registers): a persistent grid holds what */ \
-    /* the device runs at once, the one-task-per-slot grid small graphs' tasks */   \
+    /* the device runs at once, a one-task-per-slot grid < 2^30 tasks (launcher) */ \
     const int slots_ = (int)((i64)gridDim.x * (blockDim.x / grp_) / (H * phases));  \
     const int ranges_ = slots_ * rounds;                                            \
     for (int r_ = slot_ < slots_ ? (int)slot_ : ranges_; r_ < ranges_; r_ += slots_) \

@@ -552,9 +552,38 @@ def test_edge_attention_forward_plan_runs_end_to_end_against_fakes(fake_cuda, sc
 
 # attn_bwd_dst's and attn_bwd_src's parameters by position (kernels_cuda/attention.cu)
 _COMMON = "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att V lse g ga "
+_SCALARS = " num_tasks H C nch chunk group phases rounds slope scale"
 _D = {name: i for i, name in enumerate(
-    (_COMMON + "out delta gDn p_dn gEd gatt_part aS aV num_tasks").split())}
-_S = {name: i for i, name in enumerate((_COMMON + "delta gS p_s gV p_v num_tasks").split())}
+    (_COMMON + "out delta gDn p_dn gEd gatt_part aS aV" + _SCALARS).split())}
+_S = {name: i for i, name in enumerate((_COMMON + "delta gS p_s gV p_v" + _SCALARS).split())}
+
+
+def _check_rounds(graph):
+    """Every attention launch on the graph's plans passes the rounds of its
+    own slot ranges: slot_begin holds slots x rounds + 1 cuts (slots from its
+    grid and layout), 3 rounds as fake_cuda asks, or no ranges and 1 round.
+    Returns how many launches had ranges."""
+    ranges = {}
+    for g in (graph, graph.cache.get("transpose")):
+        for key, val in ({} if g is None else g.cache).items():
+            if isinstance(key, tuple) and key[0] == "attention_task_slots":
+                ranges[int(val.ctypes.data)] = len(val)
+    with_ranges = 0
+    for p in _plans_of(graph):
+        for l in p.launches:
+            pos = {"attn_fwd": _F, "attn_bwd_dst": _D, "attn_bwd_src": _S}.get(l.name.split("<")[0])
+            if pos is None:
+                continue
+            v = [int(x) for x in l.values]
+            slots = l.grid[0] * (cuda_attention.BLOCK // v[pos["group"]]) // (
+                v[pos["H"]] * v[pos["phases"]])
+            if v[pos["slot_begin"]] == 0:
+                assert v[pos["rounds"]] == 1, l.name
+            else:
+                assert v[pos["rounds"]] == 3, l.name
+                assert ranges[v[pos["slot_begin"]]] == slots * 3 + 1, l.name
+                with_ranges += 1
+    return with_ranges
 
 
 @pytest.mark.parametrize("score", ["gat", "gatv2", "dot"])
@@ -595,6 +624,7 @@ def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, s
     n_bias = sum(len(p.launches) for p in cuda_spmm._column_sum_plans.values()
                  if p is not bwd.gatt_sum)
     assert len(fake_cuda) == n_fwd + len(bwd.launches) + len(sums and sums[0].launches) + n_bias
+    assert _check_rounds(g) == 3               # forward, target pass, source pass
 
 
 def test_attention_backward_plan_of_the_source_side_alone_runs_attn_delta(fake_cuda):

@@ -137,6 +137,7 @@ PERSISTENT = True
 # (uniform20 takes 32 at 1.02-1.04), where only the imbalance can cost.
 ROUNDS = (32, 8, 1)
 ROUND_BALANCE = 1.05
+ONE_SLOT_PER_TASK_LIMIT = 1 << 30
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
 RESIDENT_BLOCKS = None
@@ -232,11 +233,17 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     ntask = int(plan.task_row.shape[0])
     per_slot = H * phases                         # lane groups
     full = _grid(ntask * per_slot, group)[0]
-    if not PERSISTENT:
+    # the kernels count slots in 32 bits: a grid of one slot per task only
+    # below ONE_SLOT_PER_TASK_LIMIT tasks (a persistent grid holds what the
+    # device runs at once)
+    if not PERSISTENT and ntask < ONE_SLOT_PER_TASK_LIMIT:
         return (full,), NULL, 1
     blocks = _resident_blocks(kern, smem)
     slots = blocks * (BLOCK // group) // per_slot
     if blocks >= full or slots == 0:
+        if ntask >= ONE_SLOT_PER_TASK_LIMIT:      # slots == 0: H x phases groups > the device's
+            raise ValueError(f"{H} heads need more lane groups than the GPU holds at once; "
+                             "split the heads over several calls")
         return (full,), NULL, 1
     rounds, ranges = task_rounds(graph, plan, slots)
     return (blocks,), ranges, rounds
