@@ -14,7 +14,8 @@ time of `repeats` calls after a warm-up (CUDA events on the GPU):
                   (the path auto took is reported; fp32 on the CPU, which has
                   neither bf16 nor Tensor Cores)
 
-with the speedup over the order "none" (the graph as given) and the
+with the speedup over the order "none" (the graph as given), the round
+counts the attention's persistent grids took (`task_rounds`), and the
 break-even number of calls (cost / time saved per call; "never" where the
 order is slower). A correctness check per graph and order: the SpMM output
 of the reordered graph, moved back to the caller's order
@@ -232,7 +233,20 @@ def measure(g, arrays, dev, repeats):
     notes["dot_path"] = "tensor cores" if getattr(res, "tensor_cores", False) else "CUDA cores" \
         if dev.gpu else "CPU"
     t["dot_fwdbwd"] = dev.median_ms(dot, repeats, warmup=1)   # plus the call above
+    notes["rounds"] = rounds_taken(g)
     return t, notes, out_spmm
+
+
+def rounds_taken(g):
+    """The round counts the attention's persistent grids took on g and its
+    transpose ("1/32": some launches 1, some 32), "-" where none ran (the
+    CPU, or grids small enough for one slot per task)."""
+    got = set()
+    for gg in (g, g.cache.get("transpose")):
+        for key, val in ({} if gg is None else gg.cache).items():
+            if isinstance(key, tuple) and key[0] == "attention_task_rounds":
+                got.add(int(val[0]))
+    return "/".join(map(str, sorted(got))) or "-"
 
 
 def check(out_new, out_ref, g2, dev):
@@ -286,6 +300,8 @@ def study_graph(spec, orders, a, dev, t_start):
                    "check_max_rel": err[0], "check_rel_err": err[1]}
             if k == "dot_fwdbwd":
                 row["dot_path"] = notes["dot_path"]
+            if k in ("gat_fwdbwd", "dot_fwdbwd"):
+                row["attention_rounds"] = notes["rounds"]
             if "chosen" in info:
                 row["auto_chosen"] = info["chosen"]
             if base is not None and k in base:
@@ -295,7 +311,8 @@ def study_graph(spec, orders, a, dev, t_start):
                                                                          saved_s > 0) else None
             rows.append(row)
         print(f"  {o}: cost {info['cost_s']:.2f} s, check max rel {err[0]:.1e}, "
-              f"dot path {notes['dot_path']} ({time.perf_counter() - t_start:.0f} s elapsed)",
+              f"dot path {notes['dot_path']}, attention rounds {notes['rounds']} "
+              f"({time.perf_counter() - t_start:.0f} s elapsed)",
               flush=True)
         if g2 is not g:
             del g2, arrays
