@@ -880,6 +880,19 @@ def test_gatt_partial_rows_plan():
                     assert shared <= attn.GATT_SMEM_BUDGET
 
 
+def _task_case(deg, chunk=256):
+    """(Graph, TaskPlan) of in-degrees `deg` cut into tasks of <= chunk
+    edges, as task_plan would (NumPy, no device)."""
+    from fastgnn.backends.cuda.spmm import TaskPlan
+    indptr = np.r_[0, np.cumsum(deg)]
+    g = Graph(indptr, np.zeros(indptr[-1], dtype=np.int64), None, 1, len(deg))
+    ntask = np.maximum(-(-deg // chunk), 1)
+    row = np.repeat(np.arange(len(deg)), ntask)
+    first = np.r_[0, np.cumsum(ntask)][row]
+    begin = indptr[row] + (np.arange(len(row)) - first) * chunk
+    return g, TaskPlan(chunk, row, begin, np.full(len(row), -1), None, None, 0)
+
+
 def test_persistent_grid_plan(monkeypatch):
     """The persistent grid: one group per (task, head) pair while that fits
     on the device at once (slot_begin NULL), else the resident blocks, whose
@@ -887,16 +900,9 @@ def test_persistent_grid_plan(monkeypatch):
     cover every task once, in order; PERSISTENT = False gives the
     one-group-per-pair grid."""
     attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
-    from fastgnn.backends.cuda.spmm import TaskPlan
     deg = np.r_[np.zeros(5, int), np.ones(300, int), np.full(40, 16), [5000, 700]]
-    indptr = np.r_[0, np.cumsum(deg)]
-    g = Graph(indptr, np.zeros(indptr[-1], dtype=np.int64), None, 1, len(deg))
-    chunk = 256
-    ntask = np.maximum(-(-deg // chunk), 1)
-    row = np.repeat(np.arange(len(deg)), ntask)
-    first = np.r_[0, np.cumsum(ntask)][row]
-    begin = indptr[row] + (np.arange(len(row)) - first) * chunk
-    plan = TaskPlan(chunk, row, begin, np.full(len(row), -1), None, None, 0)
+    g, plan = _task_case(deg)
+    chunk, begin, row, indptr = plan.chunk, plan.task_begin, plan.task_row, g.indptr
     T = len(row)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
     monkeypatch.setattr(attn, "ROUNDS", (1,))                      # one range per slot first
@@ -938,16 +944,6 @@ def test_rounds_follow_the_balance_of_the_cut(monkeypatch):
     mean: all of them on even degrees, fewer as hubs make the cut coarse,
     one round when no count is balanced enough."""
     attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
-    from fastgnn.backends.cuda.spmm import TaskPlan
-
-    def case(deg, chunk=256):
-        indptr = np.r_[0, np.cumsum(deg)]
-        g = Graph(indptr, np.zeros(indptr[-1], dtype=np.int64), None, 1, len(deg))
-        ntask = np.maximum(-(-deg // chunk), 1)
-        row = np.repeat(np.arange(len(deg)), ntask)
-        first = np.r_[0, np.cumsum(ntask)][row]
-        begin = indptr[row] + (np.arange(len(row)) - first) * chunk
-        return g, TaskPlan(chunk, row, begin, np.full(len(row), -1), None, None, 0)
 
     def worst(g, plan, slots, rounds):          # a slot's work over the mean
         cuts = attn.task_slots(g, plan, slots * rounds)
@@ -957,11 +953,11 @@ def test_rounds_follow_the_balance_of_the_cut(monkeypatch):
 
     monkeypatch.setattr(attn, "ROUNDS", (32, 8, 1))
     monkeypatch.setattr(attn, "ROUND_BALANCE", 1.10)
-    even = case(np.full(20000, 12))
+    even = _task_case(np.full(20000, 12))
     assert attn.task_rounds(*even, 24)[0] == 32
     # degrees 3000 / sqrt(rank), shuffled (fixed seed): the more slots, the
     # coarser the cut against a hub's tasks
-    skewed = case(np.random.default_rng(0).permutation(
+    skewed = _task_case(np.random.default_rng(0).permutation(
         (3000 / np.sqrt(1 + np.arange(20000))).astype(np.int64) + 1))
     for slots, want in ((24, 32), (150, 8), (400, 1)):
         rounds, cuts = attn.task_rounds(*skewed, slots)
@@ -969,7 +965,7 @@ def test_rounds_follow_the_balance_of_the_cut(monkeypatch):
         assert all(worst(*skewed, slots, r) > 1.10 for r in (32, 8) if r > rounds)
         assert rounds == 1 or worst(*skewed, slots, rounds) <= 1.10
     monkeypatch.setattr(attn, "ROUND_BALANCE", 1.0)               # nothing balances exactly
-    assert attn.task_rounds(*case(np.r_[np.full(999, 3), [5000]]), 24)[0] == 1
+    assert attn.task_rounds(*_task_case(np.r_[np.full(999, 3), [5000]]), 24)[0] == 1
 
 
 def test_edge_phases():

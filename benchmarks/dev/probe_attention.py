@@ -15,8 +15,8 @@ and ROUND_BALANCE).
 
     python benchmarks/dev/probe_attention.py [scale | GRAPH] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]... [--rounds N,N,...]
 
-GRAPH: a bench graph spec (fastgnn.bench.graphs), optionally "+shuffle"
-(node ids permuted, seed 1) and ":ORDER" (relabelled by fastgnn.reorder's
+GRAPH: a graph spec of study_reorder.py (a bench graph name, optionally
+"+shuffle": node ids permuted) and ":ORDER" (relabelled by fastgnn.reorder's
 ORDER), e.g. clustered20+shuffle:cluster; a bare number is rmat of that scale.
     ncu -k regex:attn_bwd --section SpeedOfLight --section WarpStateStats \
         python benchmarks/dev/probe_attention.py 20 bwd-once
@@ -24,7 +24,6 @@ ORDER), e.g. clustered20+shuffle:cluster; a bare number is rmat of that scale.
 import sys
 
 import cupy as cp
-import numpy as np
 
 import fastgnn
 from fastgnn.backends.cuda.spmm import median_ms
@@ -64,21 +63,18 @@ def backward_pass(g, n, rng, repeats=10, H=4, C=32):
 
 
 def build_graph(spec):
-    """(name, fastgnn.Graph, n) of a scale (rmat) or GRAPH spec (see above)."""
+    """(name, fastgnn.Graph, n) of a scale (rmat) or GRAPH spec (see above;
+    the reorder study's graphs, study_reorder.build_graph)."""
     if spec.isdigit():
         ei, n = rmat_edge_index(int(spec), xp=cp)
         return f"rmat{spec}", fastgnn.Graph.from_edge_index(ei, num_nodes=n), n
-    from fastgnn.bench.graphs import parse
+    from study_reorder import Device
+    from study_reorder import build_graph as study_graph
     base, _, method = spec.partition(":")
-    shuffle = base.endswith("+shuffle")
-    made = parse(base.removesuffix("+shuffle"))[2](cp, 0)
-    ei, n = cp.asarray(made[0]), int(made[1])
-    if shuffle:
-        ei = cp.asarray(np.random.default_rng(1).permutation(n))[ei]
-    g = fastgnn.Graph.from_edge_index(ei, num_nodes=n)
+    _, g, _ = study_graph(base, Device(want_gpu=True))
     if method:
         g = g.reorder(method)
-    return spec, g, n
+    return spec, g, g.num_dst
 
 
 def main(spec="20", mode=""):

@@ -115,8 +115,9 @@ def edge_phases(vtype, vec, H, group):
 # attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
 # blocks as the device holds at once, each slot of H lane groups walking
 # ranges of tasks of about equal work, one per round of a sweep of the whole
-# grid over the task list (task_rounds; FOR_EACH_GROUP_TASK in attention.cu). False: one lane group per (task, head) pair, one task each
-# (slower where a block's short tasks wait for its hub task; tests run both).
+# grid over the task list (task_rounds; FOR_EACH_GROUP_TASK in attention.cu).
+# False: one lane group per (task, head) pair, one task each (slower where a
+# block's short tasks wait for its hub task; tests run both).
 PERSISTENT = True
 # Rounds: the slots sweep the task list together, so neighbouring targets'
 # source rows are read at about the same time and L2 serves them again; one
@@ -241,12 +242,19 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     blocks = _resident_blocks(kern, smem)
     slots = blocks * (BLOCK // group) // per_slot
     if blocks >= full or slots == 0:
-        if ntask >= ONE_SLOT_PER_TASK_LIMIT:      # slots == 0: H x phases groups > the device's
+        if ntask >= ONE_SLOT_PER_TASK_LIMIT:      # slots == 0 on a graph that large
             raise ValueError(f"{H} heads need more lane groups than the GPU holds at once; "
                              "split the heads over several calls")
         return (full,), NULL, 1
     rounds, ranges = task_rounds(graph, plan, slots)
     return (blocks,), ranges, rounds
+
+
+def _layout_words(H, C, nch, group, phases, rounds, acc, slope, scale):
+    """The scalars the attention kernels take after num_tasks, up to the
+    dropout spec: H, C, nch, chunk, group, launch_phases, rounds, slope, scale."""
+    return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK), np.int32(group),
+            np.int32(phases), np.int32(rounds), acc(slope), acc(scale))
 
 
 def _names(graph, vtype):
@@ -385,9 +393,9 @@ class AttnFwdPlan(LaunchPlan):
         ins = [Slot(k) for k in (AF_S, AF_DN, AF_ED, AF_ATT, AF_V, AF_BIAS)]
         common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
                   graph.indices, caller_ids(graph), *ins)
-        scalars = (np.int64(ntask), np.int32(H), np.int32(C), np.int32(nch),
-                   np.int32(DEFAULT_CHUNK), np.int32(group), np.int32(phases), np.int32(rounds), acc(slope),
-                   acc(scale), *_drop_words(AF_DROP))
+        scalars = (np.int64(ntask),
+                   *_layout_words(H, C, nch, group, phases, rounds, acc, slope, scale),
+                   *_drop_words(AF_DROP))
         name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
         launches = [Launch(fwd, grid, common + (Slot(AF_OUT), Slot(AF_OUT_B), Slot(AF_LSE), None,
                                                 p_m, p_l, p_acc) + scalars + (np.int32(0),),
@@ -570,8 +578,7 @@ class AttnBwdPlan(LaunchPlan):
         self.gatt_offsets = (offsets[2], offsets[5])
         ins = tuple(Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V, AB_LSE, AB_G))
         def scalars(rounds):
-            return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-                    np.int32(group), np.int32(phases), np.int32(rounds), acc(slope), acc(scale),
+            return (*_layout_words(H, C, nch, group, phases, rounds, acc, slope, scale),
                     *_drop_words(AB_DROP))
         launches = []
         if dst_pass:
@@ -637,8 +644,8 @@ def bwd_plan(graph, score, vtype, H, C, has_e, wants, params, shape,
     """The cached AttnBwdPlan of this request (wants: a tuple of five bools);
     `context` as in segment._cached_plan."""
     key = ("cuda_attention_bwd", score, vtype, H, C, bool(has_e), tuple(wants),
-           params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS, tuple(ROUNDS),
-           ROUND_BALANCE)
+           params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS,
+           tuple(ROUNDS), ROUND_BALANCE)
     return _cached_plan(graph, key, lambda: AttnBwdPlan(
         graph, score, vtype, H, C, has_e, wants, params.negative_slope, params.scale, shape),
         context)
@@ -720,9 +727,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                                        if score != "gat" else (V, g, out), True)
     phases = edge_phases(vtype, vec, H, group)
     def scalars(rounds):
-        return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK),
-                np.int32(group), np.int32(phases), np.int32(rounds),
-                acc(params.negative_slope), acc(params.scale), *_drop_args(params.drop))
+        return (*_layout_words(H, C, nch, group, phases, rounds, acc, params.negative_slope,
+                               params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
     if dst_pass:
