@@ -251,8 +251,7 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
     # a few resident blocks: the persistent grids walk slot ranges (slot_begin),
     # three rounds of them whatever their balance
     monkeypatch.setattr(cuda_attention, "RESIDENT_BLOCKS", 2)
-    monkeypatch.setattr(cuda_attention, "ROUNDS", (3,))
-    monkeypatch.setattr(cuda_attention, "ROUND_BALANCE", float("inf"))
+    monkeypatch.setattr(cuda_attention, "ROUNDS", 3)
     monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})
     monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
     monkeypatch.setattr(plan, "ensure_context", lambda device: None)

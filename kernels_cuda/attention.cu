@@ -232,9 +232,10 @@ __device__ __forceinline__ void store_row(T* __restrict__ direct,
 // once (fastgnn/backends/cuda/attention.py, _persistent_grid), and each run
 // of H consecutive lane groups (a "slot": group q has head h = q mod H, slot
 // q / H, S slots) walks `rounds` ranges of tasks: the task list is cut into
-// S x rounds ranges of about the same work (its edges plus TASK_COST_EDGES
-// per task; task_rounds there picks the rounds, cached per graph), slot_begin[r] ..
-// slot_begin[r + 1], and slot s takes ranges s, s + S, s + 2S, ... So the
+// S x rounds ranges, slot_begin[r] .. slot_begin[r + 1], and slot s takes
+// ranges s, s + S, s + 2S, ..., each slot's ranges together about 1 / S of
+// the work (edges plus TASK_COST_EDGES per task; task_slots there, cached
+// per graph). So the
 // slots sweep the task list together, a round at a time: the source rows of
 // neighbouring targets are read by slots running at the same time, and L2
 // keeps them for each other. A group that ends a short task so

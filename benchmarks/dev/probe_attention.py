@@ -10,8 +10,8 @@ ATTENTION_MAX_VEC), `--source FILE` compiles FILE instead of attention.cu
 (a baseline with the same kernel signatures), and `--patch OLD NEW`
 (repeatable) replaces text in the source before it is compiled: A/B runs of
 a kernel change in one process each. `--rounds 1,8,32` repeats fwdbwd for
-each count of the persistent grids' rounds, forced (the launcher's ROUNDS
-and ROUND_BALANCE).
+round count of the persistent grids (the launcher's ROUNDS); bwd-once runs
+at the first count.
 
     python benchmarks/dev/probe_attention.py [scale | GRAPH] [bwd-once | fwdbwd] [--max-vec N] [--source FILE] [--patch OLD NEW]... [--rounds N,N,...]
 
@@ -80,15 +80,20 @@ def build_graph(spec):
 def main(spec="20", mode=""):
     name, g, n = build_graph(spec)
     rng = cp.random.default_rng(0)
-    if mode == "bwd-once":
+    from fastgnn.backends.cuda import attention
+
+    def force_rounds(rounds):
+        if rounds is not None:
+            attention.ROUNDS = rounds
+        return attention.ROUNDS
+
+    if mode == "bwd-once":                # at the first --rounds count, if any
+        force_rounds(ROUNDS[0] if ROUNDS else None)
         return backward_pass(g, n, rng, repeats=0)
     if mode == "fwdbwd":                  # only the three scores at 4 x 32
         print(f"{name}: n={n} E={g.num_edges}")
-        from fastgnn.backends.cuda import attention
         for rounds in ROUNDS or [None]:
-            if rounds is not None:           # exactly this many: no balance rule
-                attention.ROUNDS, attention.ROUND_BALANCE = (rounds,), float("inf")
-            print(f"rounds {rounds or attention.ROUNDS}")
+            print(f"rounds {force_rounds(rounds)}")
             backward_pass(g, n, rng)
         return
     x = rng.standard_normal((n, 128), dtype=cp.float32)

@@ -4,7 +4,8 @@ family on a suite of graphs, against the graph's own given order.
 Per graph and order: the reordering cost (the host's `order(...).time_s`,
 and the wall time of that plus building the reordered Graph on the device
 and permuting the node features once), then per kernel family the median
-time of `repeats` calls after a warm-up (CUDA events on the GPU):
+time of `repeats` calls after a warm-up (CUDA events on the GPU, and
+there at least 50 ms of calls: more repeats on small graphs):
 
     spmm_custom   fastgnn.spmm sum, F features fp32, path="custom" (the row kernel)
     spmm_cusparse the same with path="cusparse" (GPU only)
@@ -15,7 +16,7 @@ time of `repeats` calls after a warm-up (CUDA events on the GPU):
                   neither bf16 nor Tensor Cores)
 
 with the speedup over the order "none" (the graph as given), the round
-counts the attention's persistent grids took (`task_rounds`), and the
+counts the attention's persistent grids took (`ROUNDS`), and the
 break-even number of calls (cost / time saved per call; "never" where the
 order is slower). A correctness check per graph and order: the SpMM output
 of the reordered graph, moved back to the caller's order
@@ -68,6 +69,8 @@ QUICK_GRAPHS = ["rmat12+shuffle", "uniform12", "mesh3d16", "mesh3d16+shuffle",
 DEFAULT_ORDERS = ["none", "random", "degree", "rcm", "cluster", "metis"]
 KERNELS = ["spmm_custom", "spmm_cusparse", "segment_max", "gat_fwdbwd", "dot_fwdbwd"]
 SHUFFLE_SEED = 1
+MIN_TIMED_MS = 50        # GPU: time at least this much of each kernel per order
+MAX_REPEATS = 200
 
 
 # ------------------------------------------------------------------ device
@@ -97,12 +100,15 @@ class Device:
     def median_ms(self, fn, repeats, warmup=2):
         """Median time of fn() in ms after `warmup` untimed calls (which
         compile kernels and build plans): CUDA events on the current stream
-        on the GPU, perf_counter on the CPU."""
+        on the GPU, perf_counter on the CPU. On the GPU at least MIN_TIMED_MS
+        of calls are timed (up to MAX_REPEATS): a small graph's sub-ms calls
+        vary from call to call by more than the orders change them."""
         for _ in range(warmup - 1):
             fn()
         if self.gpu:                    # one more warm-up call, then CUDA events
             from fastgnn.backends.cuda.spmm import median_ms
-            return median_ms(fn, repeats)
+            once = median_ms(fn, 1)
+            return median_ms(fn, max(repeats, min(MAX_REPEATS, int(MIN_TIMED_MS / max(once, 1e-3)))))
         fn()
         times = []
         for _ in range(repeats):
@@ -239,13 +245,13 @@ def measure(g, arrays, dev, repeats):
 
 def rounds_taken(g):
     """The round counts the attention's persistent grids took on g and its
-    transpose ("1/32": some launches 1, some 32), "-" where none ran (the
-    CPU, or grids small enough for one slot per task)."""
+    transpose (attention.ROUNDS), "-" where none ran (the CPU, or grids
+    small enough for one slot per task)."""
     got = set()
     for gg in (g, g.cache.get("transpose")):
         for key, val in ({} if gg is None else gg.cache).items():
-            if isinstance(key, tuple) and key[0] == "attention_task_rounds":
-                got.add(int(val[0]))
+            if isinstance(key, tuple) and key[0] == "attention_task_slots":
+                got.add(int(key[3]))
     return "/".join(map(str, sorted(got))) or "-"
 
 

@@ -115,7 +115,7 @@ def edge_phases(vtype, vec, H, group):
 # attn_fwd, attn_bwd_dst and attn_bwd_src run on persistent grids: as many
 # blocks as the device holds at once, each slot of H lane groups walking
 # ranges of tasks of about equal work, one per round of a sweep of the whole
-# grid over the task list (task_rounds; FOR_EACH_GROUP_TASK in attention.cu).
+# grid over the task list (task_slots; FOR_EACH_GROUP_TASK in attention.cu).
 # False: one lane group per (task, head) pair, one task each (slower where a
 # block's short tasks wait for its hub task; tests run both).
 PERSISTENT = True
@@ -123,21 +123,15 @@ PERSISTENT = True
 # source rows are read at about the same time and L2 serves them again; one
 # range per slot (1 round) left each slot a contiguous stretch of the graph
 # and L2 nothing to share (clustered20 in `cluster` order, fp32: 3-14% L2
-# hits, DRAM at 47-86% of peak, by ncu). More rounds cut the ranges finer
-# and balance them less: a launch takes the largest count in ROUNDS whose
-# cut keeps every slot's work within ROUND_BALANCE of the mean (one round
-# always does, up to a task). H200, 4 x 32, fwd+bwd ms at 1 / 8 / 32 rounds
-# (benchmarks/results/attention_rounds_h200.md): fp32 GAT on clustered20 in
-# cluster order 15.6 / 13.2 / 12.6, fp32 dot there 23.5 / 22.3 / 16.6,
-# mesh3d101 GAT 4.13 / 3.57 / 3.48 (their slots' worst work at 32 rounds:
-# 1.02-1.04 of the mean); rmat20 GAT 7.93 / 7.75 / 8.99, dot 11.2 / 11.3 /
-# 12.1 (worst slot at 8 rounds 1.07-1.18 of the mean, at 32 1.17-1.39: its
-# dot backward, 2112 slots at 1.17-1.19, took 7% longer). So 32 rounds on
-# the meshes and the clustered graph, 1 on rmat20 (where 8 measured the
-# same). Not measured: graphs without locality whose cut balances well
-# (uniform20 takes 32 at 1.02-1.04), where only the imbalance can cost.
-ROUNDS = (32, 8, 1)
-ROUND_BALANCE = 1.05
+# hits, DRAM at 47-86% of peak, by ncu; at 32 rounds the GAT passes hit
+# 24-36%). task_slots cuts every round so that each slot's work stays within
+# about one task of its share, so more rounds cost no balance. H200, 4 x 32,
+# fwd+bwd ms at 1 / 8 / 32 rounds (benchmarks/results/attention_rounds_h200.md):
+# fp32 GAT on clustered20 in cluster order 16.0 / - / 12.6, rmat20 7.76 /
+# 7.17 / 6.97, shuffled rmat20 8.14 / 7.37 / 7.28, mesh3d101 4.13 / 3.57 /
+# 3.48; uniform20 10.8 / - / 10.5; 128 rounds were slower than 32 on the
+# clustered graph (13.4) and no faster on the mesh.
+ROUNDS = 32
 ONE_SLOT_PER_TASK_LIMIT = 1 << 30
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
@@ -188,44 +182,50 @@ def _task_work(graph, plan):
     return graph.cached(("attention_task_work", plan.chunk, TASK_COST_EDGES), build)
 
 
-def task_slots(graph, plan, num_slots):
-    """slot_begin [num_slots + 1] int64: range s takes the tasks
-    slot_begin[s] .. slot_begin[s + 1] - 1 of `plan` (graph's task plan), the
-    ranges cut where the running work crosses s / num_slots of the total.
-    Cached per graph and range count; NumPy or CuPy arrays, as the plan's."""
+def task_slots(graph, plan, num_slots, rounds=1):
+    """slot_begin [num_slots * rounds + 1] int64: range k = r * num_slots + s
+    (slot s's range in round r) takes the tasks slot_begin[k] ..
+    slot_begin[k + 1] - 1 of `plan` (graph's task plan). With W the total
+    work (_task_work), each round is cut so that every slot's work so far
+    comes nearest (r + 1) / rounds of its share W / num_slots, each cut on
+    the task boundary nearest its goal: a slot that came out ahead in one
+    round is given less in the next, so its total ends within about one task
+    of its share for any round count. (Cutting num_slots * rounds ranges of
+    equal work instead lets a slot's rounding add up over its rounds: rmat20,
+    4224 slots, 32 rounds, worst slot 1.37x the mean.) Cached per graph,
+    slot count and rounds; NumPy or CuPy arrays, as the plan's; no host
+    sync."""
     def build():
         prefix = _task_work(graph, plan)
         xp = cp.get_array_module(prefix)
-        # the total stays on the device: no host sync for the cut
-        cuts = xp.arange(num_slots + 1, dtype=np.int64) * prefix[-1:] // num_slots
-        return xp.searchsorted(prefix, cuts, side="left").astype(np.int64)
-    return graph.cached(("attention_task_slots", plan.chunk, num_slots, TASK_COST_EDGES), build)
-
-
-def task_rounds(graph, plan, num_slots):
-    """(rounds, slot_begin [num_slots * rounds + 1]): the largest of ROUNDS whose
-    ranges (task_slots of num_slots * rounds; slot s takes ranges s, s +
-    num_slots, ...) keep every slot's work within ROUND_BALANCE of the mean,
-    else one round. Cached per graph and slot count (one host sync per
-    candidate tried)."""
-    def build():
-        prefix = _task_work(graph, plan)
-        for rounds in sorted(set(ROUNDS) - {1}, reverse=True):
-            cuts = task_slots(graph, plan, num_slots * rounds)
-            work = (prefix[cuts[1:]] - prefix[cuts[:-1]]).reshape(rounds, num_slots).sum(0)
-            if float(work.max()) <= ROUND_BALANCE * float(work.mean()):
-                return rounds, cuts
-        return 1, task_slots(graph, plan, num_slots)
-    return graph.cached(("attention_task_rounds", plan.chunk, num_slots, TASK_COST_EDGES,
-                         tuple(ROUNDS), ROUND_BALANCE), build)
+        num_tasks = prefix.shape[0] - 1
+        work_before = prefix.astype(np.float64)          # [num_tasks + 1]
+        share = work_before[-1:] / num_slots               # stays on the device
+        done = xp.zeros(num_slots, dtype=np.float64)       # each slot's work so far
+        start = xp.zeros(1, dtype=np.float64)              # work before the round
+        cuts = [xp.zeros(1, dtype=np.int64)]
+        for r in range(rounds):
+            goal = start + xp.cumsum(xp.maximum(share * ((r + 1) / rounds) - done, 0))
+            hi = xp.minimum(xp.searchsorted(work_before, goal, side="left"), num_tasks)
+            lo = xp.maximum(hi - 1, 0)
+            end = xp.where(goal - work_before[lo] < work_before[hi] - goal, lo, hi)
+            if r == rounds - 1:
+                end[-1] = num_tasks
+            ends = work_before[end]
+            done += ends - xp.concatenate([start, ends[:-1]])
+            start = ends[-1:]
+            cuts.append(end.astype(np.int64))
+        return xp.concatenate(cuts)
+    return graph.cached(("attention_task_slots", plan.chunk, num_slots, rounds, TASK_COST_EDGES),
+                        build)
 
 
 def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     """(grid, slot_begin, rounds) of a launch of `kern` over `plan`'s tasks x
     H heads, lane groups of `group`, `phases` copies of a slot's H
-    (edge_phases): the resident blocks and the slots' task ranges and rounds
-    (task_rounds) where one group per (task, head) pair would need more
-    blocks than that; else that grid, NULL (slot s = task s) and 1. The grid
+    (edge_phases): the resident blocks, the slots' task ranges (task_slots)
+    and ROUNDS where one group per (task, head) pair would need more blocks
+    than that; else that grid, NULL (slot s = task s) and 1. The grid
     depends on the graph's task count, the device's multiprocessor count and
     the compiled kernel's occupancy, nothing else: which tasks a group takes,
     in which order, and every sum carried across them (gatv2's grad_att), is
@@ -246,8 +246,7 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
             raise ValueError(f"{H} heads need more lane groups than the GPU holds at once; "
                              "split the heads over several calls")
         return (full,), NULL, 1
-    rounds, ranges = task_rounds(graph, plan, slots)
-    return (blocks,), ranges, rounds
+    return (blocks,), task_slots(graph, plan, slots, ROUNDS), ROUNDS
 
 
 def _layout_words(H, C, nch, group, phases, rounds, acc, slope, scale):
@@ -422,7 +421,7 @@ def fwd_plan(graph, score, vtype, H, C, has_e, has_bias, need_alpha, params, sha
     as in segment._cached_plan."""
     key = ("cuda_attention_fwd", score, vtype, H, C, bool(has_e), bool(has_bias),
            bool(need_alpha), params.negative_slope, params.scale, shape, PERSISTENT,
-           RESIDENT_BLOCKS, tuple(ROUNDS), ROUND_BALANCE)
+           RESIDENT_BLOCKS, ROUNDS)
     return _cached_plan(graph, key, lambda: AttnFwdPlan(
         graph, score, vtype, H, C, has_e, has_bias, need_alpha, params.negative_slope,
         params.scale, shape), context)
@@ -645,7 +644,7 @@ def bwd_plan(graph, score, vtype, H, C, has_e, wants, params, shape,
     `context` as in segment._cached_plan."""
     key = ("cuda_attention_bwd", score, vtype, H, C, bool(has_e), tuple(wants),
            params.negative_slope, params.scale, shape, PERSISTENT, RESIDENT_BLOCKS,
-           tuple(ROUNDS), ROUND_BALANCE)
+           ROUNDS)
     return _cached_plan(graph, key, lambda: AttnBwdPlan(
         graph, score, vtype, H, C, has_e, wants, params.negative_slope, params.scale, shape),
         context)
