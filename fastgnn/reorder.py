@@ -65,10 +65,12 @@ O(E log E)):
                device), else keep.
 
 The input is a square `fastgnn.Graph` or an edge index [2, E] (NumPy, CuPy
-or any DLPack array; num_nodes= as in Graph.from_edge_index). Orders are
-computed on the host: CuPy inputs are copied to the host once (a device to
-host transfer of 2E indices), and `Permutation.to(xp)` / the helpers below
-copy the permutation back to the device as needed. Bipartite graphs
+or any DLPack array; num_nodes= as in Graph.from_edge_index). For CuPy
+inputs the pattern's sort and the degree counts run on the GPU and their
+results (the pattern's CSR, the degrees) come to the host; the RCM sweep,
+label propagation, METIS and auto's statistics run on the host, and
+`Permutation.to(xp)` / the helpers below copy the permutation back to the
+device as needed. Bipartite graphs
 (num_src != num_dst) are refused: one permutation cannot relabel two node
 sets.
 
@@ -101,7 +103,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._array import as_backend_array, is_cupy
+from ._array import as_backend_array, is_cupy, xp_of
 
 __all__ = ["Permutation", "order", "METHODS", "auto_rule", "locality",
            "permute_nodes", "unpermute_nodes", "permute_edge_index", "permute_edges"]
@@ -172,29 +174,40 @@ def _invert(perm):
 
 
 class _Input:
-    """Host int64 (src, dst), node count, and the lazily built symmetric
-    pattern (CSR indptr/indices, sorted, no loops or duplicates)."""
+    """int64 (src, dst) where the input lives (NumPy, or CuPy for a graph or
+    edge index on the GPU), the node count, and the lazily built symmetric
+    pattern (host CSR indptr/indices, sorted, no loops or duplicates; its
+    sort runs where the edges are and only the pattern comes to the host)."""
 
     def __init__(self, src, dst, n, device="cpu"):
         self.src, self.dst, self.n = src, dst, n
         self.device = device        # where the input lived: "cuda" (CuPy) or "cpu"
         self._pattern = None
         self._rcm = None
+        self._host_edges = None
+
+    def host_edges(self):
+        """(src, dst) as host int64 arrays (copied once from the device)."""
+        if self._host_edges is None:
+            self._host_edges = (_host(self.src), _host(self.dst))
+        return self._host_edges
 
     def pattern(self):
         if self._pattern is None:
             n = self.n
+            xp = xp_of(self.src)
             s, d = self.src, self.dst
             keep = s != d
             s, d = s[keep], d[keep]
-            key = np.concatenate([s * n + d, d * n + s])
+            key = xp.concatenate([s * n + d, d * n + s])
             key.sort()
             if key.shape[0] > 1:
-                key = key[np.concatenate([[True], key[1:] != key[:-1]])]
+                key = key[xp.concatenate([xp.ones(1, dtype=bool), key[1:] != key[:-1]])]
             rows = key // n
-            indptr = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-            self._pattern = (indptr, (key % n).astype(np.int32 if n < 2**31 else np.int64))
+            indptr = xp.zeros(n + 1, dtype=np.int64)
+            xp.cumsum(xp.bincount(rows, minlength=n), out=indptr[1:])
+            indices = (key % n).astype(np.int32 if n < 2**31 else np.int64)
+            self._pattern = (_host(indptr), _host(indices))
         return self._pattern
 
     def rcm(self):
@@ -229,8 +242,8 @@ def _read_input(graph_or_edge_index, num_nodes):
         if g.num_src != g.num_dst:
             raise ValueError(f"graph is bipartite (num_src={g.num_src}, num_dst={g.num_dst}); "
                              "a node order needs one node set")
-        dst = _host(g.csr_rows).astype(np.int64)
-        src = _host(g.indices).astype(np.int64)
+        dst = g.csr_rows.astype(np.int64)           # where the graph lives
+        src = g.indices.astype(np.int64)
         return _Input(src, dst, g.num_dst, "cuda" if is_cupy(g.indices) else "cpu")
     try:
         ei = as_backend_array(graph_or_edge_index, "graph_or_edge_index")
@@ -242,7 +255,7 @@ def _read_input(graph_or_edge_index, num_nodes):
     if ei.dtype.kind not in "iu":
         raise TypeError(f"graph_or_edge_index must hold integers, got dtype {ei.dtype}")
     device = "cuda" if is_cupy(ei) else "cpu"
-    ei = _host(ei).astype(np.int64)
+    ei = ei.astype(np.int64)                          # where it lives
     E = ei.shape[1]
     hi = int(ei.max()) if E else -1
     if E and int(ei.min()) < 0:
@@ -274,12 +287,13 @@ def _degree(inp, seed, *, degree="in"):
     if degree not in ("in", "out", "total"):
         raise ValueError(f"degree must be 'in', 'out' or 'total', got {degree!r}")
     n = inp.n
-    d = np.zeros(n, dtype=np.int64)
+    xp = xp_of(inp.dst)                             # counted where the edges are
+    d = xp.zeros(n, dtype=np.int64)
     if degree in ("in", "total"):
-        d += np.bincount(inp.dst, minlength=n)
+        d += xp.bincount(inp.dst, minlength=n)
     if degree in ("out", "total"):
-        d += np.bincount(inp.src, minlength=n)
-    return np.argsort(-d, kind="stable").astype(np.int64), {}
+        d += xp.bincount(inp.src, minlength=n)
+    return np.argsort(-_host(d), kind="stable").astype(np.int64), {}
 
 
 def _group(inp, labels, cluster_order):
@@ -373,7 +387,7 @@ def order(graph_or_edge_index, method, *, seed=0, num_nodes=None, **options) -> 
     methods, their options and costs).
 
     graph_or_edge_index: fastgnn.Graph, or an edge index [2, E] (NumPy, CuPy
-                 or DLPack; CuPy is copied to the host).
+                 or DLPack; CuPy stays on the GPU for the pattern and degrees).
     method:      "rcm", "degree", "cluster", "metis", "random", "identity" or "auto".
     seed:        seeds "random", "cluster" and "metis" (the same seed gives
                  the same order); the others are deterministic.
@@ -539,7 +553,8 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
     if device == "cuda" and n * width * 4 <= GPU_CACHE_BYTES:
         return ident, {"chosen": "identity",
                        "reason": f"the features fit in the GPU's L2 ({GPU_CACHE_BYTES >> 20} MiB)"}
-    before = locality(inp.src, inp.dst, seed=seed)
+    src, dst = inp.host_edges()
+    before = locality(src, dst, seed=seed)
     info = {"before": before}
     if before["window_fraction"] >= KEEP_WINDOW_FRACTION or \
             before["gap_bits"] <= KEEP_GAP_BITS * math.log2(n):
@@ -553,7 +568,7 @@ def auto_rule(graph_or_edge_index, *, seed=0, candidates=("rcm", "cluster"), num
         t0 = time.perf_counter()
         perm = METHODS[c](inp, seed)[0]
         cost = time.perf_counter() - t0
-        after = locality(inp.src, inp.dst, _invert(perm), seed=seed)
+        after = locality(src, dst, _invert(perm), seed=seed)
         info[c] = dict(after, cost_s=cost)
         if best is None or after["gap_bits"] < best[2]["gap_bits"]:
             best = (c, perm, after, cost)

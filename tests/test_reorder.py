@@ -519,3 +519,25 @@ def test_gpu_layers_unchanged_by_a_visit_order(layer, rng):
     torch.testing.assert_close(o2, o1, rtol=0, atol=0)
     for a, b in zip(g2, g1):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("method", ("rcm", "degree", "cluster", "auto"))
+def test_gpu_orders_equal_the_hosts(method, rng):
+    """A graph or edge index on the GPU (its pattern and degrees counted
+    there) gets the order the same edges get on the host; the input is
+    left as it was."""
+    import cupy as cp
+    ei, n = _gpu_case(rng)
+    ei = np.concatenate([ei, ei[:, :50], np.stack([np.arange(9), np.arange(9)])], axis=1)
+    options = {"calls": None, "device": "cuda"} if method == "auto" else {}
+    want = order(ei, method, num_nodes=n, **options).perm
+    on_gpu = cp.asarray(ei)
+    kept = on_gpu.copy()
+    got = order(on_gpu, method, num_nodes=n, **options).perm
+    assert isinstance(got, np.ndarray) and np.array_equal(got, want), method
+    assert bool((on_gpu == kept).all())
+    g = fastgnn.Graph.from_edge_index(on_gpu, num_nodes=n)
+    want_g = order(fastgnn.Graph.from_edge_index(ei, num_nodes=n), method, **options).perm
+    assert np.array_equal(order(g, method, **options).perm, want_g), method
