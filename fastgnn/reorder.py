@@ -200,12 +200,12 @@ class _Input:
             keep = s != d
             s, d = s[keep], d[keep]
             key = xp.concatenate([s * n + d, d * n + s])
+            del s, d, keep                  # on a GPU: free what the sort does not need
             key.sort()
             if key.shape[0] > 1:
                 key = key[xp.concatenate([xp.ones(1, dtype=bool), key[1:] != key[:-1]])]
-            rows = key // n
             indptr = xp.zeros(n + 1, dtype=np.int64)
-            xp.cumsum(xp.bincount(rows, minlength=n), out=indptr[1:])
+            xp.cumsum(xp.bincount(key // n, minlength=n), out=indptr[1:])
             indices = (key % n).astype(np.int32 if n < 2**31 else np.int64)
             self._pattern = (_host(indptr), _host(indices))
         return self._pattern
@@ -242,8 +242,8 @@ def _read_input(graph_or_edge_index, num_nodes):
         if g.num_src != g.num_dst:
             raise ValueError(f"graph is bipartite (num_src={g.num_src}, num_dst={g.num_dst}); "
                              "a node order needs one node set")
-        dst = g.csr_rows.astype(np.int64)           # where the graph lives
-        src = g.indices.astype(np.int64)
+        dst = g.csr_rows.astype(np.int64, copy=False)     # where the graph lives
+        src = g.indices.astype(np.int64, copy=False)
         return _Input(src, dst, g.num_dst, "cuda" if is_cupy(g.indices) else "cpu")
     try:
         ei = as_backend_array(graph_or_edge_index, "graph_or_edge_index")
@@ -255,7 +255,7 @@ def _read_input(graph_or_edge_index, num_nodes):
     if ei.dtype.kind not in "iu":
         raise TypeError(f"graph_or_edge_index must hold integers, got dtype {ei.dtype}")
     device = "cuda" if is_cupy(ei) else "cpu"
-    ei = ei.astype(np.int64)                          # where it lives
+    ei = ei.astype(np.int64, copy=False)              # where it lives (never written)
     E = ei.shape[1]
     hi = int(ei.max()) if E else -1
     if E and int(ei.min()) < 0:

@@ -971,6 +971,23 @@ def test_round_cuts_cover_the_tasks_and_balance_the_slots(seed):
     assert max(equal_worst) > 0.2, seed           # the equal-work cut is far worse somewhere
 
 
+def test_round_cuts_never_step_back_over_tasks_of_no_work(monkeypatch, seed):
+    """With no fixed cost per task, empty rows are tasks of no work (equal
+    prefix sums): a round's first cut must not fall before the last one."""
+    attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
+    monkeypatch.setattr(attn, "TASK_COST_EDGES", 0)
+    rng = np.random.default_rng(seed)
+    g, plan = _task_case(np.array([1, 0, 2]), chunk=10**9)
+    assert np.all(np.diff(attn.task_slots(g, plan, 3, 2)) >= 0)
+    for _ in range(200):
+        deg = rng.integers(0, 4, rng.integers(1, 30))         # many empty rows
+        g, plan = _task_case(deg, chunk=3)
+        slots, rounds = int(rng.integers(1, 12)), int(rng.integers(1, 6))
+        cuts = attn.task_slots(g, plan, slots, rounds)
+        assert cuts[0] == 0 and cuts[-1] == len(plan.task_row), (seed, deg, slots, rounds)
+        assert np.all(np.diff(cuts) >= 0), (seed, deg, slots, rounds)
+
+
 def test_edge_phases():
     """The 16-bit kernels of 8 values per lane fill a warp with a slot's lane
     groups: 32 / (H x group) edge phases where the H groups take fewer lanes

@@ -209,6 +209,7 @@ def task_slots(graph, plan, num_slots, rounds=1):
             hi = xp.minimum(xp.searchsorted(work_before, goal, side="left"), num_tasks)
             lo = xp.maximum(hi - 1, 0)
             end = xp.where(goal - work_before[lo] < work_before[hi] - goal, lo, hi)
+            end = xp.maximum(end, cuts[-1][-1:])   # tasks of no work tie: never step back
             if r == rounds - 1:
                 end[-1] = num_tasks
             ends = work_before[end]
