@@ -127,10 +127,10 @@ PERSISTENT = True
 # 24-36%). task_slots cuts every round so that each slot's work stays within
 # about one task of its share, so more rounds cost no balance. H200, 4 x 32,
 # fwd+bwd ms at 1 / 8 / 32 rounds (benchmarks/results/attention_rounds_h200.md):
-# fp32 GAT on clustered20 in cluster order 16.0 / - / 12.6, rmat20 7.76 /
-# 7.17 / 6.97, shuffled rmat20 8.14 / 7.37 / 7.28, mesh3d101 4.13 / 3.57 /
-# 3.48; uniform20 10.8 / - / 10.5; 128 rounds were slower than 32 on the
-# clustered graph (13.4) and no faster on the mesh.
+# fp32 GAT on clustered20 in cluster order 16.0 / - / 12.6, rmat20 7.75 /
+# 7.17 / 6.97, shuffled rmat20 8.14 / 7.37 / 7.28, uniform20 10.8 / - / 10.5,
+# mesh3d101 4.13 / 3.57 / 3.48 (equal-work ranges); 128 rounds ran slower
+# than 32 on the clustered graph (12.5 -> 13.4) and no faster on the mesh.
 ROUNDS = 32
 ONE_SLOT_PER_TASK_LIMIT = 1 << 30
 # The resident block count to assume instead of asking the device (tests set
