@@ -448,7 +448,8 @@ MIN_COST_PER_EDGE_S = {"rcm": 0.069e-6, "cluster": 0.118e-6, "degree": 0.008e-6}
 # On the GPU, graphs whose node features (n x width x 4 bytes) fit in this
 # much cache keep their order: every gather hits the L2 in any order (the
 # H200's L2 is 50 MiB; on soc-brightkite, 29 MB of features, `rcm` and
-# `cluster` gained at most 1.11x and lost down to 0.69x, shuffled or not).
+# `cluster` moved the kernels by 0.71-1.09x, shuffled or not, within that
+# graph's noise).
 GPU_CACHE_BYTES = 50 << 20
 DEFAULT_CALLS = 100        # kernel calls the reordered graph serves, unless told
 DEFAULT_WIDTH = 128        # features per node the calls move, unless told
