@@ -18,8 +18,9 @@ wall time of computing the order (including building the symmetric pattern)
 and `info` holds method details (cluster counts, the auto rule's numbers).
 
 Methods (n nodes, E edges; "pattern" = the symmetrised pattern A + A^T
-without self-loops or duplicates, built by one sort of 2E int64 keys,
-O(E log E)):
+without self-loops or duplicates, as CSR: SciPy's COO -> CSR conversion on
+the host (rows bucketed, each row sorted: O(E log d)), one sort of 2E int64
+keys on the GPU):
 
     "rcm"      reverse Cuthill-McKee (scipy.sparse.csgraph): breadth-first
                sweeps from a low-degree node of each component, neighbours
@@ -81,10 +82,10 @@ hand; docs/reordering.md has the locality each order buys):
 
     | graph (n, E)                        | rcm  | degree | cluster | random | auto |
     |---|---|---|---|---|---|
-    | rmat(16) shuffled (65 k, 0.96 M)    | 0.91 | 0.015  | 1.6     | 0.016  | 0.97 |
-    | grid(1024) (1.05 M, 4.2 M)          | 1.7  | 0.08   | 5.3     | 0.22   | 0.19 (keeps) |
-    | uniform(19) shuffled (524 k, 8.4 M) | 5.0  | 0.28   | 13.6    | 0.17   | 12.8 |
-    | rmat(20) shuffled (1.05 M, 16.1 M)  | 5.9  | 0.24   | 22      | 0.31   | 24.6 |
+    | rmat(16) shuffled (65 k, 0.96 M)    | 0.12 | 0.006  | 0.24    | 0.002  | 0.28 |
+    | grid(1024) (1.05 M, 4.2 M)          | 0.56 | 0.022  | 1.19    | 0.022  | 0.057 (keeps) |
+    | uniform(19) shuffled (524 k, 8.4 M) | 1.39 | 0.053  | 2.59    | 0.018  | 3.48 |
+    | rmat(20) shuffled (1.05 M, 16.1 M)  | 3.14 | 0.11   | 6.36    | 0.049  | 7.95 |
 
 Applying an order: `Graph.reorder(method_or_permutation)` returns the
 relabelled graph, which remembers its `permutation`; `permute_nodes` moves
@@ -199,6 +200,9 @@ class _Input:
             s, d = self.src, self.dst
             keep = s != d
             s, d = s[keep], d[keep]
+            if xp is np:            # the host: SciPy's COO -> CSR (a counting sort by row)
+                self._pattern = _host_pattern(s, d, n)
+                return self._pattern
             key = xp.concatenate([s * n + d, d * n + s])
             del s, d, keep                  # on a GPU: free what the sort does not need
             key.sort()
@@ -223,6 +227,22 @@ class _Input:
                                shape=(n, n))
                 self._rcm = reverse_cuthill_mckee(a, symmetric_mode=True).astype(np.int64)
         return self._rcm
+
+
+def _host_pattern(s, d, n):
+    """(indptr int64, indices) of A + A^T's pattern from host edge arrays
+    without self-loops: SciPy's COO -> CSR conversion buckets the 2E entries
+    by row and sorts each row, duplicates merged -- the same CSR as the
+    device's global key sort, in 1.0 s against 1.9 s for NumPy's sort of
+    the keys (shuffled rmat(19), 16.1 M entries, the 2-core development
+    machine)."""
+    from scipy.sparse import csr_matrix
+    idx = np.int32 if max(n, 2 * s.shape[0]) < 2**31 else np.int64
+    rows, cols = np.concatenate([s, d]).astype(idx), np.concatenate([d, s]).astype(idx)
+    a = csr_matrix((np.ones(rows.shape[0], dtype=np.int8), (rows, cols)), shape=(n, n))
+    del rows, cols
+    a.sum_duplicates()                  # sorted rows, one entry per (row, column)
+    return (a.indptr.astype(np.int64), a.indices.astype(np.int32 if n < 2**31 else np.int64))
 
 
 def _host(a):
@@ -439,10 +459,12 @@ SAMPLE = 1 << 20           # edges sampled for the statistics
 # even only after 129 calls. On the 2-core CPU no order saved more than 5.5
 # ns (SpMM on a shuffled grid with `rcm`, docs/reordering.md). No order cost
 # less per edge on the host than MIN_COST_PER_EDGE_S (the H200 machine's 16
-# cores; the 2-core development machine is slower); for a graph on the GPU,
-# whose pattern is sorted there, `rcm` cost down to 0.025 us per edge, so
-# these bounds keep auto on the safe side there (no `rcm` or `cluster` order
-# of the study broke even in fewer than 109 calls).
+# cores, the pattern built by a NumPy key sort; the 2-core development
+# machine is slower). Orders cost less today: the host builds the pattern
+# with SciPy (rcm 1.3x cheaper on rmat(20) on the 2-core machine), and for a
+# graph on the GPU, whose pattern is sorted there, `rcm` cost down to 0.025
+# us per edge. So these bounds keep auto on the safe side (no `rcm` or
+# `cluster` order of the study broke even in fewer than 109 calls).
 MAX_SAVING_PER_EDGE_FEATURE_S = {"cuda": 4e-12, "cpu": 6e-9}
 MIN_COST_PER_EDGE_S = {"rcm": 0.069e-6, "cluster": 0.118e-6, "degree": 0.008e-6}
 # On the GPU, graphs whose node features (n x width x 4 bytes) fit in this

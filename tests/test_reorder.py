@@ -44,6 +44,22 @@ def check_permutation(p, n):
 
 
 # ------------------------------------------------------------ permutations
+def test_pattern_is_the_symmetric_csr_without_loops_or_duplicates(rng):
+    """The pattern the orders start from: A + A^T as CSR, sorted rows, no
+    self-loops, each neighbour once, empty rows kept; int64 indptr."""
+    from fastgnn.reorder import _Input
+    ei, n = messy_edges(rng)
+    ei = np.concatenate([ei, ei[:, :40], ei[::-1, :40], np.stack([np.arange(6), np.arange(6)])],
+                        axis=1)
+    n += 3                                       # isolated nodes at the end
+    indptr, indices = _Input(ei[0].astype(np.int64), ei[1].astype(np.int64), n).pattern()
+    s, d = ei[:, ei[0] != ei[1]]
+    want = sorted(set(zip(s.tolist(), d.tolist())) | set(zip(d.tolist(), s.tolist())))
+    got = [(r, int(c)) for r in range(n) for c in indices[indptr[r]:indptr[r + 1]]]
+    assert got == want
+    assert indptr.dtype == np.int64 and indptr.shape == (n + 1,) and indptr[-1] == len(want)
+
+
 @pytest.mark.parametrize("method", HOST_METHODS)
 def test_every_order_is_a_permutation(method, rng):
     ei, n = messy_edges(rng)
