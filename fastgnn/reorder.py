@@ -195,23 +195,9 @@ class _Input:
 
     def pattern(self):
         if self._pattern is None:
-            n = self.n
-            xp = xp_of(self.src)
-            s, d = self.src, self.dst
-            keep = s != d
-            s, d = s[keep], d[keep]
-            if xp is np:            # the host: SciPy's COO -> CSR (a counting sort by row)
-                self._pattern = _host_pattern(s, d, n)
-                return self._pattern
-            key = xp.concatenate([s * n + d, d * n + s])
-            del s, d, keep                  # on a GPU: free what the sort does not need
-            key.sort()
-            if key.shape[0] > 1:
-                key = key[xp.concatenate([xp.ones(1, dtype=bool), key[1:] != key[:-1]])]
-            indptr = xp.zeros(n + 1, dtype=np.int64)
-            xp.cumsum(xp.bincount(key // n, minlength=n), out=indptr[1:])
-            indices = (key % n).astype(np.int32 if n < 2**31 else np.int64)
-            self._pattern = (_host(indptr), _host(indices))
+            keep = self.src != self.dst
+            build = _host_pattern if xp_of(self.src) is np else _device_pattern
+            self._pattern = build(self.src[keep], self.dst[keep], self.n)
         return self._pattern
 
     def rcm(self):
@@ -243,6 +229,21 @@ def _host_pattern(s, d, n):
     del rows, cols
     a.sum_duplicates()                  # sorted rows, one entry per (row, column)
     return (a.indptr.astype(np.int64), a.indices.astype(np.int32 if n < 2**31 else np.int64))
+
+
+def _device_pattern(s, d, n):
+    """_host_pattern's CSR from CuPy edge arrays: one sort of the 2E keys
+    row * n + column on the GPU, duplicates dropped; only the CSR comes to
+    the host."""
+    import cupy as cp
+    key = cp.concatenate([s * n + d, d * n + s])
+    del s, d                            # free what the sort does not need
+    key.sort()
+    if key.shape[0] > 1:
+        key = key[cp.concatenate([cp.ones(1, dtype=bool), key[1:] != key[:-1]])]
+    indptr = cp.zeros(n + 1, dtype=np.int64)
+    cp.cumsum(cp.bincount(key // n, minlength=n), out=indptr[1:])
+    return indptr.get(), (key % n).astype(np.int32 if n < 2**31 else np.int64).get()
 
 
 def _host(a):

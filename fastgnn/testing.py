@@ -249,7 +249,7 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
     monkeypatch.setattr(cuda_attention, "get_function", get_function)
     monkeypatch.setattr(cuda_attention, "cp", NumpyAsCupy())   # task_slots with NumPy
     # a few resident blocks: the persistent grids walk slot ranges (slot_begin),
-    # three rounds of them whatever their balance
+    # in three rounds
     monkeypatch.setattr(cuda_attention, "RESIDENT_BLOCKS", 2)
     monkeypatch.setattr(cuda_attention, "ROUNDS", 3)
     monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})

@@ -124,8 +124,9 @@ PERSISTENT = True
 # range per slot (1 round) left each slot a contiguous stretch of the graph
 # and L2 nothing to share (clustered20 in `cluster` order, fp32: 3-14% L2
 # hits, DRAM at 47-86% of peak, by ncu; at 32 rounds of ranges of equal
-# work the GAT passes hit 24-36%). task_slots cuts every round so that each slot's work stays within
-# about one task of its share, so more rounds cost no balance. H200, 4 x 32,
+# work the GAT passes hit 24-36%). task_slots cuts every round so that each
+# slot's work stays within about one task of its share, so more rounds cost
+# no balance. H200, 4 x 32,
 # fwd+bwd ms at 1 / 8 / 32 rounds (benchmarks/results/attention_rounds_h200.md):
 # fp32 GAT on clustered20 in cluster order 16.0 / - / 12.6, rmat20 7.75 /
 # 7.17 / 6.97, shuffled rmat20 8.14 / 7.37 / 7.28, uniform20 10.8 / - / 10.5,
