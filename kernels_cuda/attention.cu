@@ -21,7 +21,9 @@
 // covers the head, else 4), so a head of up to NCH*32*VEC channels sits in
 // registers. The edges of a task go in steps of U (Unroll: 4 rows of VEC
 // <= 4 values, 2 rows of 8, 1 with several chunks): the U edges' rows are
-// gathered first (U loads in flight per lane), then their scores (a shuffle
+// gathered first (U loads in flight per lane; kept as loaded, a Row, and
+// converted to fp32 where read, so 16-bit rows in flight take half the
+// registers), then their scores (a shuffle
 // reduction per edge for gatv2/dot), then the running max m moves once per
 // step and the sum l and accumulator take the U weighted messages. The
 // 16-bit kernels of 8 values per lane (GAT's backward) copy a slot's groups
@@ -157,9 +159,7 @@ __device__ __forceinline__ A lrelu_grad(A u, A slope) { return u > A(0) ? A(1) :
 
 template <typename T, int VEC>
 __device__ __forceinline__ void load_acc(const T* __restrict__ p, typename value_traits<T>::acc_t* r) {
-    const pack_t<T, VEC> v = load_pack<T, VEC>(p);
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) r[q] = value_traits<T>::to_acc(v.v[q]);
+    unpack<T, VEC>(load_pack<T, VEC>(p), r);
 }
 
 // Per-(task, head) lane layout: lane l of a group of G lanes (G = GROUP, or
@@ -351,7 +351,9 @@ __device__ __forceinline__ A phase_max(A v, int phases) {
 // not tuned on persistent grids.
 // The atomic target pass (deterministic=False; only gatv2 takes it,
 // ATOMIC_SCORES) runs U = 4 at VEC = 4 for every type: fp32 10.17 -> 8.57 ms
-// against U = 2 on rmat20, H = 4 x 32.
+// against U = 2 on rmat20, H = 4 x 32. 16-bit gatv2 with an edge term gathers
+// two rows per edge and runs U = 2 (at 4 its target pass spills under the
+// 2-block cap of BLOCK_GATT).
 template <int KIND, int VEC, int NCH>
 struct Unroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
@@ -359,11 +361,11 @@ struct Unroll {
     static constexpr int U = NCH > 1 ? 1 : tuned;
 };
 
-template <int KIND, typename T, int VEC, int NCH, bool ATOMIC = false>
+template <int KIND, typename T, int VEC, int NCH, bool HAS_E, bool ATOMIC = false>
 struct BwdUnroll {
     static constexpr int tuned = KIND == KIND_GAT ? (VEC >= 4 ? 1 : 2)
                                : VEC != 4 ? 2
-                               : KIND == KIND_DOT || ATOMIC || sizeof(T) == 2 ? 4 : 2;
+                               : KIND == KIND_DOT || ATOMIC || (sizeof(T) == 2 && !HAS_E) ? 4 : 2;
     static constexpr int U = NCH > 1 ? 1 : tuned;
 };
 
@@ -413,6 +415,82 @@ __device__ __forceinline__ void load_slice(const Lanes<VEC, GROUP>& L, const Row
     }
 }
 
+// One lane's values of one head of a gathered row, kept as loaded and
+// converted where read (operator()(k, q)): 16-bit rows of an even VEC sit in
+// 32-bit words, half the registers of Slice's acc_t values, so U rows in
+// flight cost what U / 2 would converted. A scalar (gat's per-head score
+// inputs) is value (0, 0).
+template <typename T, int VEC, int NCH, bool WORDS = sizeof(T) == 2 && VEC % 2 == 0>
+struct Row {
+    pack_t<T, VEC> raw[NCH];
+    __device__ __forceinline__ typename value_traits<T>::acc_t operator()(int k, int q) const {
+        return value_traits<T>::to_acc(raw[k].v[q]);
+    }
+    __device__ __forceinline__ void zero(int k) {
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) raw[k].v[q] = value_traits<T>::from_acc(0);
+    }
+    __device__ __forceinline__ void load(int k, const T* __restrict__ p) { raw[k] = load_pack<T, VEC>(p); }
+    __device__ __forceinline__ void load_scalar(const T* __restrict__ p) { raw[0].v[0] = *p; }
+};
+
+template <typename T, int VEC, int NCH>
+struct Row<T, VEC, NCH, true> {
+    unsigned w[NCH][VEC / 2];   // values 2i (low half) and 2i + 1 (high half)
+    __device__ __forceinline__ float operator()(int k, int q) const {
+        const unsigned x = w[k][q / 2];
+        if constexpr (value_traits<T>::is_bf16) {
+            return __uint_as_float(q % 2 ? (x & 0xffff0000u) : (x << 16));
+        } else {
+            T h;
+            h.bits = (unsigned short)(q % 2 ? x >> 16 : x);
+            return value_traits<T>::to_acc(h);
+        }
+    }
+    __device__ __forceinline__ void zero(int k) {
+#pragma unroll
+        for (int i = 0; i < VEC / 2; ++i) w[k][i] = 0u;   // +0.0 in both halves
+    }
+    __device__ __forceinline__ void load(int k, const T* __restrict__ p) {
+        const pack_t<unsigned, VEC / 2> x = load_pack<unsigned, VEC / 2>(reinterpret_cast<const unsigned*>(p));
+#pragma unroll
+        for (int i = 0; i < VEC / 2; ++i) w[k][i] = x.v[i];
+    }
+    __device__ __forceinline__ void load_scalar(const T* __restrict__ p) { w[0][0] = p->bits; }
+};
+
+template <typename T, int VEC, int NCH, bool W>
+__device__ __forceinline__ void zero_row(Row<T, VEC, NCH, W>& s) {
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) s.zero(k);
+}
+
+// Row r of `rows` as loaded (zeros where the lane has no channel).
+template <bool SCALAR, typename T, int VEC, int NCH, int GROUP, typename R, bool W>
+__device__ __forceinline__ void load_row(const Lanes<VEC, GROUP>& L, const Rows<const T*>& rows,
+                                         R r, Row<T, VEC, NCH, W>& s) {
+    const T* p = rows.at(r);
+    if (SCALAR) {
+        s.load_scalar(p);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) {
+        if (L.has(k)) s.load(k, p + k * L.grp() * VEC);
+        else s.zero(k);
+    }
+}
+
+// Value (k, q) of a Slice or a Row.
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t val(const Slice<T, VEC, NCH>& s, int k, int q) {
+    return s.v[k][q];
+}
+template <typename T, int VEC, int NCH, bool W>
+__device__ __forceinline__ typename value_traits<T>::acc_t val(const Row<T, VEC, NCH, W>& s, int k, int q) {
+    return s(k, q);
+}
+
 // Score of one edge and head from the lane's slices (s: S[j], d: Dn[i],
 // e: Ed[ce] when HAS_E, a: att), reduced over the group:
 //   gat   lrelu(s + d (+ e))                (scalars)
@@ -420,15 +498,15 @@ __device__ __forceinline__ void load_slice(const Lanes<VEC, GROUP>& L, const Row
 //   dot   scale * sum_c d_c (s_c (+ e_c))
 // Every kernel scores through this one function, so the backward passes
 // recompute the forward's scores bit for bit.
-template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH>
+template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH, typename SS, typename DD>
 __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
-        const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& d, const Slice<T, VEC, NCH>& e,
+        const SS& s, const DD& d, const Row<T, VEC, NCH>& e,
         const Slice<T, VEC, NCH>& a, typename value_traits<T>::acc_t slope,
         typename value_traits<T>::acc_t scale, int group) {
     typedef typename value_traits<T>::acc_t A;
     if (KIND == KIND_GAT) {
-        A u = s.v[0][0] + d.v[0][0];
-        if (HAS_E) u += e.v[0][0];
+        A u = val(s, 0, 0) + val(d, 0, 0);
+        if (HAS_E) u += e(0, 0);
         return lrelu(u, slope);
     }
     A part = A(0);
@@ -437,13 +515,13 @@ __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
 #pragma unroll
         for (int q = 0; q < VEC; ++q) {
             if (KIND == KIND_GATV2) {
-                A u = s.v[k][q] + d.v[k][q];
-                if (HAS_E) u += e.v[k][q];
+                A u = val(s, k, q) + val(d, k, q);
+                if (HAS_E) u += e(k, q);
                 part += a.v[k][q] * lrelu(u, slope);
             } else {
-                A u = s.v[k][q];
-                if (HAS_E) u += e.v[k][q];
-                part += d.v[k][q] * u;
+                A u = val(s, k, q);
+                if (HAS_E) u += e(k, q);
+                part += val(d, k, q) * u;
             }
         }
     part = group_sum_fixed<GROUP>(part, group);
@@ -451,36 +529,34 @@ __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
 }
 
 // gatv2's LeakyReLU argument t = s + d (+ e) of channel (k, q), as score_of.
-template <bool HAS_E, typename T, int VEC, int NCH>
+template <bool HAS_E, typename T, int VEC, int NCH, typename SS, typename DD>
 __device__ __forceinline__ typename value_traits<T>::acc_t lrelu_arg(
-        const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& d, const Slice<T, VEC, NCH>& e,
-        int k, int q) {
-    typename value_traits<T>::acc_t u = s.v[k][q] + d.v[k][q];
-    if (HAS_E) u += e.v[k][q];
+        const SS& s, const DD& d, const Row<T, VEC, NCH>& e, int k, int q) {
+    typename value_traits<T>::acc_t u = val(s, k, q) + val(d, k, q);
+    if (HAS_E) u += e(k, q);
     return u;
 }
 
 // Message value (k, q) of an edge: gatv2 xl[j] (= s); dot v[j] (+ e); gat v[j].
-template <int KIND, bool HAS_E, typename T, int VEC, int NCH>
+template <int KIND, bool HAS_E, typename T, int VEC, int NCH, typename SS, typename VV>
 __device__ __forceinline__ typename value_traits<T>::acc_t msg_of(
-        const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& v, const Slice<T, VEC, NCH>& e,
-        int k, int q) {
-    if (KIND == KIND_GATV2) return s.v[k][q];
-    if (KIND == KIND_DOT && HAS_E) return v.v[k][q] + e.v[k][q];
-    return v.v[k][q];
+        const SS& s, const VV& v, const Row<T, VEC, NCH>& e, int k, int q) {
+    if (KIND == KIND_GATV2) return val(s, k, q);
+    if (KIND == KIND_DOT && HAS_E) return val(v, k, q) + e(k, q);
+    return val(v, k, q);
 }
 
 // <g, message> of an edge, reduced over the group.
-template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH>
+template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH, typename GG, typename SS,
+          typename VV>
 __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
-        const Slice<T, VEC, NCH>& g, const Slice<T, VEC, NCH>& s, const Slice<T, VEC, NCH>& v,
-        const Slice<T, VEC, NCH>& e, int group) {
+        const GG& g, const SS& s, const VV& v, const Row<T, VEC, NCH>& e, int group) {
     typedef typename value_traits<T>::acc_t A;
     A part = A(0);
 #pragma unroll
     for (int k = 0; k < NCH; ++k)
 #pragma unroll
-        for (int q = 0; q < VEC; ++q) part += g.v[k][q] * msg_of<KIND, HAS_E, T, VEC, NCH>(s, v, e, k, q);
+        for (int q = 0; q < VEC; ++q) part += val(g, k, q) * msg_of<KIND, HAS_E, T, VEC, NCH>(s, v, e, k, q);
     return group_sum_fixed<GROUP>(part, group);
 }
 
@@ -525,6 +601,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
+    typedef Row<T, VEC, NCH> Rw;
     constexpr int U = Unroll<KIND, VEC, NCH>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     FOR_EACH_GROUP_TASK {
@@ -538,11 +615,11 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
             const A row_lse = lse[row * H + h];
             FOR_EACH_STEP {
                 EDGE_BATCH(true)
-                Sl s[U], e[U];
+                Rw s[U], e[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    load_slice<GAT>(L, Sr, nb_[u], s[u]);
-                    if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
+                    load_row<GAT>(L, Sr, nb_[u], s[u]);
+                    if (HAS_E) load_row<GAT>(L, Er, ce[u], e[u]);
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
@@ -561,13 +638,13 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
             A z[U];                            // dropout factors, before the rows are live
 #pragma unroll
             for (int u = 0; u < U; ++u) z[u] = drop.on ? (A)drop_factor(drop, ce[u], H, h) : A(1);
-            Sl s[U], e[U], v[U];
+            Rw s[U], e[U], v[U];
             A sc[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                load_slice<GAT>(L, Sr, nb_[u], s[u]);
-                if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
-                if (KIND != KIND_GATV2) load_slice<false>(L, Vr, nb_[u], v[u]);
+                load_row<GAT>(L, Sr, nb_[u], s[u]);
+                if (HAS_E) load_row<GAT>(L, Er, ce[u], e[u]);
+                if (KIND != KIND_GATV2) load_row<false>(L, Vr, nb_[u], v[u]);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -768,7 +845,8 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = BwdUnroll<KIND, T, VEC, NCH, ATOMIC>::U;
+    typedef Row<T, VEC, NCH> Rw;
+    constexpr int U = BwdUnroll<KIND, T, VEC, NCH, HAS_E, ATOMIC>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
     // gatv2's grad_att terms: one task's (rows of gatt_part per task), or
@@ -811,13 +889,13 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
         A dgat = A(0);                                  // gat's scalar target-side gradient
         FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
-            Sl s[U], e[U], v[U];
+            Rw s[U], e[U], v[U];
             A sc[U], gm[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                load_slice<GAT>(L, Sr, nb_[u], s[u]);
-                if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
-                if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, Vr, nb_[u], v[u]);
+                load_row<GAT>(L, Sr, nb_[u], s[u]);
+                if (HAS_E) load_row<GAT>(L, Er, ce[u], e[u]);
+                if (KIND != KIND_GATV2 && has_g) load_row<false>(L, Vr, nb_[u], v[u]);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -835,8 +913,8 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                 const A w = p * z;                            // the message's weight
                 const i64 jrow = ((i64)nb_[u] * H + h) * (GAT ? 1 : C);   // ATOMIC: source row
                 if (KIND == KIND_GAT) {
-                    A x = s[u].v[0][0] + d.v[0][0];
-                    if (HAS_E) x += e[u].v[0][0];
+                    A x = s[u](0, 0) + d.v[0][0];
+                    if (HAS_E) x += e[u](0, 0);
                     const A du = ds * lrelu_grad(x, slope);
                     dgat += du;
                     if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
@@ -867,8 +945,8 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                             dacc.v[k][q] += dv;
                             if (ATOMIC) sv[q] = dv + w * gr.v[k][q];
                         } else {                              // dot
-                            A x = s[u].v[k][q];
-                            if (HAS_E) x += e[u].v[k][q];
+                            A x = s[u](k, q);
+                            if (HAS_E) x += e[u](k, q);
                             dacc.v[k][q] += scale * ds * x;
                             dv = scale * ds * d.v[k][q] + p * z * gr.v[k][q];
                             if (ATOMIC) {
@@ -960,7 +1038,8 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
     DROP_MAKE
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
-    constexpr int U = BwdUnroll<KIND, T, VEC, NCH>::U;
+    typedef Row<T, VEC, NCH> Rw;
+    constexpr int U = BwdUnroll<KIND, T, VEC, NCH, HAS_E>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
@@ -979,14 +1058,14 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
         A sgat = A(0);
         FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
-            Sl dv[U], gv[U], e[U];
+            Rw dv[U], gv[U], e[U];
             A sc[U], gm[U], row_lse[U], D[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                load_slice<GAT>(L, Dr, nb_[u], dv[u]);
-                if (HAS_E) load_slice<GAT>(L, Er, ce[u], e[u]);
-                if (has_g) load_slice<false>(L, Gr, nb_[u], gv[u]);
-                else zero_slice(gv[u]);
+                load_row<GAT>(L, Dr, nb_[u], dv[u]);
+                if (HAS_E) load_row<GAT>(L, Er, ce[u], e[u]);
+                if (has_g) load_row<false>(L, Gr, nb_[u], gv[u]);
+                else zero_row(gv[u]);
                 row_lse[u] = lse[(i64)nb_[u] * H + h];
                 D[u] = delta[(i64)nb_[u] * H + h];
             }
@@ -1005,8 +1084,8 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
                 const A ds = p * (dp - D[u]);
                 const A w = p * z;
                 if (KIND == KIND_GAT) {
-                    A x = sj.v[0][0] + dv[u].v[0][0];
-                    if (HAS_E) x += e[u].v[0][0];
+                    A x = sj.v[0][0] + dv[u](0, 0);
+                    if (HAS_E) x += e[u](0, 0);
                     sgat += ds * lrelu_grad(x, slope);
                 }
 #pragma unroll
@@ -1015,10 +1094,10 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
                     for (int q = 0; q < VEC; ++q) {
                         if (KIND == KIND_GATV2) {
                             const A tt = lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q);
-                            sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u].v[k][q];
+                            sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u](k, q);
                         } else {
-                            if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u].v[k][q];
-                            vacc.v[k][q] += w * gv[u].v[k][q];
+                            if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u](k, q);
+                            vacc.v[k][q] += w * gv[u](k, q);
                         }
                     }
             }
