@@ -93,9 +93,16 @@
 // The target pass: the atomic variants keep no cap; the BLOCK_GATT variants
 // of one chunk ask for at least 2 blocks (<= 128 registers, what their
 // per-task twins take), so the shared-slot write costs them no occupancy.
+// 16-bit dot with 32-bit indices asks for ATTN_DOT16_DST_MIN_BLOCKS = 3: its
+// 16-bit rows in flight (Row) leave it 95 registers uncapped, 2 blocks, and
+// it fits 80 spill-free (64-bit indices spill 20 bytes): backward 6.90 ->
+// 6.39 and 6.97 -> 6.67 ms in two probe runs (rmat20, 4 heads x 32, H200).
+#define ATTN_DOT16_DST_MIN_BLOCKS 3
 #define ATTN_DST_BOUNDS                                                                 \
     __launch_bounds__(256, ATOMIC ? 1                                                   \
                            : (BLOCK_GATT && NCH == 1 && ATTN_BWD_MIN_BLOCKS < 2) ? 2    \
+                           : (KIND == KIND_DOT && sizeof(T) == 2 && sizeof(I) == 4      \
+                              && NCH == 1 && !HAS_E) ? ATTN_DOT16_DST_MIN_BLOCKS        \
                            : ATTN_BWD_MIN_BLOCKS)
 
 #define KIND_GAT 0
