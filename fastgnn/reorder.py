@@ -461,11 +461,11 @@ SAMPLE = 1 << 20           # edges sampled for the statistics
 # ns (SpMM on a shuffled grid with `rcm`, docs/reordering.md). No order cost
 # less per edge on the host than MIN_COST_PER_EDGE_S (the H200 machine's 16
 # cores, the pattern built by a NumPy key sort; the 2-core development
-# machine is slower). Orders cost less today: the host builds the pattern
-# with SciPy (rcm 1.3x cheaper on rmat(20) on the 2-core machine), and for a
-# graph on the GPU, whose pattern is sorted there, `rcm` cost down to 0.025
-# us per edge. So these bounds keep auto on the safe side (no `rcm` or
-# `cluster` order of the study broke even in fewer than 109 calls).
+# machine is slower). The pattern built by SciPy on the host (rcm 1.3x
+# cheaper on rmat(20) on the 2-core machine) and by a key sort on the GPU
+# (`rcm` down to 0.025 us per edge) cost less than that, so these bounds
+# keep auto on the safe side (no `rcm` or `cluster` order of the study broke
+# even in fewer than 109 calls).
 MAX_SAVING_PER_EDGE_FEATURE_S = {"cuda": 4e-12, "cpu": 6e-9}
 MIN_COST_PER_EDGE_S = {"rcm": 0.069e-6, "cluster": 0.118e-6, "degree": 0.008e-6}
 # On the GPU, graphs whose node features (n x width x 4 bytes) fit in this

@@ -445,14 +445,7 @@ template <typename T, int VEC, int NCH>
 struct Row<T, VEC, NCH, true> {
     unsigned w[NCH][VEC / 2];   // values 2i (low half) and 2i + 1 (high half)
     __device__ __forceinline__ float operator()(int k, int q) const {
-        const unsigned x = w[k][q / 2];
-        if constexpr (value_traits<T>::is_bf16) {
-            return __uint_as_float(q % 2 ? (x & 0xffff0000u) : (x << 16));
-        } else {
-            T h;
-            h.bits = (unsigned short)(q % 2 ? x >> 16 : x);
-            return value_traits<T>::to_acc(h);
-        }
+        return value_traits<T>::half_of_word(w[k][q / 2], q % 2);
     }
     __device__ __forceinline__ void zero(int k) {
 #pragma unroll

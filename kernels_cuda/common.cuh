@@ -18,21 +18,18 @@ template <typename T> struct value_traits;
 
 template <> struct value_traits<float> {
     typedef float acc_t;
-    static constexpr bool is_bf16 = false;
     static __device__ __forceinline__ float to_acc(float v) { return v; }
     static __device__ __forceinline__ float from_acc(float v) { return v; }
 };
 
 template <> struct value_traits<double> {
     typedef double acc_t;
-    static constexpr bool is_bf16 = false;
     static __device__ __forceinline__ double to_acc(double v) { return v; }
     static __device__ __forceinline__ double from_acc(double v) { return v; }
 };
 
 template <> struct value_traits<f16_t> {
     typedef float acc_t;
-    static constexpr bool is_bf16 = false;
     static __device__ __forceinline__ float to_acc(f16_t v) {
         float f;
         asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
@@ -43,11 +40,16 @@ template <> struct value_traits<f16_t> {
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
         return v;
     }
+    // the value in the low (high = 0) or high half of a 32-bit word of two
+    static __device__ __forceinline__ float half_of_word(unsigned w, int high) {
+        f16_t v;
+        v.bits = (unsigned short)(high ? w >> 16 : w);
+        return to_acc(v);
+    }
 };
 
 template <> struct value_traits<bf16_t> {
     typedef float acc_t;
-    static constexpr bool is_bf16 = true;
     static __device__ __forceinline__ float to_acc(bf16_t v) {
         return __uint_as_float(((unsigned int)v.bits) << 16);
     }
@@ -55,6 +57,12 @@ template <> struct value_traits<bf16_t> {
         bf16_t v;
         asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v.bits) : "f"(f));
         return v;
+    }
+    // the value in the low (high = 0) or high half of a 32-bit word of two:
+    // one instruction (the word with its low half cleared, or shifted up),
+    // where to_acc of an extracted half takes two for the high one
+    static __device__ __forceinline__ float half_of_word(unsigned w, int high) {
+        return __uint_as_float(high ? (w & 0xffff0000u) : (w << 16));
     }
 };
 
@@ -69,19 +77,14 @@ __device__ __forceinline__ pack_t<T, VEC> load_pack(const T* __restrict__ p) {
     return *reinterpret_cast<const pack_t<T, VEC>*>(p);
 }
 
-// The VEC values of a pack in acc_t. bf16 pairs convert from their 32-bit
-// word: the high value is the word with its low half cleared, the low value
-// the word shifted up (one instruction each; value by value the compiler
-// extracts the high half and shifts it back, two).
+// The VEC values of a pack in acc_t; 16-bit pairs convert from their 32-bit
+// word (value_traits::half_of_word).
 template <typename T, int VEC>
 __device__ __forceinline__ void unpack(const pack_t<T, VEC>& p, typename value_traits<T>::acc_t* r) {
-    if constexpr (sizeof(T) == 2 && VEC % 2 == 0 && value_traits<T>::is_bf16) {
+    if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
         const unsigned* w = reinterpret_cast<const unsigned*>(p.v);
 #pragma unroll
-        for (int q = 0; q < VEC; q += 2) {
-            r[q] = __uint_as_float(w[q / 2] << 16);
-            r[q + 1] = __uint_as_float(w[q / 2] & 0xffff0000u);
-        }
+        for (int q = 0; q < VEC; ++q) r[q] = value_traits<T>::half_of_word(w[q / 2], q % 2);
     } else {
 #pragma unroll
         for (int q = 0; q < VEC; ++q) r[q] = value_traits<T>::to_acc(p.v[q]);
