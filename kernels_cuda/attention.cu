@@ -164,11 +164,6 @@ __device__ __forceinline__ A lrelu(A u, A slope) { return u > A(0) ? u : slope *
 template <typename A>
 __device__ __forceinline__ A lrelu_grad(A u, A slope) { return u > A(0) ? A(1) : slope; }
 
-template <typename T, int VEC>
-__device__ __forceinline__ void load_acc(const T* __restrict__ p, typename value_traits<T>::acc_t* r) {
-    unpack<T, VEC>(load_pack<T, VEC>(p), r);
-}
-
 // Per-(task, head) lane layout: lane l of a group of G lanes (G = GROUP, or
 // the runtime `group` when GROUP = 0) owns channels chan(k) = (l + k G) VEC,
 // k < nch.
@@ -402,26 +397,6 @@ __device__ __forceinline__ void phase_sum_slice(Slice<T, VEC, NCH>& s, int phase
         for (int q = 0; q < VEC; ++q) s.v[k][q] = phase_sum(s.v[k][q] * f, phases);
 }
 
-// Row r of `rows` (SCALAR: one value per (row, head)).
-template <bool SCALAR, typename T, int VEC, int NCH, int GROUP, typename R>
-__device__ __forceinline__ void load_slice(const Lanes<VEC, GROUP>& L, const Rows<const T*>& rows,
-                                           R r, Slice<T, VEC, NCH>& s) {
-    const T* p = rows.at(r);
-    if (SCALAR) {
-        s.v[0][0] = value_traits<T>::to_acc(*p);
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < NCH; ++k) {
-        if (L.has(k)) {
-            load_acc<T, VEC>(p + k * L.grp() * VEC, s.v[k]);
-        } else {
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) s.v[k][q] = 0;
-        }
-    }
-}
-
 // One lane's values of one head of a gathered row, kept as loaded and
 // converted where read (operator()(k, q)): 16-bit rows of an even VEC sit in
 // 32-bit words, half the registers of Slice's acc_t values, so U rows in
@@ -479,6 +454,18 @@ __device__ __forceinline__ void load_row(const Lanes<VEC, GROUP>& L, const Rows<
         if (L.has(k)) s.load(k, p + k * L.grp() * VEC);
         else s.zero(k);
     }
+}
+
+// Row r of `rows` converted to acc_t (SCALAR: one value per (row, head)).
+template <bool SCALAR, typename T, int VEC, int NCH, int GROUP, typename R>
+__device__ __forceinline__ void load_slice(const Lanes<VEC, GROUP>& L, const Rows<const T*>& rows,
+                                           R r, Slice<T, VEC, NCH>& s) {
+    Row<T, VEC, NCH> raw;
+    load_row<SCALAR>(L, rows, r, raw);
+#pragma unroll
+    for (int k = 0; k < (SCALAR ? 1 : NCH); ++k)
+#pragma unroll
+        for (int q = 0; q < (SCALAR ? 1 : VEC); ++q) s.v[k][q] = raw(k, q);
 }
 
 // Value (k, q) of a Slice or a Row.

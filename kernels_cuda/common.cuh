@@ -60,7 +60,8 @@ template <> struct value_traits<bf16_t> {
     }
     // the value in the low (high = 0) or high half of a 32-bit word of two:
     // one instruction (the word with its low half cleared, or shifted up),
-    // where to_acc of an extracted half takes two for the high one
+    // where to_acc of an extracted half takes two for the high one (16-bit
+    // pairs loaded as words: attention.cu's Row)
     static __device__ __forceinline__ float half_of_word(unsigned w, int high) {
         return __uint_as_float(high ? (w & 0xffff0000u) : (w << 16));
     }
@@ -75,20 +76,6 @@ struct __align__(sizeof(T) * VEC) pack_t {
 template <typename T, int VEC>
 __device__ __forceinline__ pack_t<T, VEC> load_pack(const T* __restrict__ p) {
     return *reinterpret_cast<const pack_t<T, VEC>*>(p);
-}
-
-// The VEC values of a pack in acc_t; 16-bit pairs convert from their 32-bit
-// word (value_traits::half_of_word).
-template <typename T, int VEC>
-__device__ __forceinline__ void unpack(const pack_t<T, VEC>& p, typename value_traits<T>::acc_t* r) {
-    if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
-        const unsigned* w = reinterpret_cast<const unsigned*>(p.v);
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) r[q] = value_traits<T>::half_of_word(w[q / 2], q % 2);
-    } else {
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) r[q] = value_traits<T>::to_acc(p.v[q]);
-    }
 }
 
 template <typename T, int VEC>
