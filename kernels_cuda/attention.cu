@@ -57,10 +57,13 @@
 // and att are loaded once per task.
 // The backward target pass adds g[i] and out[i] (once per task; delta_i =
 // <g_i, out_i> is computed there, no separate pass over g and out) and writes
-// per-edge gradients; the source pass keeps S[j], V[j] in registers and
-// gathers Dn[i], g[i], lse and delta per edge. So per edge and head: forward
-// 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) + 2 (source
-// pass); per target and head 3 rows (Dn, g, out) and delta written once.
+// per-edge gradients and, per edge and head, the two acc values (w, ds') the
+// source pass needs (wds [E, H, 2]: E x H, never E x H x C); the source pass
+// gathers g[i] and Dn[i] (not for gat) and reads the pair per edge, with no
+// score recomputed and no reduction across lanes. So per edge and head:
+// forward 1 row (gatv2) or 2 (dot: k, v); backward 1-2 rows (target pass) +
+// 1-2 (source pass) + the pair written once and read once; per target and
+// head 3 rows (Dn, g, out).
 // gatv2's grad_att: per thread block of the target pass one row [H, C] of
 // acc values (BLOCK_GATT; the sums of its blockDim / group groups over all
 // their tasks: on a persistent grid about num_tasks / blocks tasks per row),
@@ -790,8 +793,10 @@ __device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [block
 
 // Backward, target pass over the CSR: per edge ds_e = p (z <g_i, m_e> + ga_e
 // - delta_i); the target-side gradient summed over the task (direct rows
-// write gDn[i], split rows a partial slot), the per-edge gradient written at
-// the caller's id, and gatv2's grad_att: one partial row [H, C] per thread
+// write gDn[i], split rows a partial slot; gatv2 sums ds lrelu'(t) and
+// multiplies by att once per task), the per-edge gradient written at the
+// caller's id, the source pass's (w, ds') at the caller's id in wds (when
+// not null; see attn_bwd_src), and gatv2's grad_att: one partial row [H, C] per thread
 // block (BLOCK_GATT, gatt_block_sum) or, where the launcher finds the slots
 // too big or the blocks no fewer than the tasks, one per task (C values per
 // (task, head)). U edges per step, their source rows gathered before any
@@ -803,9 +808,8 @@ __device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [block
 // walk and no second gather of Dn[i], g[i], but the sums' order varies.
 // delta: with `out` given (grad_out given, no grad_alpha) every task computes
 // delta_i = <g_i, out_i> itself from out_i (same lanes and vector loads as
-// g_i, fp32/fp64 sums; the same bits in every task of a split row) and the
-// row's first task writes it to `delta` (if not null) for the source pass;
-// without `out`, delta is read (attn_delta and the grad_alpha term).
+// g_i, fp32/fp64 sums; the same bits in every task of a split row); without
+// `out`, delta is read (attn_delta and the grad_alpha term).
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E, bool ATOMIC,
           bool BLOCK_GATT>
 __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, const I* __restrict__ task_begin,
@@ -819,7 +823,8 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                              const T* __restrict__ g,          // [num_dst, H, C] or null
                              const T* __restrict__ ga,         // [E, H] or null
                              const T* __restrict__ out,        // [num_dst, H, C] or null
-                             typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
+                             const typename value_traits<T>::acc_t* __restrict__ delta,  // [num_dst, H]
+                             typename value_traits<T>::acc_t* __restrict__ wds,  // [E, H, 2] or null
                              T* __restrict__ gDn,              // [num_dst, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_dn,  // [slots, H, Cs]
                              T* __restrict__ gEd,              // [E, H, Cs] or null
@@ -867,12 +872,10 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) part += gr.v[k][q] * o.v[k][q];
             D = group_sum_fixed<GROUP>(part, group);
-            if (delta != nullptr && L.lane == 0 && phase_ == 0 && e0 == (i64)indptr[row])
-                delta[row * H + h] = D;
         } else {
             D = delta[row * H + h];
         }
-        const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr;
+        const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr || wds != nullptr;
         A dgat = A(0);                                  // gat's scalar target-side gradient
         FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
@@ -899,10 +902,19 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                 const A ds = p * (dp - D);
                 const A w = p * z;                            // the message's weight
                 const i64 jrow = ((i64)nb_[u] * H + h) * (GAT ? 1 : C);   // ATOMIC: source row
+                A du = ds;                                    // gat: ds lrelu'(x)
                 if (KIND == KIND_GAT) {
                     A x = s[u](0, 0) + d.v[0][0];
                     if (HAS_E) x += e[u](0, 0);
-                    const A du = ds * lrelu_grad(x, slope);
+                    du = ds * lrelu_grad(x, slope);
+                }
+                if (wds != nullptr && L.lane == 0) {          // for the source pass
+                    pack_t<A, 2> o;
+                    o.v[0] = w;
+                    o.v[1] = KIND == KIND_DOT ? scale * ds : du;
+                    store_pack<A, 2>(wds + ((i64)ce[u] * H + h) * 2, o);
+                }
+                if (KIND == KIND_GAT) {
                     dgat += du;
                     if (gEd != nullptr && L.lane == 0) gEd[(i64)ce[u] * H + h] = value_traits<T>::from_acc(du);
                     if (ATOMIC && aS != nullptr && L.lane == 0) atomicAdd(aS + jrow, du);
@@ -926,10 +938,13 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     for (int q = 0; q < VEC; ++q) {
                         A dv;
                         if (KIND == KIND_GATV2) {
+                            // dl = ds lrelu'(t); ds lrelu(t) = dl t; att
+                            // multiplies dacc once, at the task's end
                             const A tt = lrelu_arg<HAS_E>(s[u], d, e[u], k, q);
-                            dv = ds * a.v[k][q] * lrelu_grad(tt, slope);
-                            patt.v[k][q] += ds * lrelu(tt, slope);
-                            dacc.v[k][q] += dv;
+                            const A dl = ds * lrelu_grad(tt, slope);
+                            patt.v[k][q] += dl * tt;
+                            dacc.v[k][q] += dl;
+                            dv = dl * a.v[k][q];
                             if (ATOMIC) sv[q] = dv + w * gr.v[k][q];
                         } else {                              // dot
                             A x = s[u](k, q);
@@ -943,7 +958,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                         }
                         ge.v[q] = value_traits<T>::from_acc(dv);
                     }
-                    if (gEd != nullptr && L.has(k)) store_pack<T, VEC>(ge_row + k * L.grp() * VEC, ge);
+                    if (HAS_E && gEd != nullptr && L.has(k)) store_pack<T, VEC>(ge_row + k * L.grp() * VEC, ge);
                     if (ATOMIC && L.has(k)) {
                         if (aS != nullptr) atomic_add_vec<A, VEC>(aS + jrow + L.chan(k), sv);
                         if (KIND == KIND_DOT && aV != nullptr && w != A(0))
@@ -973,6 +988,9 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
         for (int k = 0; k < NCH; ++k) {
             if (!L.has(k)) continue;
             const int c0 = L.chan(k);
+            if (KIND == KIND_GATV2)
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) dacc.v[k][q] *= a.v[k][q];
             if (gDn != nullptr)
                 store_row<T, VEC>(gDn, p_dn, slot, (row * H + h) * (i64)C + c0,
                                   (slot * H + h) * C + c0, dacc.v[k]);
@@ -1001,9 +1019,18 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 
 // Backward, source pass over the transpose (task rows are sources j, t_indices
 // targets i, t_cid caller ids): grad of the source-side score input and of
-// the message (gatv2: both are xl, summed into gS). The task's own S[j] and
-// V[j] stay in registers; per edge the target rows Dn[i], g[i] (U edges in
-// flight) and lse, delta are gathered.
+// the message (gatv2: both are xl, summed into gS), from the target pass's
+// per-edge (w, ds') in wds [E, H, 2] (w = p z the message's weight; ds' =
+// d loss / d(score input): gat ds lrelu'(x), dot scale ds, gatv2 ds):
+//   gat   gS[j] = sum_e ds'_e                 gV[j] = sum_e w_e g_i
+//   dot   gS[j] = sum_e ds'_e q_i             gV[j] = sum_e w_e g_i
+//   gatv2 gS[j] = att (.) sum_e ds'_e lrelu'(t_e) + sum_e w_e g_i,
+//         t_e = xl_j + xr_i (+ xe_e)
+// No score is recomputed and nothing is reduced across lanes: per edge the
+// target rows g[i] (and Dn[i]: dot's q_i, gatv2's xr_i for the sign of t;
+// U edges in flight), gatv2's edge term, and the 2 values of wds (8 bytes
+// for 32-bit types; the H heads of an edge are one 32-byte sector for
+// H = 4, read by the H groups of a slot together).
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
 __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
@@ -1011,88 +1038,64 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
                              const I* __restrict__ indices, const I* __restrict__ cid,
                              const T* __restrict__ S, const T* __restrict__ Dn,
                              const T* __restrict__ Ed, const T* __restrict__ att,
-                             const T* __restrict__ V,
-                             const typename value_traits<T>::acc_t* __restrict__ lse,
-                             const T* __restrict__ g, const T* __restrict__ ga,
-                             const typename value_traits<T>::acc_t* __restrict__ delta,
+                             const typename value_traits<T>::acc_t* __restrict__ wds,  // [E, H, 2]
+                             const T* __restrict__ g,           // [num_dst, H, C] or null
                              T* __restrict__ gS,                // [num_src, H, Cs] or null
                              typename value_traits<T>::acc_t* __restrict__ p_s,   // [slots, H, Cs]
                              T* __restrict__ gV,                // [num_src, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ p_v,   // [slots, H, C]
                              i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases, int rounds,
-                             typename value_traits<T>::acc_t slope,
-                             typename value_traits<T>::acc_t scale, DROP_PARAMS) {
-    DROP_MAKE
+                             typename value_traits<T>::acc_t slope) {
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
     typedef Row<T, VEC, NCH> Rw;
     constexpr int U = BwdUnroll<KIND, T, VEC, NCH, HAS_E>::U;
-    constexpr bool GAT = KIND == KIND_GAT;
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
         const i64 j = row;
-        const Rows<const T*> Dr = rows_of<GAT>(L, Dn, H, h), Er = rows_of<GAT>(L, Ed, H, h),
+        const Rows<const T*> Dr = rows_of<false>(L, Dn, H, h), Er = rows_of<false>(L, Ed, H, h),
                              Gr = rows_of<false>(L, g, H, h);
         const bool has_g = g != nullptr;
-        Sl sj, vj, a, sacc, vacc;
-        load_slice<GAT>(L, rows_of<GAT>(L, S, H, h), j, sj);
-        if (KIND != KIND_GATV2 && has_g) load_slice<false>(L, rows_of<false>(L, V, H, h), j, vj);
-        else zero_slice(vj);
-        if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+        Sl sj, a, sacc, vacc;
+        if (KIND == KIND_GATV2) {
+            load_slice<false>(L, rows_of<false>(L, S, H, h), j, sj);
+            load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+        }
         zero_slice(sacc);
         zero_slice(vacc);
-        const bool need_ce = HAS_E || drop.on || ga != nullptr;
         A sgat = A(0);
         FOR_EACH_STEP {
-            EDGE_BATCH(need_ce)
+            EDGE_BATCH(true)
             Rw dv[U], gv[U], e[U];
-            A sc[U], gm[U], row_lse[U], D[U];
+            pack_t<A, 2> x[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                load_row<GAT>(L, Dr, nb_[u], dv[u]);
-                if (HAS_E) load_row<GAT>(L, Er, ce[u], e[u]);
+                if (KIND != KIND_GAT) load_row<false>(L, Dr, nb_[u], dv[u]);
+                if (KIND == KIND_GATV2 && HAS_E) load_row<false>(L, Er, ce[u], e[u]);
                 if (has_g) load_row<false>(L, Gr, nb_[u], gv[u]);
                 else zero_row(gv[u]);
-                row_lse[u] = lse[(i64)nb_[u] * H + h];
-                D[u] = delta[(i64)nb_[u] * H + h];
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                sc[u] = score_of<KIND, GROUP, HAS_E>(sj, dv[u], e[u], a, slope, scale, group);
-                gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gv[u], sj, vj, e[u], group) : A(0);
+                x[u] = load_pack<A, 2>(wds + ((i64)ce[u] * H + h) * 2);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (!EDGE_OK(u)) continue;
-                const A p = score_exp<T>(sc[u] - row_lse[u]);
-                const A z = (A)drop_factor(drop, ce[u], H, h);
-                A dp = z != A(0) ? z * gm[u] : A(0);
-                if (ga != nullptr) dp += value_traits<T>::to_acc(ga[(i64)ce[u] * H + h]);
-                const A ds = p * (dp - D[u]);
-                const A w = p * z;
-                if (KIND == KIND_GAT) {
-                    A x = sj.v[0][0] + dv[u](0, 0);
-                    if (HAS_E) x += e[u](0, 0);
-                    sgat += ds * lrelu_grad(x, slope);
-                }
+                const A w = x[u].v[0], ds = x[u].v[1];
+                if (KIND == KIND_GAT) sgat += ds;
 #pragma unroll
                 for (int k = 0; k < NCH; ++k)
 #pragma unroll
                     for (int q = 0; q < VEC; ++q) {
-                        if (KIND == KIND_GATV2) {
-                            const A tt = lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q);
-                            sacc.v[k][q] += ds * a.v[k][q] * lrelu_grad(tt, slope) + w * gv[u](k, q);
-                        } else {
-                            if (KIND == KIND_DOT) sacc.v[k][q] += scale * ds * dv[u](k, q);
-                            vacc.v[k][q] += w * gv[u](k, q);
-                        }
+                        if (KIND == KIND_GATV2)
+                            sacc.v[k][q] += ds * lrelu_grad(lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q), slope);
+                        if (KIND == KIND_DOT) sacc.v[k][q] += ds * dv[u](k, q);
+                        vacc.v[k][q] += w * gv[u](k, q);
                     }
             }
         }
         if (phases > 1) {                      // merge the phases' sums
             if (KIND == KIND_GAT) sgat = phase_sum(sgat, phases);
             if (KIND != KIND_GAT) phase_sum_slice(sacc, phases);
-            if (KIND != KIND_GATV2) phase_sum_slice(vacc, phases);
+            phase_sum_slice(vacc, phases);
             if (phase_ != 0) continue;
         }
         const i64 slot = (i64)task_slot[t];
@@ -1104,6 +1107,9 @@ __global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I
         for (int k = 0; k < NCH; ++k) {
             if (!L.has(k)) continue;
             const int c0 = L.chan(k);
+            if (KIND == KIND_GATV2)
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) sacc.v[k][q] = a.v[k][q] * sacc.v[k][q] + vacc.v[k][q];
             if (KIND != KIND_GAT && gS != nullptr)
                 store_row<T, VEC>(gS, p_s, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
                                   sacc.v[k]);

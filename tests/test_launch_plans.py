@@ -551,11 +551,12 @@ def test_edge_attention_forward_plan_runs_end_to_end_against_fakes(fake_cuda, sc
 
 
 # attn_bwd_dst's and attn_bwd_src's parameters by position (kernels_cuda/attention.cu)
-_COMMON = "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att V lse g ga "
-_SCALARS = " num_tasks H C nch chunk group phases rounds slope scale"
+_TASKS = "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att "
+_SCALARS = " num_tasks H C nch chunk group phases rounds slope"
 _D = {name: i for i, name in enumerate(
-    (_COMMON + "out delta gDn p_dn gEd gatt_part aS aV" + _SCALARS).split())}
-_S = {name: i for i, name in enumerate((_COMMON + "delta gS p_s gV p_v" + _SCALARS).split())}
+    (_TASKS + "V lse g ga out delta wds gDn p_dn gEd gatt_part aS aV" + _SCALARS
+     + " scale").split())}
+_S = {name: i for i, name in enumerate((_TASKS + "wds g gS p_s gV p_v" + _SCALARS).split())}
 
 
 def _check_rounds(graph):
@@ -606,7 +607,8 @@ def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, s
     dst = bwd.launches[0]
     src = bwd.launches[kinds.index("attn_bwd_src")]
     assert dst.values[_D["out"]] != 0 and dst.values[_D["ga"]] == 0    # fused delta
-    assert dst.values[_D["delta"]] == src.values[_S["delta"]] != 0
+    assert dst.values[_D["delta"]] == 0
+    assert dst.values[_D["wds"]] == src.values[_S["wds"]] != 0     # the source pass's weights
     assert dst.values[_D["gDn"]] == grads[d_name].data_ptr()
     assert dst.values[_D["gEd"]] == grads[e_name].data_ptr()
     assert dst.values[_D["aS"]] == dst.values[_D["aV"]] == 0
@@ -627,19 +629,25 @@ def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, s
     assert _check_rounds(g) == 3               # forward, target pass, source pass
 
 
-def test_attention_backward_plan_of_the_source_side_alone_runs_attn_delta(fake_cuda):
-    """Only v wants a gradient: no target pass, delta from attn_delta, then
-    the source pass; a cotangent of the weights or float atomics take the
-    core instead (no backward plan)."""
+def test_attention_backward_plan_of_the_source_side_alone_runs_the_target_pass_for_its_weights(
+        fake_cuda):
+    """Only v wants a gradient: the target pass still runs (no target-side
+    gradient, only the per-edge weights wds), then the source pass; a
+    cotangent of the weights or float atomics take the core instead (no
+    backward plan)."""
     g, t = _attention_case("gat")
     v = t["v"]
     fixed = {n: x.detach() for n, x in t.items() if n != "v"}
     out = ft.edge_attention(g, "gat", **fixed, v=v)
     gv, = torch.autograd.grad(out, [v], torch.ones_like(out))
     (bwd,) = _by_name(g, cuda_attention.AttnBwdPlan)
-    assert [l.name.split("<")[0] for l in bwd.launches][:2] == ["attn_delta", "attn_bwd_src"]
-    assert bwd.launches[1].values[_S["gV"]] == gv.data_ptr()
-    assert bwd.launches[1].values[_S["gS"]] == 0
+    kinds = [l.name.split("<")[0] for l in bwd.launches]
+    assert kinds[0] == "attn_bwd_dst" and "attn_delta" not in kinds
+    dst, src = bwd.launches[0], bwd.launches[kinds.index("attn_bwd_src")]
+    assert dst.values[_D["gDn"]] == dst.values[_D["gEd"]] == dst.values[_D["gatt_part"]] == 0
+    assert dst.values[_D["wds"]] == src.values[_S["wds"]] != 0
+    assert src.values[_S["gV"]] == gv.data_ptr()
+    assert src.values[_S["gS"]] == 0
     _check_launches(fake_cuda, g, kernel_signatures())
     params = fastgnn.ops.attention._attention_params("gatv2", 0.2, None, 8, 0.0, 0, 0, False)
     serves = cuda_attention.plan_serves_backward

@@ -258,6 +258,13 @@ def _layout_words(H, C, nch, group, phases, rounds, acc, slope, scale):
             np.int32(phases), np.int32(rounds), acc(slope), acc(scale))
 
 
+def _src_words(H, C, nch, group, phases, rounds, acc, slope):
+    """The scalars attn_bwd_src takes after num_tasks (no scale, no dropout:
+    its per-edge weights come from the target pass)."""
+    return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK), np.int32(group),
+            np.int32(phases), np.int32(rounds), acc(slope))
+
+
 def _names(graph, vtype):
     return _ITYPE[np.dtype(graph.index_dtype)], C_VALUE[vtype]
 
@@ -529,17 +536,19 @@ class AttnBwdPlan(LaunchPlan):
     """The deterministic backward's launches for one (graph, score, value
     type, H, C, edge term?, wanted gradients, negative_slope, scale, launch
     shape), given a cotangent of out and none of alpha: the target pass
-    attn_bwd_dst over the CSR (delta from out where the source pass needs
-    it, else attn_delta), spmm_combine of its split rows, the source pass
-    attn_bwd_src over the transpose and its combines, then gatv2's grad_att
-    column sum (`gatt_sum`, a ColumnSumPlan run after the launches).
+    attn_bwd_dst over the CSR (delta from out; the per-edge (w, ds') of the
+    source pass, wds [E, H, 2], where that pass runs), spmm_combine of its
+    split rows, the source pass attn_bwd_src over the transpose and its
+    combines, then gatv2's grad_att column sum (`gatt_sum`, a ColumnSumPlan
+    run after the launches). The target pass runs for every request: the
+    source pass takes its weights from it.
     wants: (gS, gDn, gEd, gV, gatt), the gradients of SLOT_NAMES' slots and att.
 
     run(stream, (S, Dn, Ed, att, V, lse, g, out, gS, gDn, gEd, gV, gatt,
     workspace, *drop_values)): the forward's inputs (score_slots), lse and
     out (without the bias), the cotangent g [num_dst, H, C], the wanted
     gradients (0: not wanted; gatt [H * C] in the acc type, which is the
-    value type here) and a workspace of `workspace_bytes` (delta, the split
+    value type here) and a workspace of `workspace_bytes` (wds, the split
     rows' partial sums, grad_att's partial rows, the column sum's levels)."""
 
     def __init__(self, graph, score, vtype, H, C, has_e, wants, slope, scale, shape):
@@ -550,58 +559,47 @@ class AttnBwdPlan(LaunchPlan):
         Cs = 1 if score == "gat" else C
         vec, NCH, GRP, group, nch = shape
         src_pass = need_gS or need_gV
-        dst_pass = need_gDn or need_gEd or need_gatt
-        nd = graph.num_dst
-        dplan = task_plan(graph, DEFAULT_CHUNK, visit=False) if dst_pass else None
-        dtask = int(dplan.task_row.shape[0]) if dst_pass else 0
+        dplan = task_plan(graph, DEFAULT_CHUNK, visit=False)
+        dtask = int(dplan.task_row.shape[0])
         phases = edge_phases(vtype, vec, H, group)
         block_gatt, smem = (_block_gatt(dtask, H, C, group, acc, phases) if need_gatt
                             else (False, 0))
-        if dst_pass:
-            dst = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e, False,
-                          block_gatt)
-            dgrid, dslots, drounds = _persistent_grid(dst, graph, dplan, H, group, smem, phases)
+        dst = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e, False,
+                      block_gatt)
+        dgrid, dslots, drounds = _persistent_grid(dst, graph, dplan, H, group, smem, phases)
         gatt_rows = (dgrid[0] if block_gatt else dtask) if need_gatt else 0
         t = graph.transpose() if src_pass else None
         splan = task_plan(t, DEFAULT_CHUNK, visit=False) if src_pass else None
         s_slots = splan.num_slots if src_pass else 0
         self.gatt_sum = (column_sum_plan("attention", vtype, itype, gatt_rows, H * C, False,
                                          False, GATT_SUM_ROWS) if need_gatt else None)
-        # delta, p_dn, grad_att's partial rows, p_s, p_v, the column sum's levels
-        d_slots = dplan.num_slots if dst_pass else 0
+        # wds, p_dn, grad_att's partial rows, p_s, p_v, the column sum's levels
+        d_slots = dplan.num_slots
         offsets, self.workspace_bytes = layout(
-            [nd * H * a if src_pass else 0, d_slots * H * Cs * a if need_gDn else 0,
+            [graph.num_edges * H * 2 * a if src_pass else 0,
+             d_slots * H * Cs * a if need_gDn else 0,
              gatt_rows * H * C * a, s_slots * H * Cs * a if need_gS else 0,
              s_slots * H * C * a if need_gV else 0,
              self.gatt_sum.workspace_bytes if need_gatt else 0])
-        delta, p_dn, gatt_part, p_s, p_v, sum_ws = (None if o is None else Slot(AB_WORKSPACE, o)
-                                                    for o in offsets)
+        wds, p_dn, gatt_part, p_s, p_v, sum_ws = (None if o is None else Slot(AB_WORKSPACE, o)
+                                                  for o in offsets)
         self.gatt_offsets = (offsets[2], offsets[5])
-        ins = tuple(Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V, AB_LSE, AB_G))
-        def scalars(rounds):
-            return (*_layout_words(H, C, nch, group, phases, rounds, acc, slope, scale),
-                    *_drop_words(AB_DROP))
-        launches = []
-        if dst_pass:
-            # the fused case: the target pass computes delta from out itself
-            launches.append(Launch(
-                dst, dgrid,
-                (dplan.task_row, dplan.task_begin, dplan.task_slot,
-                 None if dslots is NULL else dslots, graph.indptr, graph.indices,
-                 caller_ids(graph), *ins, None, Slot(AB_OUT), delta,
-                 Slot(AB_GDN) if need_gDn else None, p_dn, Slot(AB_GED) if need_gEd else None,
-                 gatt_part, None, None, np.int64(dtask)) + scalars(drounds), smem=smem,
-                name=_kernel_name("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e,
-                                  False, block_gatt)))
-            if need_gDn:
-                launches += _combine_launches(dplan, p_dn, Slot(AB_GDN), H * Cs, vtype, itype)
-        elif src_pass:
-            name = f"attn_delta<{C_VALUE[vtype]}>"
-            g1 = lane_group(C)
-            launches.append(Launch(get_function("attention", vtype, itype, name),
-                                   _grid(nd * H, g1),
-                                   (Slot(AB_G), Slot(AB_OUT), delta, np.int64(nd), np.int32(H),
-                                    np.int32(C), np.int32(g1)), name=name))
+        S_, Dn_, Ed_, att_, V_, lse_, g_ = (Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V,
+                                                               AB_LSE, AB_G))
+        # the fused case: the target pass computes delta from out itself
+        launches = [Launch(
+            dst, dgrid,
+            (dplan.task_row, dplan.task_begin, dplan.task_slot,
+             None if dslots is NULL else dslots, graph.indptr, graph.indices,
+             caller_ids(graph), S_, Dn_, Ed_, att_, V_, lse_, g_, None, Slot(AB_OUT), None, wds,
+             Slot(AB_GDN) if need_gDn else None, p_dn, Slot(AB_GED) if need_gEd else None,
+             gatt_part, None, None, np.int64(dtask))
+            + _layout_words(H, C, nch, group, phases, drounds, acc, slope, scale)
+            + _drop_words(AB_DROP), smem=smem,
+            name=_kernel_name("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e,
+                              False, block_gatt))]
+        if need_gDn:
+            launches += _combine_launches(dplan, p_dn, Slot(AB_GDN), H * Cs, vtype, itype)
         if src_pass:
             src = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)
             sgrid, sslots, srounds = _persistent_grid(src, t, splan, H, group, phases=phases)
@@ -610,9 +608,9 @@ class AttnBwdPlan(LaunchPlan):
                 src, sgrid,
                 (splan.task_row, splan.task_begin, splan.task_slot,
                  None if sslots is NULL else sslots, t.indptr, t.indices,
-                 transpose_caller_ids(graph), *ins, None, delta,
+                 transpose_caller_ids(graph), S_, Dn_, Ed_, att_, wds, g_,
                  Slot(AB_GS) if need_gS else None, p_s, Slot(AB_GV) if need_gV else None, p_v,
-                 np.int64(stask)) + scalars(srounds),
+                 np.int64(stask)) + _src_words(H, C, nch, group, phases, srounds, acc, slope),
                 name=_kernel_name("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)))
             if need_gS:
                 launches += _combine_launches(splan, p_s, Slot(AB_GS), H * Cs, vtype, itype)
@@ -717,59 +715,55 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     # source-side gradients too (float atomics) and the source pass does not run
     atomic = (not params.deterministic and score in ATOMIC_SCORES and (need_gS or need_gV))
     src_pass = (need_gS or need_gV) and not atomic
-    dst_pass = need_gDn or need_gEd or need_gatt or atomic
-    # the common case: the target pass computes delta = <g_i, out_i> itself
-    fused = dst_pass and g is not None and ga is None
-    if fused:
-        delta = cp.empty((graph.num_dst, H), dtype=acc) if src_pass else None
-    else:
-        delta = _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
+    # the target pass always runs (the source pass takes its per-edge (w, ds'),
+    # wds); the common case: it computes delta = <g_i, out_i> itself
+    fused = g is not None and ga is None
+    delta = None if fused else _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
+    wds = cp.empty((graph.num_edges, H, 2), dtype=acc) if src_pass else None
     vec, NCH, GRP, group, nch = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out)
                                        if score != "gat" else (V, g, out), True)
     phases = edge_phases(vtype, vec, H, group)
-    def scalars(rounds):
-        return (*_layout_words(H, C, nch, group, phases, rounds, acc, params.negative_slope,
-                               params.scale), *_drop_args(params.drop))
 
     # target pass over the CSR
-    if dst_pass:
-        plan = task_plan(graph, DEFAULT_CHUNK, visit=False)
-        ntask = int(plan.task_row.shape[0])
-        gDn = cp.empty_like(Dn) if need_gDn else None
-        p_dn = (cp.empty((plan.num_slots, H * Cs), dtype=acc)
-                if need_gDn and plan.num_slots else None)
-        gEd = cp.empty_like(Ed) if need_gEd else None
-        # gatv2: grad_att partial rows per thread block (or per task)
-        block_gatt, smem = (_block_gatt(ntask, H, C, group, acc, phases) if need_gatt
-                            else (False, 0))
-        # atomic: fp32/fp64 sums, zeroed (the gradients themselves for fp32/fp64)
-        aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
-        aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
-        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
-                       atomic, block_gatt)
-        grid, slot_begin, rounds = _persistent_grid(kern, graph, plan, H, group, smem, phases)
-        gatt_rows = grid[0] if block_gatt else ntask
-        gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
-        kern(grid, (BLOCK,),
-             (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
-              graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g),
-              _arg(ga),
-              out if fused else NULL, _arg(delta), _arg(gDn), _arg(p_dn), _arg(gEd),
-              _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask)) + scalars(rounds),
-             shared_mem=smem)
-        if aS is not None:
-            grads[s_name] = from_acc(aS, S.dtype, "attention", vtype, itype)
-        if aV is not None:
-            grads[v_name] = from_acc(aV, V.dtype, "attention", vtype, itype)
-        _combine(plan, p_dn, gDn, H * Cs, vtype, itype)
-        if need_gDn:
-            grads[d_name] = gDn
-        if need_gEd:
-            grads[e_name] = gEd
-        if need_gatt:
-            grads["att"] = from_acc(column_sum(gatt_part, "attention", vtype, itype,
-                                               GATT_SUM_ROWS).reshape(att.shape),
-                                    att.dtype, "attention", vtype, itype)
+    plan = task_plan(graph, DEFAULT_CHUNK, visit=False)
+    ntask = int(plan.task_row.shape[0])
+    gDn = cp.empty_like(Dn) if need_gDn else None
+    p_dn = (cp.empty((plan.num_slots, H * Cs), dtype=acc)
+            if need_gDn and plan.num_slots else None)
+    gEd = cp.empty_like(Ed) if need_gEd else None
+    # gatv2: grad_att partial rows per thread block (or per task)
+    block_gatt, smem = (_block_gatt(ntask, H, C, group, acc, phases) if need_gatt
+                        else (False, 0))
+    # atomic: fp32/fp64 sums, zeroed (the gradients themselves for fp32/fp64)
+    aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
+    aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
+    kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
+                   atomic, block_gatt)
+    grid, slot_begin, rounds = _persistent_grid(kern, graph, plan, H, group, smem, phases)
+    gatt_rows = grid[0] if block_gatt else ntask
+    gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
+    kern(grid, (BLOCK,),
+         (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
+          graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g),
+          _arg(ga),
+          out if fused else NULL, _arg(delta), _arg(wds), _arg(gDn), _arg(p_dn), _arg(gEd),
+          _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask))
+         + _layout_words(H, C, nch, group, phases, rounds, acc, params.negative_slope,
+                         params.scale) + _drop_args(params.drop),
+         shared_mem=smem)
+    if aS is not None:
+        grads[s_name] = from_acc(aS, S.dtype, "attention", vtype, itype)
+    if aV is not None:
+        grads[v_name] = from_acc(aV, V.dtype, "attention", vtype, itype)
+    _combine(plan, p_dn, gDn, H * Cs, vtype, itype)
+    if need_gDn:
+        grads[d_name] = gDn
+    if need_gEd:
+        grads[e_name] = gEd
+    if need_gatt:
+        grads["att"] = from_acc(column_sum(gatt_part, "attention", vtype, itype,
+                                           GATT_SUM_ROWS).reshape(att.shape),
+                                att.dtype, "attention", vtype, itype)
 
     # source pass over the transpose
     if src_pass:
@@ -786,8 +780,9 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         grid, slot_begin, rounds = _persistent_grid(kern, t, plan, H, group, phases=phases)
         kern(grid, (BLOCK,),
              (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, t.indptr, t.indices,
-              transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g), _arg(ga),
-              delta, _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask)) + scalars(rounds))
+              transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), wds, _arg(g),
+              _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask))
+             + _src_words(H, C, nch, group, phases, rounds, acc, params.negative_slope))
         _combine(plan, p_s, gS, H * Cs, vtype, itype)
         _combine(plan, p_v, gV, H * C, vtype, itype)
         if need_gS:
