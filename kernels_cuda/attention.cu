@@ -73,40 +73,60 @@
 
 // Blocks per multiprocessor (of 256 threads) the one-chunk kernels without
 // an edge term ask ptxas to fit (__launch_bounds__; 1 = no register cap;
-// the edge-term variants keep no cap). The forward of 32- and 16-bit types
-// asks for ATTN_FWD_MIN_BLOCKS = 3 (<= 80 registers, spill-free); the
-// backward kernels for none (ATTN_MIN_BLOCKS = 1): on persistent grids a cap
-// of 3 gains nothing (H200, rmat20, 4 heads x 32, fp32 backward: gatv2 8.70
-// vs 8.60 ms without, dot 9.01 vs 8.99, gat 7.30 vs 5.99), and the atomic
-// target pass spills under 80 registers. The exception: 16-bit GAT at 8
-// values per lane (PHASED, below; ATTN_GAT16_MIN_BLOCKS = 3), whose source
-// pass takes 82 registers uncapped, 2 blocks: backward 6.09 ms against 4.71
-// capped (rmat20, 4 heads x 32, H200). The compile check fails on any spill,
-// so a cap that does not fit shows there.
+// the edge-term, several-chunk and fp64 variants keep no cap). The compile
+// check fails on any spill, so a cap that does not fit shows there. Figures:
+// H200, rmat20, 4 heads x 32, probe_attention.py (fwd + bwd ms).
+// - The forward of 32- and 16-bit types: ATTN_FWD_MIN_BLOCKS = 3 (<= 80
+//   registers, spill-free).
+// - The source pass (attn_bwd_src), which reads the target pass's per-edge
+//   weights and recomputes nothing: ATTN_SRC_MIN_BLOCKS = 4 (<= 64
+//   registers) for 16-bit types and fp32 gatv2, ATTN_SRC32_MIN_BLOCKS = 3
+//   (<= 80) for fp32 dot and gat (dot spills 52 bytes under 64), with
+//   32-bit indices (64-bit ones spill 20-56 bytes under these). Against
+//   no cap, in one run: bf16 dot backward 5.74 -> 5.02 ms (4 blocks), fp32
+//   gatv2 7.81 -> 7.03 (4 blocks).
+// - The target pass (attn_bwd_dst, ATTN_DST_BOUNDS): the atomic variants
+//   keep no cap; the BLOCK_GATT variants of one chunk ask for at least 2
+//   blocks (<= 128 registers, what their per-task twins take), so the
+//   shared-slot write costs them no occupancy; with 16-bit types and 32-bit
+//   indices dot (all variants) and bf16 gatv2 (BLOCK_GATT, the one large
+//   graphs take) ask for ATTN_DST16_MIN_BLOCKS = 3: 16-bit rows in flight (Row)
+//   and gatv2's att applied once per task leave them 95-107 registers
+//   uncapped, 2 blocks, and they fit 80 spill-free (64-bit indices spill):
+//   bf16 gatv2 backward 6.74 -> 5.92 ms in one run (with the source pass's
+//   4 blocks), bf16 dot 6.90 -> 6.39 and 6.97 -> 6.67 in two.
+// - 16-bit GAT at 8 values per lane (PHASED, below; ATTN_GAT16_MIN_BLOCKS =
+//   3 for its target pass): 82 registers uncapped, 2 blocks, backward 6.09 ms
+//   against 4.71 capped.
+// - The other fp32 target passes keep no cap: on persistent grids a cap of
+//   3 gained nothing (fp32 backward: gatv2 8.70 vs 8.60 ms without, dot
+//   9.01 vs 8.99, gat 7.30 vs 5.99).
 #define ATTN_FWD_MIN_BLOCKS 3
-#define ATTN_MIN_BLOCKS 1
+#define ATTN_SRC_MIN_BLOCKS 4
+#define ATTN_SRC32_MIN_BLOCKS 3
+#define ATTN_DST16_MIN_BLOCKS 3
 #define ATTN_GAT16_MIN_BLOCKS 3
-#define ATTN_FWD_BOUNDS \
-    __launch_bounds__(256, (NCH == 1 && sizeof(T) <= 4 && !HAS_E) ? ATTN_FWD_MIN_BLOCKS : 1)
-#define ATTN_BWD_MIN_BLOCKS                                                         \
-    ((NCH != 1 || HAS_E) ? 1                                                        \
-     : sizeof(T) == 4 ? ATTN_MIN_BLOCKS                                             \
-     : (PHASED && KIND == KIND_GAT) ? ATTN_GAT16_MIN_BLOCKS : 1)
-#define ATTN_BOUNDS __launch_bounds__(256, ATTN_BWD_MIN_BLOCKS)
-// The target pass: the atomic variants keep no cap; the BLOCK_GATT variants
-// of one chunk ask for at least 2 blocks (<= 128 registers, what their
-// per-task twins take), so the shared-slot write costs them no occupancy.
-// 16-bit dot with 32-bit indices asks for ATTN_DOT16_DST_MIN_BLOCKS = 3: its
-// 16-bit rows in flight (Row) leave it 95 registers uncapped, 2 blocks, and
-// it fits 80 spill-free (64-bit indices spill 20 bytes): backward 6.90 ->
-// 6.39 and 6.97 -> 6.67 ms in two probe runs (rmat20, 4 heads x 32, H200).
-#define ATTN_DOT16_DST_MIN_BLOCKS 3
+#define ATTN_ONE_CHUNK (NCH == 1 && !HAS_E && sizeof(T) <= 4)
+#define ATTN_FWD_BOUNDS __launch_bounds__(256, ATTN_ONE_CHUNK ? ATTN_FWD_MIN_BLOCKS : 1)
+#define ATTN_SRC_BOUNDS                                                                 \
+    __launch_bounds__(256, !ATTN_ONE_CHUNK ? 1                                          \
+                           : sizeof(I) == 8 ? (PHASED && KIND == KIND_GAT ? ATTN_GAT16_MIN_BLOCKS : 1) \
+                           : (sizeof(T) == 2 || KIND == KIND_GATV2) ? ATTN_SRC_MIN_BLOCKS \
+                           : ATTN_SRC32_MIN_BLOCKS)
 #define ATTN_DST_BOUNDS                                                                 \
     __launch_bounds__(256, ATOMIC ? 1                                                   \
-                           : (BLOCK_GATT && NCH == 1 && ATTN_BWD_MIN_BLOCKS < 2) ? 2    \
-                           : (KIND == KIND_DOT && sizeof(T) == 2 && sizeof(I) == 4      \
-                              && NCH == 1 && !HAS_E) ? ATTN_DOT16_DST_MIN_BLOCKS        \
-                           : ATTN_BWD_MIN_BLOCKS)
+                           : !ATTN_ONE_CHUNK ? (BLOCK_GATT && NCH == 1 ? 2 : 1)         \
+                           : (sizeof(T) == 2 && sizeof(I) == 4                          \
+                              && (KIND == KIND_DOT                                      \
+                                  || (KIND == KIND_GATV2 && BLOCK_GATT && GROUP != 32   \
+                                      && gatv2_dst_fits_80<T>::value)))                 \
+                               ? ATTN_DST16_MIN_BLOCKS                                  \
+                           : (PHASED && KIND == KIND_GAT) ? ATTN_GAT16_MIN_BLOCKS       \
+                           : BLOCK_GATT ? 2 : 1)
+// The 16-bit types whose gatv2 BLOCK_GATT target pass fits 80 registers
+// (of one chunk below 32 lanes): bf16; fp16's conversions spill 16 bytes.
+template <typename T> struct gatv2_dst_fits_80 { static constexpr bool value = false; };
+template <> struct gatv2_dst_fits_80<bf16_t> { static constexpr bool value = true; };
 
 #define KIND_GAT 0
 #define KIND_GATV2 1
@@ -1032,7 +1052,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 // for 32-bit types; the H heads of an edge are one 32-byte sector for
 // H = 4, read by the H groups of a slot together).
 template <int KIND, typename T, typename I, int VEC, int NCH, int GROUP, bool HAS_E>
-__global__ void ATTN_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+__global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, const I* __restrict__ task_begin,
                              const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
                              const I* __restrict__ indptr,
                              const I* __restrict__ indices, const I* __restrict__ cid,
