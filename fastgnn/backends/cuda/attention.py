@@ -475,7 +475,7 @@ def _vtype(V, arrays):
 def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
     """D[i, h] = <g_i, out_i> + sum_{e in N(i)} p_e ga_e, [num_dst, H] in acc type.
     Only where the target pass does not compute D itself (see attn_bwd_dst):
-    grad_alpha given, grad_out None, or no target-side gradient wanted."""
+    grad_alpha given or grad_out None."""
     acc = _acc(vtype)
     H, C = out.shape[1], out.shape[2]
     if grad_out is not None:
