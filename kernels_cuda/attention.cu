@@ -1141,7 +1141,7 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
 }
 
 // delta[i, h] = <g[i, h], out[i, h]> (fp32/fp64 sums) where the target pass
-// does not compute it (grad_alpha given, or no target-side gradient wanted).
+// does not compute it (grad_alpha given, or no cotangent of out).
 // A lane group per (row, head), lanes over channels; reads g and out once.
 template <typename T>
 __global__ void attn_delta(const T* __restrict__ g, const T* __restrict__ out,
