@@ -659,6 +659,11 @@ def test_attention_needs_and_missing_cotangents(device):
     assert part[0] is None and part[2] is None
     np.testing.assert_array_equal(to_numpy(part[1]), to_numpy(full[1]))
     np.testing.assert_array_equal(to_numpy(part[3]), to_numpy(full[3]))
+    # source side alone (k, v): no target-side gradient, the same bits
+    src = edge_attention_bwd(g, res, to_device(go, device), needs=["k", "v"])
+    assert src[0] is None and src[3] is None
+    np.testing.assert_array_equal(to_numpy(src[1]), to_numpy(full[1]))
+    np.testing.assert_array_equal(to_numpy(src[2]), to_numpy(full[2]))
     ga = r.standard_normal((ei.shape[1], 2))
     only_alpha = edge_attention_bwd(g, res, None, to_device(ga, device))
     r_grads = ref.edge_attention_vjp(ei, "dot", 120, x, np.zeros((120, 2, 3)), ga)
