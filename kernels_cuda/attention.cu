@@ -115,14 +115,14 @@
                            : ATTN_SRC32_MIN_BLOCKS)
 #define ATTN_DST_BOUNDS                                                                 \
     __launch_bounds__(256, ATOMIC ? 1                                                   \
-                           : !ATTN_ONE_CHUNK ? (BLOCK_GATT && NCH == 1 ? 2 : 1)         \
-                           : (sizeof(T) == 2 && sizeof(I) == 4                          \
+                           : (ATTN_ONE_CHUNK && sizeof(T) == 2 && sizeof(I) == 4        \
                               && (KIND == KIND_DOT                                      \
                                   || (KIND == KIND_GATV2 && BLOCK_GATT && GROUP != 32   \
                                       && gatv2_dst_fits_80<T>::value)))                 \
                                ? ATTN_DST16_MIN_BLOCKS                                  \
-                           : (PHASED && KIND == KIND_GAT) ? ATTN_GAT16_MIN_BLOCKS       \
-                           : BLOCK_GATT ? 2 : 1)
+                           : (ATTN_ONE_CHUNK && PHASED && KIND == KIND_GAT)             \
+                               ? ATTN_GAT16_MIN_BLOCKS                                  \
+                           : (BLOCK_GATT && NCH == 1) ? 2 : 1)
 // The 16-bit types whose gatv2 BLOCK_GATT target pass fits 80 registers
 // (of one chunk below 32 lanes): bf16; fp16's conversions spill 16 bytes.
 template <typename T> struct gatv2_dst_fits_80 { static constexpr bool value = false; };
@@ -180,6 +180,11 @@ __device__ __forceinline__ typename value_traits<T>::acc_t score_exp(typename va
         return exp(x);
     }
 }
+
+// Edge ce's (w, ds') pair of head h in the target pass's wds [E, H, 2]
+// (attn_bwd_dst writes it, attn_bwd_src reads it).
+template <typename P>
+__device__ __forceinline__ P edge_pair(P wds, i64 ce, int H, int h) { return wds + (ce * H + h) * 2; }
 
 template <typename A>
 __device__ __forceinline__ A lrelu(A u, A slope) { return u > A(0) ? u : slope * u; }
@@ -932,7 +937,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     pack_t<A, 2> o;
                     o.v[0] = w;
                     o.v[1] = KIND == KIND_DOT ? scale * ds : du;
-                    store_pack<A, 2>(wds + ((i64)ce[u] * H + h) * 2, o);
+                    store_pack<A, 2>(edge_pair(wds, (i64)ce[u], H, h), o);
                 }
                 if (KIND == KIND_GAT) {
                     dgat += du;
@@ -1094,7 +1099,7 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
                 if (KIND == KIND_GATV2 && HAS_E) load_row<false>(L, Er, ce[u], e[u]);
                 if (has_g) load_row<false>(L, Gr, nb_[u], gv[u]);
                 else zero_row(gv[u]);
-                x[u] = load_pack<A, 2>(wds + ((i64)ce[u] * H + h) * 2);
+                x[u] = load_pack<A, 2>(edge_pair(wds, (i64)ce[u], H, h));
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {

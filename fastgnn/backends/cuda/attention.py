@@ -251,18 +251,14 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     return (blocks,), task_slots(graph, plan, slots, ROUNDS), ROUNDS
 
 
-def _layout_words(H, C, nch, group, phases, rounds, acc, slope, scale):
+def _layout_words(H, C, nch, group, phases, rounds, acc, slope, scale=None):
     """The scalars the attention kernels take after num_tasks, up to the
-    dropout spec: H, C, nch, chunk, group, launch_phases, rounds, slope, scale."""
-    return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK), np.int32(group),
-            np.int32(phases), np.int32(rounds), acc(slope), acc(scale))
-
-
-def _src_words(H, C, nch, group, phases, rounds, acc, slope):
-    """The scalars attn_bwd_src takes after num_tasks (no scale, no dropout:
-    its per-edge weights come from the target pass)."""
-    return (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK), np.int32(group),
-            np.int32(phases), np.int32(rounds), acc(slope))
+    dropout spec: H, C, nch, chunk, group, launch_phases, rounds, slope, and
+    scale where given (attn_bwd_src takes none: its per-edge weights come
+    from the target pass, scale and dropout applied)."""
+    words = (np.int32(H), np.int32(C), np.int32(nch), np.int32(DEFAULT_CHUNK), np.int32(group),
+             np.int32(phases), np.int32(rounds), acc(slope))
+    return words if scale is None else words + (acc(scale),)
 
 
 def _names(graph, vtype):
@@ -610,7 +606,7 @@ class AttnBwdPlan(LaunchPlan):
                  None if sslots is NULL else sslots, t.indptr, t.indices,
                  transpose_caller_ids(graph), S_, Dn_, Ed_, att_, wds, g_,
                  Slot(AB_GS) if need_gS else None, p_s, Slot(AB_GV) if need_gV else None, p_v,
-                 np.int64(stask)) + _src_words(H, C, nch, group, phases, srounds, acc, slope),
+                 np.int64(stask)) + _layout_words(H, C, nch, group, phases, srounds, acc, slope),
                 name=_kernel_name("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)))
             if need_gS:
                 launches += _combine_launches(splan, p_s, Slot(AB_GS), H * Cs, vtype, itype)
@@ -782,7 +778,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
              (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, t.indptr, t.indices,
               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), wds, _arg(g),
               _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask))
-             + _src_words(H, C, nch, group, phases, rounds, acc, params.negative_slope))
+             + _layout_words(H, C, nch, group, phases, rounds, acc, params.negative_slope))
         _combine(plan, p_s, gS, H * Cs, vtype, itype)
         _combine(plan, p_v, gV, H * C, vtype, itype)
         if need_gS:
