@@ -88,23 +88,24 @@
 // - The target pass (attn_bwd_dst, ATTN_DST_BOUNDS): the atomic variants
 //   keep no cap; the BLOCK_GATT variants of one chunk ask for at least 2
 //   blocks (<= 128 registers, what their per-task twins take), so the
-//   shared-slot write costs them no occupancy; with 16-bit types and 32-bit
-//   indices dot (all variants) and bf16 gatv2 (BLOCK_GATT, the one large
-//   graphs take) ask for ATTN_DST16_MIN_BLOCKS = 3: 16-bit rows in flight (Row)
-//   and gatv2's att applied once per task leave them 95-107 registers
-//   uncapped, 2 blocks, and they fit 80 spill-free (64-bit indices spill):
-//   bf16 gatv2 backward 6.74 -> 5.92 ms in one run (with the source pass's
-//   4 blocks), bf16 dot 6.90 -> 6.39 and 6.97 -> 6.67 in two.
+//   shared-slot write costs them no occupancy; with 32-bit indices 16-bit
+//   dot (all variants) and gatv2 of 16- and 32-bit types (BLOCK_GATT, the
+//   one large graphs take) ask for ATTN_DST_MIN_BLOCKS = 3: 16-bit rows in
+//   flight (Row) and gatv2's split LeakyReLU (score_of) leave them 87-107
+//   registers uncapped, 2 blocks, and they fit 80 spill-free (64-bit
+//   indices spill): bf16 gatv2 backward 6.74 -> 5.92 ms in one run (with
+//   the source pass's 4 blocks), bf16 dot 6.90 -> 6.39 and 6.97 -> 6.67 in
+//   two, fp32 gatv2 forward + backward 10.03-10.13 -> 8.97-9.00 in two.
 // - 16-bit GAT at 8 values per lane (PHASED, below; ATTN_GAT16_MIN_BLOCKS =
 //   3 for its target pass): 82 registers uncapped, 2 blocks, backward 6.09 ms
 //   against 4.71 capped.
-// - The other fp32 target passes keep no cap: on persistent grids a cap of
-//   3 gained nothing (fp32 backward: gatv2 8.70 vs 8.60 ms without, dot
-//   9.01 vs 8.99, gat 7.30 vs 5.99).
+// - The fp32 dot and GAT target passes keep no cap: on persistent grids a
+//   cap of 3 gained nothing (fp32 backward: dot 9.01 vs 8.99 ms without,
+//   gat 7.30 vs 5.99).
 #define ATTN_FWD_MIN_BLOCKS 3
 #define ATTN_SRC_MIN_BLOCKS 4
 #define ATTN_SRC32_MIN_BLOCKS 3
-#define ATTN_DST16_MIN_BLOCKS 3
+#define ATTN_DST_MIN_BLOCKS 3
 #define ATTN_GAT16_MIN_BLOCKS 3
 #define ATTN_ONE_CHUNK (NCH == 1 && !HAS_E && sizeof(T) <= 4)
 #define ATTN_FWD_BOUNDS __launch_bounds__(256, ATTN_ONE_CHUNK ? ATTN_FWD_MIN_BLOCKS : 1)
@@ -115,19 +116,13 @@
                            : ATTN_SRC32_MIN_BLOCKS)
 #define ATTN_DST_BOUNDS                                                                 \
     __launch_bounds__(256, ATOMIC ? 1                                                   \
-                           : (ATTN_ONE_CHUNK && sizeof(T) == 2 && sizeof(I) == 4        \
-                              && (KIND == KIND_DOT                                      \
-                                  || (KIND == KIND_GATV2 && BLOCK_GATT && GROUP != 32   \
-                                      && gatv2_dst_fits_80<T>::value)))                 \
-                               ? ATTN_DST16_MIN_BLOCKS                                  \
+                           : (ATTN_ONE_CHUNK && sizeof(I) == 4                          \
+                              && ((KIND == KIND_DOT && sizeof(T) == 2)                  \
+                                  || (KIND == KIND_GATV2 && BLOCK_GATT)))               \
+                               ? ATTN_DST_MIN_BLOCKS                                    \
                            : (ATTN_ONE_CHUNK && PHASED && KIND == KIND_GAT)             \
                                ? ATTN_GAT16_MIN_BLOCKS                                  \
                            : (BLOCK_GATT && NCH == 1) ? 2 : 1)
-// The 16-bit types whose gatv2 BLOCK_GATT target pass fits 80 registers
-// (of one chunk below 32 lanes): bf16; fp16's conversions spill 16 bytes.
-template <typename T> struct gatv2_dst_fits_80 { static constexpr bool value = false; };
-template <> struct gatv2_dst_fits_80<bf16_t> { static constexpr bool value = true; };
-
 #define KIND_GAT 0
 #define KIND_GATV2 1
 #define KIND_DOT 2
@@ -181,10 +176,6 @@ __device__ __forceinline__ typename value_traits<T>::acc_t score_exp(typename va
     }
 }
 
-// Edge ce's (w, ds') pair of head h in the target pass's wds [E, H, 2]
-// (attn_bwd_dst writes it, attn_bwd_src reads it).
-template <typename P>
-__device__ __forceinline__ P edge_pair(P wds, i64 ce, int H, int h) { return wds + (ce * H + h) * 2; }
 
 template <typename A>
 __device__ __forceinline__ A lrelu(A u, A slope) { return u > A(0) ? u : slope * u; }
@@ -237,6 +228,17 @@ __device__ __forceinline__ Rows<P> rows_of(const Lanes<VEC, GROUP>& L, P base, i
     Rows<P> r;
     r.p = base + (h * cs + (SCALAR ? 0 : L.chan(0)));
     r.stride = H * cs * (int)sizeof(*base);
+    return r;
+}
+
+// Head h of the target pass's per-edge (w, ds') pairs, wds [E, H, 2]
+// (attn_bwd_dst writes them, attn_bwd_src reads them): edge ce's pair at
+// .at(ce), one wide multiply-add.
+template <typename P>
+__device__ __forceinline__ Rows<P> pairs_of(P wds, int H, int h) {
+    Rows<P> r;
+    r.p = wds + 2 * h;
+    r.stride = H * 2 * (int)sizeof(*wds);
     return r;
 }
 
@@ -506,50 +508,124 @@ __device__ __forceinline__ typename value_traits<T>::acc_t val(const Row<T, VEC,
     return s(k, q);
 }
 
+// gatv2's target row -d_i as 16-bit pairs (each half's sign bit flipped):
+// the 16-bit target pass without an edge term holds it instead of d's acc
+// values (half the registers) and compares rows against it in pairs
+// (add_where_greater).
+template <typename T, int VEC, int NCH>
+struct NegPairs {
+    Row<T, VEC, NCH, true> r;
+};
+
+template <bool B, typename X, typename Y> struct pick_type { typedef X type; };
+template <typename X, typename Y> struct pick_type<false, X, Y> { typedef Y type; };
+
+// max(x, -d) of channel (k, q) (score_of): exact, so the same value from
+// either form of d.
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t gatv2_m(
+        typename value_traits<T>::acc_t x, const Slice<T, VEC, NCH>& d, int k, int q) {
+    return fmax(x, -d.v[k][q]);
+}
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ float gatv2_m(float x, const NegPairs<T, VEC, NCH>& nd, int k, int q) {
+    return fmax(x, nd.r(k, q));
+}
+
 // Score of one edge and head from the lane's slices (s: S[j], d: Dn[i],
 // e: Ed[ce] when HAS_E, a: att), reduced over the group:
 //   gat   lrelu(s + d (+ e))                (scalars)
 //   gatv2 sum_c a_c lrelu(s_c + d_c (+ e_c))
 //   dot   scale * sum_c d_c (s_c (+ e_c))
+// gatv2 splits the LeakyReLU, lrelu(t) = slope t + (1 - slope) relu(t), and
+// with x = s (+ e), t = x + d, relu(t) = max(x, -d) + d:
+//   score = db_i + sum_c a_c (slope x_c + (1 - slope) max(x_c, -d_c)),
+// db_i = <a, d_i> once per task (gatv2_target_dot): per edge and channel a
+// max and two multiply-adds instead of an add, the LeakyReLU (a multiply, a
+// comparison and a select) and a multiply-add. NaN and inf inputs reach the
+// score as through t (x in the first sum, d in db_i).
 // Every kernel scores through this one function, so the backward passes
 // recompute the forward's scores bit for bit.
 template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH, typename SS, typename DD>
 __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
         const SS& s, const DD& d, const Row<T, VEC, NCH>& e,
-        const Slice<T, VEC, NCH>& a, typename value_traits<T>::acc_t slope,
-        typename value_traits<T>::acc_t scale, int group) {
+        const Slice<T, VEC, NCH>& a, typename value_traits<T>::acc_t db_i,
+        typename value_traits<T>::acc_t slope, typename value_traits<T>::acc_t scale, int group) {
     typedef typename value_traits<T>::acc_t A;
-    if (KIND == KIND_GAT) {
+    if constexpr (KIND == KIND_GAT) {
         A u = val(s, 0, 0) + val(d, 0, 0);
         if (HAS_E) u += e(0, 0);
         return lrelu(u, slope);
     }
-    A part = A(0);
+    A part = A(0), px = A(0);
 #pragma unroll
     for (int k = 0; k < NCH; ++k)
 #pragma unroll
         for (int q = 0; q < VEC; ++q) {
-            if (KIND == KIND_GATV2) {
-                A u = val(s, k, q) + val(d, k, q);
-                if (HAS_E) u += e(k, q);
-                part += a.v[k][q] * lrelu(u, slope);
+            A x = val(s, k, q);
+            if (HAS_E) x += e(k, q);
+            if constexpr (KIND == KIND_GATV2) {
+                px += a.v[k][q] * x;
+                part += a.v[k][q] * gatv2_m(x, d, k, q);
             } else {
-                A u = val(s, k, q);
-                if (HAS_E) u += e(k, q);
-                part += val(d, k, q) * u;
+                part += val(d, k, q) * x;
             }
         }
+    if (KIND == KIND_GATV2) part = slope * px + (A(1) - slope) * part;
     part = group_sum_fixed<GROUP>(part, group);
-    return KIND == KIND_DOT ? part * scale : part;
+    return KIND == KIND_DOT ? part * scale : KIND == KIND_GATV2 ? db_i + part : part;
 }
 
-// gatv2's LeakyReLU argument t = s + d (+ e) of channel (k, q), as score_of.
-template <bool HAS_E, typename T, int VEC, int NCH, typename SS, typename DD>
-__device__ __forceinline__ typename value_traits<T>::acc_t lrelu_arg(
-        const SS& s, const DD& d, const Row<T, VEC, NCH>& e, int k, int q) {
-    typename value_traits<T>::acc_t u = val(s, k, q) + val(d, k, q);
-    if (HAS_E) u += e(k, q);
-    return u;
+// gatv2's db_i = <att, xr_i> of one head (score_of), reduced over the group.
+template <int GROUP, typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t gatv2_target_dot(
+        const Slice<T, VEC, NCH>& a, const Slice<T, VEC, NCH>& d, int group) {
+    typename value_traits<T>::acc_t part = 0;
+#pragma unroll
+    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) part += a.v[k][q] * d.v[k][q];
+    return group_sum_fixed<GROUP>(part, group);
+}
+
+// gatv2's x = s (+ e) of channel (k, q): the LeakyReLU's argument is t = x +
+// d, positive iff x > -d (the comparison every pass makes, so that the
+// passes agree on each edge's side of the kink).
+template <bool HAS_E, typename T, int VEC, int NCH, typename SS>
+__device__ __forceinline__ typename value_traits<T>::acc_t gatv2_x(
+        const SS& s, const Row<T, VEC, NCH>& e, int k, int q) {
+    typename value_traits<T>::acc_t x = val(s, k, q);
+    if (HAS_E) x += e(k, q);
+    return x;
+}
+
+// (s0, s1) += ds where the low (s0) / high (s1) half of the 16-bit pair x is
+// greater than that of y: both comparisons in one instruction (setp on
+// bf16x2 / f16x2: exact, as in fp32; false for NaN), each add predicated.
+// gatv2's passes compare their 16-bit rows this way (t > 0 iff xl > -xr, the
+// negation a sign-bit flip), not converting them first.
+template <typename T>
+__device__ __forceinline__ void add_where_greater(unsigned x, unsigned y, float ds, float& s0, float& s1);
+template <>
+__device__ __forceinline__ void add_where_greater<bf16_t>(unsigned x, unsigned y, float ds, float& s0,
+                                                          float& s1) {
+    asm("{\n .reg .pred p, q;\n setp.gt.bf16x2 p|q, %2, %3;\n @p add.f32 %0, %0, %4;\n"
+        " @q add.f32 %1, %1, %4;\n}" : "+f"(s0), "+f"(s1) : "r"(x), "r"(y), "f"(ds));
+}
+template <>
+__device__ __forceinline__ void add_where_greater<f16_t>(unsigned x, unsigned y, float ds, float& s0,
+                                                         float& s1) {
+    asm("{\n .reg .pred p, q;\n setp.gt.f16x2 p|q, %2, %3;\n @p add.f32 %0, %0, %4;\n"
+        " @q add.f32 %1, %1, %4;\n}" : "+f"(s0), "+f"(s1) : "r"(x), "r"(y), "f"(ds));
+}
+
+// A Row of 16-bit pairs negated in place (each half's sign bit flipped).
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ void negate_pairs(Row<T, VEC, NCH, true>& r) {
+#pragma unroll
+    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+        for (int i = 0; i < VEC / 2; ++i) r.w[k][i] ^= 0x80008000u;
 }
 
 // Message value (k, q) of an edge: gatv2 xl[j] (= s); dot v[j] (+ e); gat v[j].
@@ -625,7 +701,11 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
                              Vr = rows_of<false>(L, V, H, h);
         Sl d, a, acc;
         load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
-        if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+        A db = A(0);                           // gatv2's <att, xr_i>
+        if (KIND == KIND_GATV2) {
+            load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+            db = gatv2_target_dot<GROUP>(a, d, group);
+        }
         if (alpha_mode) {                      // its own loop: no softmax state is live
             const A row_lse = lse[row * H + h];
             FOR_EACH_STEP {
@@ -638,7 +718,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
                 }
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
-                    const A sc = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+                    const A sc = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, db, slope, scale, group);
                     if (EDGE_OK(u) && L.lane == 0)
                         alpha[(i64)ce[u] * H + h] = value_traits<T>::from_acc(score_exp<T>(sc - row_lse));
                 }
@@ -663,7 +743,7 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+                sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, db, slope, scale, group);
                 if (!EDGE_OK(u)) sc[u] = neg_inf<A>();
             }
             A M = m;
@@ -783,16 +863,17 @@ __global__ void attn_combine(const I* __restrict__ split_row, const I* __restric
     if (lane == 0) lse[row * H + h] = M + log(Lsum);
 }
 
-// gatv2's grad_att partials per thread block (attn_bwd_dst with BLOCK_GATT):
-// group q = q0 + s of the block (q0 = blockIdx.x * blockDim / group, s <
-// blockDim / group; head q mod H) leaves the C terms of all its tasks (zeros
-// if it had none) in shared slot s (dynamic shared memory of (blockDim /
-// group) * C acc values, sized by the launcher); after the barrier, thread x
-// of the block sums column (h, c) = x, x + blockDim, ... of the block's row
-// part[b, H, C] over the slots s == h - q0 (mod H), in slot order: a fixed
-// order for a launch shape, so the same bits every run; no atomics. The
-// launcher runs it only where blockDim / group > H, so every head has groups
-// in every block. Every thread of the block calls it (the barrier).
+// gatv2's grad_att partials per thread block (attn_bwd_dst with BLOCK_GATT,
+// attn_bwd_src): group q = q0 + s of the block (q0 = blockIdx.x * blockDim /
+// group, s < blockDim / group; head q mod H) leaves the C terms of all its
+// tasks (zeros if it had none) in shared slot s (dynamic shared memory of
+// (blockDim / group) * C acc values, sized by the launcher); after the
+// barrier, thread x of the block sums column (h, c) = x, x + blockDim, ... of
+// the block's row part[b, H, C] over the slots s == h - q0 (mod H), in slot
+// order: a fixed order for a launch shape, so the same bits every run; no
+// atomics (a head without a group in the block gets zeros). The target pass
+// runs it only where blockDim / group > H (_block_gatt), so every head has
+// groups in every block. Every thread of the block calls it (the barrier).
 template <typename A>
 __device__ __forceinline__ A* gatt_slots() {
     extern __shared__ __align__(16) unsigned char gatt_smem[];
@@ -818,19 +899,28 @@ __device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [block
 
 // Backward, target pass over the CSR: per edge ds_e = p (z <g_i, m_e> + ga_e
 // - delta_i); the target-side gradient summed over the task (direct rows
-// write gDn[i], split rows a partial slot; gatv2 sums ds lrelu'(t) and
-// multiplies by att once per task), the per-edge gradient written at the
-// caller's id, the source pass's (w, ds') at the caller's id in wds (when
-// not null; see attn_bwd_src), and gatv2's grad_att: one partial row [H, C] per thread
-// block (BLOCK_GATT, gatt_block_sum) or, where the launcher finds the slots
-// too big or the blocks no fewer than the tasks, one per task (C values per
-// (task, head)). U edges per step, their source rows gathered before any
-// arithmetic.
+// write gDn[i], split rows a partial slot), the per-edge gradient written at
+// the caller's id, the source pass's (w, ds') at the caller's id in wds
+// (when not null; see attn_bwd_src), and gatv2's grad_att terms: one partial
+// row [H, C] per thread block (BLOCK_GATT, gatt_block_sum) or, where the
+// launcher finds the slots too big or the blocks no fewer than the tasks,
+// one per task (C values per (task, head)). U edges per step, their source
+// rows gathered before any arithmetic.
+// gatv2: with dl = ds lrelu'(t) = ds (slope + (1 - slope) [t > 0]), the
+// task's sum_e dl_c = slope sum_e ds + (1 - slope) sum_{e: t_c > 0} ds: per
+// edge and channel a comparison and an add (x > -d, gatv2_x; 16-bit rows
+// without an edge term hold -xr_i as pairs, NegPairs, and compare two
+// channels at once, add_where_greater); at the task's end gDn[i] = att (.)
+// sum_e dl and grad_att's xr term xr_i (.) sum_e dl.
+// grad_att = sum_e dl (.) t_e, t = xl_j + xr_i (+ xe_e): its xl_j terms are
+// the source pass's (per source, the same way), the xe_e terms (edge term)
+// are added here per edge.
 // ATOMIC (the opt-in deterministic=False backward): the pass also adds each
 // edge's source-side gradients (gS; gV for gat and dot) to fp32/fp64
 // zero-initialised [num_src, H, Cs | C] buffers aS, aV with float atomics
 // (vector atomics on sm_90), and the source pass is not run: no transpose
-// walk and no second gather of Dn[i], g[i], but the sums' order varies.
+// walk and no second gather of Dn[i], g[i], but the sums' order varies
+// (gatv2's dl and every grad_att term per edge and channel).
 // delta: with `out` given (grad_out given, no grad_alpha) every task computes
 // delta_i = <g_i, out_i> itself from out_i (same lanes and vector loads as
 // g_i, fp32/fp64 sums; the same bits in every task of a split row); without
@@ -866,26 +956,49 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     constexpr int U = BwdUnroll<KIND, T, VEC, NCH, HAS_E, ATOMIC>::U;
     constexpr bool GAT = KIND == KIND_GAT;
     static_assert(!BLOCK_GATT || KIND == KIND_GATV2, "block grad_att partials are gatv2's");
-    // gatv2's grad_att terms: one task's (rows of gatt_part per task), or
-    // every task of the group (BLOCK_GATT; a group's head h = q mod H never
-    // changes across its tasks). The loop has no `return`: every thread of
-    // the block, also those without a task, reaches gatt_block_sum's
-    // barrier after it.
-    Sl patt;
-    zero_slice(patt);
+    // gatv2's grad_att terms of a task: a row of gatt_part per task, or
+    // (BLOCK_GATT) added to the group's shared slot at the task's end (a
+    // group's head h = q mod H never changes across its tasks; nothing held
+    // in registers across tasks) and summed per block after the loop. The
+    // loop has no `return`: every thread of the block, also those without a
+    // task, reaches gatt_block_sum's barrier after it.
+    constexpr bool EDGE_GATT = KIND == KIND_GATV2 && (ATOMIC || HAS_E);   // terms per edge
+    // gatv2 of 16-bit pairs without an edge term or atomics: d held as -d in
+    // pairs, t > 0 tested in pairs (add_where_greater)
+    constexpr bool PAIRS = KIND == KIND_GATV2 && !HAS_E && !ATOMIC && sizeof(T) == 2 && VEC % 2 == 0;
+    typedef typename pick_type<PAIRS, NegPairs<T, VEC, NCH>, Sl>::type DT;
+    if (BLOCK_GATT && gatt_part != nullptr) {   // uniform: the slots start at zero
+        A* __restrict__ slots = gatt_slots<A>();
+        for (int x = threadIdx.x; x < (int)(blockDim.x / (GROUP ? GROUP : group)) * C; x += blockDim.x)
+            slots[x] = A(0);
+        __syncthreads();
+    }
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
         const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
                              Vr = rows_of<false>(L, V, H, h);
         const Rows<T*> gEr = rows_of<false>(L, gEd, H, h);   // not gat (scalar, written by lane 0)
+        const Rows<A*> Wr = pairs_of(wds, H, h);
         const bool has_g = g != nullptr;
-        Sl d, a, gr, dacc;
-        load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
+        Sl a, gr, dacc;
+        DT d;                                  // Dn[i] (PAIRS: -xr_i in pairs)
+        A db = A(0);                           // gatv2's <att, xr_i>
         if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
+        if constexpr (PAIRS) {
+            Sl df;
+            load_slice<false>(L, rows_of<false>(L, Dn, H, h), row, df);
+            db = gatv2_target_dot<GROUP>(a, df, group);
+            load_row<false>(L, rows_of<false>(L, Dn, H, h), row, d.r);
+            negate_pairs(d.r);
+        } else {
+            load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
+            if (KIND == KIND_GATV2) db = gatv2_target_dot<GROUP>(a, d, group);
+        }
         if (has_g) load_slice<false>(L, rows_of<false>(L, g, H, h), row, gr);
         else zero_slice(gr);
         zero_slice(dacc);
-        if (!BLOCK_GATT) zero_slice(patt);
+        Sl patt;                               // EDGE_GATT: the task's per-edge terms
+        zero_slice(patt);
         const A row_lse = lse[row * H + h];
         A D;
         if (out != nullptr) {              // delta = <g_i, out_i>, computed by every task of the row
@@ -902,6 +1015,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
         }
         const bool need_ce = HAS_E || drop.on || ga != nullptr || gEd != nullptr || wds != nullptr;
         A dgat = A(0);                                  // gat's scalar target-side gradient
+        A dsum = A(0);                                  // gatv2: sum_e ds
         FOR_EACH_STEP {
             EDGE_BATCH(need_ce)
             Rw s[U], e[U], v[U];
@@ -914,7 +1028,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, slope, scale, group);
+                sc[u] = score_of<KIND, GROUP, HAS_E>(s[u], d, e[u], a, db, slope, scale, group);
                 gm[u] = has_g ? grad_dot_msg<KIND, GROUP, HAS_E>(gr, s[u], v[u], e[u], group) : A(0);
             }
 #pragma unroll
@@ -928,7 +1042,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                 const A w = p * z;                            // the message's weight
                 const i64 jrow = ((i64)nb_[u] * H + h) * (GAT ? 1 : C);   // ATOMIC: source row
                 A du = ds;                                    // gat: ds lrelu'(x)
-                if (KIND == KIND_GAT) {
+                if constexpr (KIND == KIND_GAT) {
                     A x = s[u](0, 0) + d.v[0][0];
                     if (HAS_E) x += e[u](0, 0);
                     du = ds * lrelu_grad(x, slope);
@@ -937,7 +1051,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     pack_t<A, 2> o;
                     o.v[0] = w;
                     o.v[1] = KIND == KIND_DOT ? scale * ds : du;
-                    store_pack<A, 2>(edge_pair(wds, (i64)ce[u], H, h), o);
+                    store_pack<A, 2>(Wr.at(ce[u]), o);
                 }
                 if (KIND == KIND_GAT) {
                     dgat += du;
@@ -954,6 +1068,16 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     }
                     continue;
                 }
+                if (KIND == KIND_GATV2) dsum += ds;
+                if constexpr (PAIRS) {                        // dacc: sum_{t > 0} ds
+#pragma unroll
+                    for (int k = 0; k < NCH; ++k)
+#pragma unroll
+                        for (int i = 0; i < VEC / 2; ++i)
+                            add_where_greater<T>(s[u].w[k][i], d.r.w[k][i], ds, dacc.v[k][2 * i],
+                                                 dacc.v[k][2 * i + 1]);
+                    continue;
+                }
                 T* __restrict__ ge_row = gEr.at(ce[u]);
 #pragma unroll
                 for (int k = 0; k < NCH; ++k) {
@@ -961,17 +1085,23 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     A sv[VEC], vv[VEC];                       // ATOMIC: gS, gV terms
 #pragma unroll
                     for (int q = 0; q < VEC; ++q) {
-                        A dv;
-                        if (KIND == KIND_GATV2) {
-                            // dl = ds lrelu'(t); ds lrelu(t) = dl t; att
-                            // multiplies dacc once, at the task's end
-                            const A tt = lrelu_arg<HAS_E>(s[u], d, e[u], k, q);
-                            const A dl = ds * lrelu_grad(tt, slope);
-                            patt.v[k][q] += dl * tt;
-                            dacc.v[k][q] += dl;
+                        A dv = A(0);
+                        if constexpr (KIND == KIND_GATV2 && !PAIRS) {
+                            // dacc: sum_{t > 0} ds, or with ATOMIC sum dl;
+                            // att multiplies it once, at the task's end
+                            const A x = gatv2_x<HAS_E>(s[u], e[u], k, q);
+                            const bool pos = x > -d.v[k][q];
+                            const A dl = pos ? ds : slope * ds;
+                            if (ATOMIC) {
+                                patt.v[k][q] += dl * (x + d.v[k][q]);
+                                dacc.v[k][q] += dl;
+                            } else {
+                                if (pos) dacc.v[k][q] += ds;
+                                if (HAS_E) patt.v[k][q] += dl * e[u](k, q);
+                            }
                             dv = dl * a.v[k][q];
                             if (ATOMIC) sv[q] = dv + w * gr.v[k][q];
-                        } else {                              // dot
+                        } else if constexpr (KIND == KIND_DOT) {
                             A x = s[u](k, q);
                             if (HAS_E) x += e[u](k, q);
                             dacc.v[k][q] += scale * ds * x;
@@ -996,8 +1126,9 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
             if (KIND == KIND_GAT) {
                 dgat = phase_sum(dgat, phases);
             } else {
+                if (KIND == KIND_GATV2) dsum = phase_sum(dsum, phases);
                 phase_sum_slice(dacc, phases);
-                if (!BLOCK_GATT) phase_sum_slice(patt, phases);   // else summed per block
+                if (EDGE_GATT) phase_sum_slice(patt, phases);
             }
             if (phase_ != 0) continue;
         }
@@ -1013,33 +1144,33 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
         for (int k = 0; k < NCH; ++k) {
             if (!L.has(k)) continue;
             const int c0 = L.chan(k);
-            if (KIND == KIND_GATV2)
+            if (KIND == KIND_GATV2) {
+                A* __restrict__ pa = BLOCK_GATT ? gatt_slots<A>() + (threadIdx.x / grp_) * C + c0
+                                                : gatt_part + (t * H + h) * C + c0;   // the task's row
 #pragma unroll
-                for (int q = 0; q < VEC; ++q) dacc.v[k][q] *= a.v[k][q];
+                for (int q = 0; q < VEC; ++q) {
+                    A term = EDGE_GATT ? patt.v[k][q] : A(0);           // grad_att's terms
+                    if (!ATOMIC) {                    // sum_e dl, and grad_att's xr_i term
+                        dacc.v[k][q] = slope * dsum + (A(1) - slope) * dacc.v[k][q];
+                        A dk;
+                        if constexpr (PAIRS) dk = -d.r(k, q);
+                        else dk = d.v[k][q];
+                        term = EDGE_GATT ? term + dk * dacc.v[k][q] : dk * dacc.v[k][q];
+                    }
+                    if (gatt_part != nullptr) {
+                        if (BLOCK_GATT) pa[q] += term;
+                        else pa[q] = term;
+                    }
+                    dacc.v[k][q] *= a.v[k][q];
+                }
+            }
             if (gDn != nullptr)
                 store_row<T, VEC>(gDn, p_dn, slot, (row * H + h) * (i64)C + c0,
                                   (slot * H + h) * C + c0, dacc.v[k]);
-            if (KIND == KIND_GATV2 && !BLOCK_GATT && gatt_part != nullptr) {
-                A* __restrict__ pa = gatt_part + (t * H + h) * C;     // the task's row
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) pa[c0 + q] = patt.v[k][q];
-            }
         }
     }
-    if constexpr (BLOCK_GATT) {
-        if (gatt_part != nullptr) {                 // uniform: no divergent barrier
-            // the group's terms (zeros if it had no task) in its shared
-            // slot, summed per block
-            A* __restrict__ pa = gatt_slots<A>() + (threadIdx.x / grp_) * C;
-#pragma unroll
-            for (int k = 0; k < NCH; ++k) {
-                if (!L.has(k)) continue;
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) pa[L.chan(k) + q] = patt.v[k][q];
-            }
-            gatt_block_sum(gatt_part, H, C, grp_);
-        }
-    }
+    if (BLOCK_GATT && gatt_part != nullptr)     // uniform: no divergent barrier
+        gatt_block_sum(gatt_part, H, C, grp_);
 }
 
 // Backward, source pass over the transpose (task rows are sources j, t_indices
@@ -1051,6 +1182,16 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 //   dot   gS[j] = sum_e ds'_e q_i             gV[j] = sum_e w_e g_i
 //   gatv2 gS[j] = att (.) sum_e ds'_e lrelu'(t_e) + sum_e w_e g_i,
 //         t_e = xl_j + xr_i (+ xe_e)
+// gatv2 sums ds' over the edges and over those with t_c > 0 (x > -d as in
+// attn_bwd_dst: a comparison and an add per edge and channel; 16-bit rows
+// without an edge term compare xr_i with -xl_j two channels at once,
+// add_where_greater) and forms
+// sum_e dl = slope sum_e ds' + (1 - slope) sum_{t > 0} ds' at the task's
+// end, with grad_att's xl_j term xl_j (.) sum_e dl (the target pass has the
+// others), added to the group's shared slot (gatt_slots: a task's C terms
+// added once, no registers held across tasks) and summed per thread block
+// at the end (gatt_block_sum; gatt_part [blocks, H, C], summed with the
+// target pass's rows by column_sum).
 // No score is recomputed and nothing is reduced across lanes: per edge the
 // target rows g[i] (and Dn[i]: dot's q_i, gatv2's xr_i for the sign of t;
 // U edges in flight), gatv2's edge term, and the 2 values of wds (8 bytes
@@ -1069,26 +1210,41 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
                              typename value_traits<T>::acc_t* __restrict__ p_s,   // [slots, H, Cs]
                              T* __restrict__ gV,                // [num_src, H, C] or null
                              typename value_traits<T>::acc_t* __restrict__ p_v,   // [slots, H, C]
+                             typename value_traits<T>::acc_t* __restrict__ gatt_part,  // gatv2: [blocks, H, C] or null
                              i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases, int rounds,
                              typename value_traits<T>::acc_t slope) {
     typedef typename value_traits<T>::acc_t A;
     typedef Slice<T, VEC, NCH> Sl;
     typedef Row<T, VEC, NCH> Rw;
     constexpr int U = BwdUnroll<KIND, T, VEC, NCH, HAS_E>::U;
+    const bool gatt = KIND == KIND_GATV2 && gatt_part != nullptr;   // uniform
+    if (gatt) {                                // the groups' shared slots start at zero
+        A* __restrict__ slots = gatt_slots<A>();
+        for (int x = threadIdx.x; x < (int)(blockDim.x / (GROUP ? GROUP : group)) * C; x += blockDim.x)
+            slots[x] = A(0);
+        __syncthreads();
+    }
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
         const i64 j = row;
         const Rows<const T*> Dr = rows_of<false>(L, Dn, H, h), Er = rows_of<false>(L, Ed, H, h),
                              Gr = rows_of<false>(L, g, H, h);
+        const Rows<const A*> Wr = pairs_of(wds, H, h);
         const bool has_g = g != nullptr;
-        Sl sj, a, sacc, vacc;
-        if (KIND == KIND_GATV2) {
+        // gatv2's xl_j: 16-bit pairs without an edge term (negated, for
+        // add_where_greater), else acc values
+        constexpr bool PAIRS = KIND == KIND_GATV2 && !HAS_E && sizeof(T) == 2 && VEC % 2 == 0;
+        Sl sj, sacc, vacc;
+        Rw nsj;
+        if constexpr (PAIRS) {
+            load_row<false>(L, rows_of<false>(L, S, H, h), j, nsj);
+            negate_pairs(nsj);
+        } else if (KIND == KIND_GATV2) {
             load_slice<false>(L, rows_of<false>(L, S, H, h), j, sj);
-            load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
         }
         zero_slice(sacc);
         zero_slice(vacc);
-        A sgat = A(0);
+        A sgat = A(0);                         // gat's sum, gatv2's sum_e ds'
         FOR_EACH_STEP {
             EDGE_BATCH(true)
             Rw dv[U], gv[U], e[U];
@@ -1099,26 +1255,34 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
                 if (KIND == KIND_GATV2 && HAS_E) load_row<false>(L, Er, ce[u], e[u]);
                 if (has_g) load_row<false>(L, Gr, nb_[u], gv[u]);
                 else zero_row(gv[u]);
-                x[u] = load_pack<A, 2>(edge_pair(wds, (i64)ce[u], H, h));
+                x[u] = load_pack<A, 2>(Wr.at(ce[u]));
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (!EDGE_OK(u)) continue;
                 const A w = x[u].v[0], ds = x[u].v[1];
-                if (KIND == KIND_GAT) sgat += ds;
+                if (KIND != KIND_DOT) sgat += ds;
 #pragma unroll
-                for (int k = 0; k < NCH; ++k)
+                for (int k = 0; k < NCH; ++k) {
+                    if constexpr (PAIRS) {             // t > 0 iff xr_i > -xl_j
+#pragma unroll
+                        for (int i = 0; i < VEC / 2; ++i)
+                            add_where_greater<T>(dv[u].w[k][i], nsj.w[k][i], ds, sacc.v[k][2 * i],
+                                                 sacc.v[k][2 * i + 1]);
+                    }
 #pragma unroll
                     for (int q = 0; q < VEC; ++q) {
-                        if (KIND == KIND_GATV2)
-                            sacc.v[k][q] += ds * lrelu_grad(lrelu_arg<HAS_E>(sj, dv[u], e[u], k, q), slope);
+                        if (KIND == KIND_GATV2 && !PAIRS
+                            && gatv2_x<HAS_E>(sj, e[u], k, q) > -dv[u](k, q))
+                            sacc.v[k][q] += ds;
                         if (KIND == KIND_DOT) sacc.v[k][q] += ds * dv[u](k, q);
                         vacc.v[k][q] += w * gv[u](k, q);
                     }
+                }
             }
         }
         if (phases > 1) {                      // merge the phases' sums
-            if (KIND == KIND_GAT) sgat = phase_sum(sgat, phases);
+            if (KIND != KIND_DOT) sgat = phase_sum(sgat, phases);
             if (KIND != KIND_GAT) phase_sum_slice(sacc, phases);
             phase_sum_slice(vacc, phases);
             if (phase_ != 0) continue;
@@ -1132,9 +1296,16 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
         for (int k = 0; k < NCH; ++k) {
             if (!L.has(k)) continue;
             const int c0 = L.chan(k);
-            if (KIND == KIND_GATV2)
+            if (KIND == KIND_GATV2) {                  // att read here: no registers held
+                const T* __restrict__ ak = att + h * C + c0;
+                A* __restrict__ pa = gatt_slots<A>() + (threadIdx.x / grp_) * C + c0;
 #pragma unroll
-                for (int q = 0; q < VEC; ++q) sacc.v[k][q] = a.v[k][q] * sacc.v[k][q] + vacc.v[k][q];
+                for (int q = 0; q < VEC; ++q) {
+                    const A dl = slope * sgat + (A(1) - slope) * sacc.v[k][q];   // sum_e dl
+                    if (gatt) pa[q] += (PAIRS ? -nsj(k, q) : sj.v[k][q]) * dl;
+                    sacc.v[k][q] = value_traits<T>::to_acc(ak[q]) * dl + vacc.v[k][q];
+                }
+            }
             if (KIND != KIND_GAT && gS != nullptr)
                 store_row<T, VEC>(gS, p_s, slot, (j * H + h) * (i64)C + c0, (slot * H + h) * C + c0,
                                   sacc.v[k]);
@@ -1143,6 +1314,7 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
                                   vacc.v[k]);
         }
     }
+    if (gatt) gatt_block_sum(gatt_part, H, C, grp_);
 }
 
 // delta[i, h] = <g[i, h], out[i, h]> (fp32/fp64 sums) where the target pass

@@ -556,7 +556,8 @@ _SCALARS = " num_tasks H C nch chunk group phases rounds slope"
 _D = {name: i for i, name in enumerate(
     (_TASKS + "V lse g ga out delta wds gDn p_dn gEd gatt_part aS aV" + _SCALARS
      + " scale").split())}
-_S = {name: i for i, name in enumerate((_TASKS + "wds g gS p_s gV p_v" + _SCALARS).split())}
+_S = {name: i for i, name in enumerate((_TASKS + "wds g gS p_s gV p_v gatt_part"
+                                         + _SCALARS).split())}
 
 
 def _check_rounds(graph):
@@ -615,10 +616,14 @@ def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, s
     assert src.values[_S["gS"]] == grads[s_name].data_ptr()
     if score == "gatv2":
         assert src.values[_S["gV"]] == 0 and dst.values[_D["gatt_part"]] != 0
+        # grad_att's partial rows: the target pass's, then the source pass's (xl_j terms)
+        assert src.values[_S["gatt_part"]] > dst.values[_D["gatt_part"]]
+        assert src.smem == dst.smem > 0           # the groups' shared grad_att slots
         assert bwd.gatt_sum.launches[-1].values[1] == grads["att"].data_ptr()
     else:
         assert src.values[_S["gV"]] == grads[v_name].data_ptr()
-        assert dst.values[_D["gatt_part"]] == 0 and bwd.gatt_sum is None
+        assert dst.values[_D["gatt_part"]] == src.values[_S["gatt_part"]] == 0
+        assert bwd.gatt_sum is None
     sigs = kernel_signatures()
     _check_launches(fake_cuda, g, sigs, extra=cuda_spmm._column_sum_plans.values())
     sums = [bwd.gatt_sum] if bwd.gatt_sum else []
@@ -629,19 +634,25 @@ def test_edge_attention_backward_plan_runs_end_to_end_against_fakes(fake_cuda, s
     assert _check_rounds(g) == 3               # forward, target pass, source pass
 
 
+def _backward_plan_of_one_input(score, name):
+    """(graph, its AttnBwdPlan, the plan's kernel names, the gradient) of an
+    attention call where only input `name` wants a gradient."""
+    g, t = _attention_case(score)
+    x = t[name]
+    fixed = {n: y.detach() for n, y in t.items() if n != name}
+    out = ft.edge_attention(g, score, **fixed, **{name: x})
+    grad, = torch.autograd.grad(out, [x], torch.ones_like(out))
+    (bwd,) = _by_name(g, cuda_attention.AttnBwdPlan)
+    return g, bwd, [l.name.split("<")[0] for l in bwd.launches], grad
+
+
 def test_attention_backward_plan_of_the_source_side_alone_runs_the_target_pass_for_its_weights(
         fake_cuda):
     """Only v wants a gradient: the target pass still runs (no target-side
     gradient, only the per-edge weights wds), then the source pass; a
     cotangent of the weights or float atomics take the core instead (no
     backward plan)."""
-    g, t = _attention_case("gat")
-    v = t["v"]
-    fixed = {n: x.detach() for n, x in t.items() if n != "v"}
-    out = ft.edge_attention(g, "gat", **fixed, v=v)
-    gv, = torch.autograd.grad(out, [v], torch.ones_like(out))
-    (bwd,) = _by_name(g, cuda_attention.AttnBwdPlan)
-    kinds = [l.name.split("<")[0] for l in bwd.launches]
+    g, bwd, kinds, gv = _backward_plan_of_one_input("gat", "v")
     assert kinds[0] == "attn_bwd_dst" and "attn_delta" not in kinds
     dst, src = bwd.launches[0], bwd.launches[kinds.index("attn_bwd_src")]
     assert dst.values[_D["gDn"]] == dst.values[_D["gEd"]] == dst.values[_D["gatt_part"]] == 0
@@ -655,6 +666,22 @@ def test_attention_backward_plan_of_the_source_side_alone_runs_the_target_pass_f
     assert serves("gatv2", "float32", 1, None, params, (False, True, False, False, True))
     assert not serves("gat", "float32", 1, 2, params, (True,) * 5)         # grad_alpha
     assert not serves("gat", "bfloat16", 1, None, params, (True,) * 5)
+
+
+def test_gatv2_backward_plan_of_att_alone_runs_the_source_pass_for_its_xl_terms(fake_cuda):
+    """Only att wants a gradient: grad_att's xl_j terms come from the source
+    pass (its groups' shared slots, one partial row per block after the
+    target pass's rows), so the plan runs both passes, the source pass with
+    no gradient of its own, and one column sum over all the rows."""
+    g, bwd, kinds, ga = _backward_plan_of_one_input("gatv2", "att")
+    dst, src = bwd.launches[0], bwd.launches[kinds.index("attn_bwd_src")]
+    assert dst.values[_D["gDn"]] == dst.values[_D["gEd"]] == 0
+    assert src.values[_S["gS"]] == src.values[_S["gV"]] == 0
+    assert dst.values[_D["wds"]] == src.values[_S["wds"]] != 0
+    rows = src.values[_S["gatt_part"]] - dst.values[_D["gatt_part"]]
+    assert rows > 0 and src.smem > 0
+    assert bwd.gatt_sum.launches[-1].values[1] == ga.data_ptr()
+    _check_launches(fake_cuda, g, kernel_signatures(), extra=cuda_spmm._column_sum_plans.values())
 
 
 def test_attention_backward_without_a_plan_takes_the_core_on_the_residuals(fake_cuda,

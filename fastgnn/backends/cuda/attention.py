@@ -509,6 +509,12 @@ def _combine(plan, partial, out, width, vtype, itype):
         np.int32(width), np.int32(group)))
 
 
+def _gatt_slots_bytes(group, C, acc):
+    """Shared memory of a block's grad_att slots (gatt_slots in attention.cu):
+    C acc values per lane group."""
+    return (BLOCK // group) * C * np.dtype(acc).itemsize
+
+
 def _block_gatt(ntask, H, C, group, acc, phases=1):
     """(block, shared_mem): whether gatv2's grad_att partials go one row per
     thread block of the target pass (attn_bwd_dst's BLOCK_GATT: BLOCK // group
@@ -517,7 +523,7 @@ def _block_gatt(ntask, H, C, group, acc, phases=1):
     block holds more (task, head) pairs than there are heads (every head has
     slots in every block); otherwise each task writes its own row. On rmat20
     (H=4, C=32) a block holds 32 groups of 8 lanes, in fp32 and bf16."""
-    smem = (BLOCK // group) * C * np.dtype(acc).itemsize
+    smem = _gatt_slots_bytes(group, C, acc)
     if smem <= GATT_SMEM_BUDGET and _grid(ntask * H * phases, group)[0] < ntask:
         return True, smem
     return False, 0
@@ -554,7 +560,8 @@ class AttnBwdPlan(LaunchPlan):
         a = np.dtype(acc).itemsize
         Cs = 1 if score == "gat" else C
         vec, NCH, GRP, group, nch = shape
-        src_pass = need_gS or need_gV
+        gatv2 = score == "gatv2"
+        src_pass = need_gS or need_gV or (gatv2 and need_gatt)   # grad_att's xl_j terms
         dplan = task_plan(graph, DEFAULT_CHUNK, visit=False)
         dtask = int(dplan.task_row.shape[0])
         phases = edge_phases(vtype, vec, H, group)
@@ -563,10 +570,16 @@ class AttnBwdPlan(LaunchPlan):
         dst = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, has_e, False,
                       block_gatt)
         dgrid, dslots, drounds = _persistent_grid(dst, graph, dplan, H, group, smem, phases)
-        gatt_rows = (dgrid[0] if block_gatt else dtask) if need_gatt else 0
         t = graph.transpose() if src_pass else None
         splan = task_plan(t, DEFAULT_CHUNK, visit=False) if src_pass else None
         s_slots = splan.num_slots if src_pass else 0
+        ssmem = _gatt_slots_bytes(group, C, acc) if need_gatt else 0
+        if src_pass:
+            src = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)
+            sgrid, sslots, srounds = _persistent_grid(src, t, splan, H, group, ssmem, phases)
+        # grad_att's partial rows: the target pass's, then the source pass's (one per block)
+        dst_rows = (dgrid[0] if block_gatt else dtask) if need_gatt else 0
+        gatt_rows = dst_rows + (sgrid[0] if need_gatt else 0)
         self.gatt_sum = (column_sum_plan("attention", vtype, itype, gatt_rows, H * C, False,
                                          False, GATT_SUM_ROWS) if need_gatt else None)
         # wds, p_dn, grad_att's partial rows, p_s, p_v, the column sum's levels
@@ -579,6 +592,7 @@ class AttnBwdPlan(LaunchPlan):
              self.gatt_sum.workspace_bytes if need_gatt else 0])
         wds, p_dn, gatt_part, p_s, p_v, sum_ws = (None if o is None else Slot(AB_WORKSPACE, o)
                                                   for o in offsets)
+        gatt_src = Slot(AB_WORKSPACE, offsets[2] + dst_rows * H * C * a) if need_gatt else None
         self.gatt_offsets = (offsets[2], offsets[5])
         S_, Dn_, Ed_, att_, V_, lse_, g_ = (Slot(k) for k in (AB_S, AB_DN, AB_ED, AB_ATT, AB_V,
                                                                AB_LSE, AB_G))
@@ -597,8 +611,6 @@ class AttnBwdPlan(LaunchPlan):
         if need_gDn:
             launches += _combine_launches(dplan, p_dn, Slot(AB_GDN), H * Cs, vtype, itype)
         if src_pass:
-            src = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)
-            sgrid, sslots, srounds = _persistent_grid(src, t, splan, H, group, phases=phases)
             stask = int(splan.task_row.shape[0])
             launches.append(Launch(
                 src, sgrid,
@@ -606,7 +618,8 @@ class AttnBwdPlan(LaunchPlan):
                  None if sslots is NULL else sslots, t.indptr, t.indices,
                  transpose_caller_ids(graph), S_, Dn_, Ed_, att_, wds, g_,
                  Slot(AB_GS) if need_gS else None, p_s, Slot(AB_GV) if need_gV else None, p_v,
-                 np.int64(stask)) + _layout_words(H, C, nch, group, phases, srounds, acc, slope),
+                 gatt_src, np.int64(stask))
+                + _layout_words(H, C, nch, group, phases, srounds, acc, slope), smem=ssmem,
                 name=_kernel_name("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, has_e)))
             if need_gS:
                 launches += _combine_launches(splan, p_s, Slot(AB_GS), H * Cs, vtype, itype)
@@ -710,7 +723,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     # deterministic=False (for ATOMIC_SCORES): the target pass scatters the
     # source-side gradients too (float atomics) and the source pass does not run
     atomic = (not params.deterministic and score in ATOMIC_SCORES and (need_gS or need_gV))
-    src_pass = (need_gS or need_gV) and not atomic
+    # gatv2's grad_att takes its xl_j terms from the source pass (not with atomics)
+    src_pass = (need_gS or need_gV or need_gatt) and not atomic
     # the target pass always runs (the source pass takes its per-edge (w, ds'),
     # wds); the common case: it computes delta = <g_i, out_i> itself
     fused = g is not None and ga is None
@@ -736,8 +750,17 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
                    atomic, block_gatt)
     grid, slot_begin, rounds = _persistent_grid(kern, graph, plan, H, group, smem, phases)
-    gatt_rows = grid[0] if block_gatt else ntask
-    gatt_part = cp.empty((gatt_rows, H * C), dtype=acc) if need_gatt else None
+    dst_rows = grid[0] if block_gatt else ntask
+    if src_pass:
+        t = graph.transpose()
+        splan = task_plan(t, DEFAULT_CHUNK, visit=False)
+        skern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, Ed is not None)
+        ssmem = _gatt_slots_bytes(group, C, acc) if need_gatt else 0
+        sgrid, sslot_begin, srounds = _persistent_grid(skern, t, splan, H, group, ssmem, phases)
+    # grad_att's partial rows: the target pass's, then (unless atomic) the source
+    # pass's, one per block
+    src_rows = sgrid[0] if need_gatt and src_pass else 0
+    gatt_part = cp.empty((dst_rows + src_rows, H * C), dtype=acc) if need_gatt else None
     kern(grid, (BLOCK,),
          (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
           graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g),
@@ -756,15 +779,10 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         grads[d_name] = gDn
     if need_gEd:
         grads[e_name] = gEd
-    if need_gatt:
-        grads["att"] = from_acc(column_sum(gatt_part, "attention", vtype, itype,
-                                           GATT_SUM_ROWS).reshape(att.shape),
-                                att.dtype, "attention", vtype, itype)
 
     # source pass over the transpose
     if src_pass:
-        t = graph.transpose()
-        plan = task_plan(t, DEFAULT_CHUNK, visit=False)
+        plan = splan
         ntask = int(plan.task_row.shape[0])
         gS = cp.empty_like(S) if need_gS else None
         gV = cp.empty_like(V) if need_gV else None
@@ -772,17 +790,21 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                if need_gS and plan.num_slots else None)
         p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
                if need_gV and plan.num_slots else None)
-        kern = _kernel("attn_bwd_src", score, vtype, itype, vec, NCH, GRP, Ed is not None)
-        grid, slot_begin, rounds = _persistent_grid(kern, t, plan, H, group, phases=phases)
-        kern(grid, (BLOCK,),
-             (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, t.indptr, t.indices,
-              transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), wds, _arg(g),
-              _arg(gS), _arg(p_s), _arg(gV), _arg(p_v), np.int64(ntask))
-             + _layout_words(H, C, nch, group, phases, rounds, acc, params.negative_slope))
+        skern(sgrid, (BLOCK,),
+              (plan.task_row, plan.task_begin, plan.task_slot, sslot_begin, t.indptr, t.indices,
+               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), wds, _arg(g),
+               _arg(gS), _arg(p_s), _arg(gV), _arg(p_v),
+               gatt_part[dst_rows:] if src_rows else NULL, np.int64(ntask))
+              + _layout_words(H, C, nch, group, phases, srounds, acc, params.negative_slope),
+              shared_mem=ssmem)
         _combine(plan, p_s, gS, H * Cs, vtype, itype)
         _combine(plan, p_v, gV, H * C, vtype, itype)
         if need_gS:
             grads[s_name] = gS
         if need_gV:
             grads[v_name] = gV
+    if need_gatt:
+        grads["att"] = from_acc(column_sum(gatt_part, "attention", vtype, itype,
+                                           GATT_SUM_ROWS).reshape(att.shape),
+                                att.dtype, "attention", vtype, itype)
     return {name: grads[name] for name in SCORE_INPUTS[score]}
