@@ -4,9 +4,10 @@ Implements the backend interface documented in fastgnn/ops/attention.py with
 the task mapping of the SpMM family: a lane group per (task, head), hub rows
 split into tasks whose partials are merged in slot order (attn_combine for
 the forward's (m, l, acc) states, spmm_combine for backward sums), grad_att
-summed by a fixed-order column sum from partial rows [H, C], one per thread
-block of the target pass (summed in shared memory in a fixed order) or, where
-that does not pay, one per task (_block_gatt). The forward and both backward
+summed by a fixed-order column sum from partial rows [H, C]: the target
+pass's, one per thread block (summed in shared memory in a fixed order) or,
+where that does not pay, one per task (_block_gatt), then the source pass's,
+one per thread block (GATv2's xl_j terms). The forward and both backward
 passes run on persistent grids (_persistent_grid). Per-edge arrays stay in
 the caller's order. No float atomics by default: bitwise repeatable. With
 params.deterministic False the backward's target pass of the scores where
@@ -542,8 +543,9 @@ class AttnBwdPlan(LaunchPlan):
     source pass, wds [E, H, 2], where that pass runs), spmm_combine of its
     split rows, the source pass attn_bwd_src over the transpose and its
     combines, then gatv2's grad_att column sum (`gatt_sum`, a ColumnSumPlan
-    run after the launches). The target pass runs for every request: the
-    source pass takes its weights from it.
+    run after the launches, over both passes' partial rows). The target pass
+    runs for every request: the source pass takes its weights from it; the
+    source pass runs where a source-side gradient or grad_att is wanted.
     wants: (gS, gDn, gEd, gV, gatt), the gradients of SLOT_NAMES' slots and att.
 
     run(stream, (S, Dn, Ed, att, V, lse, g, out, gS, gDn, gEd, gV, gatt,
