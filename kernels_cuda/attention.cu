@@ -543,9 +543,10 @@ __device__ __forceinline__ float gatv2_m(float x, const NegPairs<T, VEC, NCH>& n
 // with x = s (+ e), t = x + d, relu(t) = max(x, -d) + d:
 //   score = db_i + sum_c a_c (slope x_c + (1 - slope) max(x_c, -d_c)),
 // db_i = <a, d_i> once per task (gatv2_target_dot): per edge and channel a
-// max and two multiply-adds instead of an add, the LeakyReLU (a multiply, a
-// comparison and a select) and a multiply-add. NaN and inf inputs reach the
-// score as through t (x in the first sum, d in db_i).
+// max and two multiply-adds, about what the add, the LeakyReLU and the
+// multiply-add cost; what it buys is the backward's, which needs lrelu'(t)
+// only as the comparison x > -d (attn_bwd_dst). NaN and inf inputs reach
+// the score as through t (x in the first sum, d in db_i).
 // Every kernel scores through this one function, so the backward passes
 // recompute the forward's scores bit for bit.
 template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH, typename SS, typename DD>
@@ -885,6 +886,15 @@ __device__ __forceinline__ A* gatt_slots() {
     return reinterpret_cast<A*>(gatt_smem);
 }
 
+// The block's grad_att slots set to zero before any group adds to its own
+// (every thread of the block calls it: a barrier).
+template <typename A>
+__device__ __forceinline__ void gatt_slots_zero(int C, int group) {
+    A* __restrict__ slots = gatt_slots<A>();
+    for (int x = threadIdx.x; x < (int)(blockDim.x / group) * C; x += blockDim.x) slots[x] = A(0);
+    __syncthreads();
+}
+
 template <typename A>
 __device__ __forceinline__ void gatt_block_sum(A* __restrict__ part,   // [blocks, H, C]
                                                int H, int C, int group) {
@@ -972,12 +982,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     // pairs, t > 0 tested in pairs (add_where_greater)
     constexpr bool PAIRS = KIND == KIND_GATV2 && !HAS_E && !ATOMIC && sizeof(T) == 2 && VEC % 2 == 0;
     typedef typename pick_type<PAIRS, NegPairs<T, VEC, NCH>, Sl>::type DT;
-    if (BLOCK_GATT && gatt_part != nullptr) {   // uniform: the slots start at zero
-        A* __restrict__ slots = gatt_slots<A>();
-        for (int x = threadIdx.x; x < (int)(blockDim.x / (GROUP ? GROUP : group)) * C; x += blockDim.x)
-            slots[x] = A(0);
-        __syncthreads();
-    }
+    if (BLOCK_GATT && gatt_part != nullptr) gatt_slots_zero<A>(C, GROUP ? GROUP : group);   // uniform
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
         const Rows<const T*> Sr = rows_of<GAT>(L, S, H, h), Er = rows_of<GAT>(L, Ed, H, h),
@@ -1223,12 +1228,7 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
     typedef Row<T, VEC, NCH> Rw;
     constexpr int U = BwdUnroll<KIND, T, VEC, NCH, HAS_E>::U;
     const bool gatt = KIND == KIND_GATV2 && gatt_part != nullptr;   // uniform
-    if (gatt) {                                // the groups' shared slots start at zero
-        A* __restrict__ slots = gatt_slots<A>();
-        for (int x = threadIdx.x; x < (int)(blockDim.x / (GROUP ? GROUP : group)) * C; x += blockDim.x)
-            slots[x] = A(0);
-        __syncthreads();
-    }
+    if (gatt) gatt_slots_zero<A>(C, GROUP ? GROUP : group);                 // uniform
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
         const i64 j = row;
