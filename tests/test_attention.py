@@ -329,6 +329,25 @@ def test_attention_matches_reference(device, score, dtype, edge_term, heads, cha
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("score", ["gat", "gatv2"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("slope", [0.2, -0.5])
+def test_attention_on_the_kink_matches_reference(device, score, dtype, slope):
+    """Score inputs rounded to integers in [-2, 2]: the LeakyReLU argument
+    (gatv2's xl_j + xr_i, gat's a_src + a_dst) is exactly 0 on about a
+    quarter of the pairs, where every pass takes lrelu'(0) = slope, as the
+    reference does."""
+    ei, g = _graph(device, hub=300)
+    r = np.random.default_rng(_seed())
+    x = {k: np.clip(np.round(v), -2, 2) if k in ("xl", "xr", "a_src", "a_dst") else v
+         for k, v in _inputs(score, g, 4, 8, False, r, dtype).items()}
+    t = (x["xl"][ei[0]] + x["xr"][ei[1]] if score == "gatv2"
+         else x["a_src"][ei[0]] + x["a_dst"][ei[1]])
+    assert np.mean(t == 0) > 0.1
+    _check_attention(device, ei, g, score, x, dtype, slope=slope, rng_=r)
+
+
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("bias", [True, "flat"])
@@ -707,9 +726,8 @@ def test_edge_softmax_nan_score_poisons_its_row_like_pyg(device):
 # Gradients of fp32 and bf16 runs against the float64 reference on the values
 # the GPU saw, covering every path of delta_i = <g_i, out_i>: computed inside
 # the target pass (grad_out only; hub rows of > 256 in-edges split into
-# several tasks, each computing it), by attn_delta (no target-side gradient
-# wanted: the target pass does not run) and with grad_alpha's term (the
-# attention weights' cotangent). bf16: delta uses the bf16-rounded `out`, and
+# several tasks, each computing it) and by attn_delta with grad_alpha's term
+# (the attention weights' cotangent). bf16: delta uses the bf16-rounded `out`, and
 # the target-side sums of ds_e (which cancel exactly for the exact delta) carry
 # that rounding: ~1e-2 relative in a NumPy emulation of these cases, so 3x that.
 GPU_GRAD_TOL = {"float32": TOLERANCES["float32"], "bfloat16": 3e-2}
@@ -728,7 +746,16 @@ GPU_CASES = {
     "bias": (4, 32, True, 0.3, False, None, None),
     "bias_weights": (4, 32, False, 0.0, True, None, None),   # D by attn_delta
     "bias_odd_width": (3, 7, False, 0.0, False, None, 9),
+    # inputs rounded to integers (KINK_CASES): gat's and gatv2's LeakyReLU
+    # argument is exactly 0 on many (edge, channel) pairs
+    "kink": (4, 32, False, 0.0, False, None, None),
 }
+# Cases whose score inputs are integers in [-2, 2]: t = xl_j + xr_i (gat:
+# a_src + a_dst) is exactly 0 for about a quarter of the pairs, where every
+# pass must take lrelu'(0) = slope as the reference does (t > 0 false): the
+# fp32 comparison x > -d and the 16-bit pair comparisons alike.
+KINK_CASES = {"kink"}
+KINK_INPUTS = {"xl", "xr", "a_src", "a_dst"}
 
 
 def _gpu_cast(a, vtype):
@@ -757,6 +784,8 @@ def _gpu_backward(score, vtype, case, rng_, **options):
     ei, g = _graph("cuda", n=n, e=3000, hub=700, num_src=num_src, seed=int(rng_.integers(1 << 30)))
     x = _off_kink(ei, score, _inputs(score, g, heads, channels, edge_term, rng_,
                                      bias=case.startswith("bias")))
+    if case in KINK_CASES:
+        x = {k: np.clip(np.round(v), -2, 2) if k in KINK_INPUTS else v for k, v in x.items()}
     dev, xr = {}, {}
     for k, v in x.items():
         dev[k], xr[k] = _gpu_cast(v, vtype)
