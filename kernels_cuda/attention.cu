@@ -510,29 +510,33 @@ __device__ __forceinline__ typename value_traits<T>::acc_t val(const Row<T, VEC,
     return s(k, q);
 }
 
-// gatv2's target row -d_i as 16-bit pairs (each half's sign bit flipped):
-// the 16-bit target pass without an edge term holds it instead of d's acc
-// values (half the registers) and compares rows against it in pairs
-// (add_where_greater).
+// A gatv2 row held negated as 16-bit pairs (each half's sign bit flipped):
+// the 16-bit passes without an edge term hold their task's row (the target
+// pass -xr_i, the source pass -xl_j) this way, half the registers of acc
+// values, and compare gathered rows against it in pairs (add_where_greater);
+// val() gives the row's own values back and neg_val() the negated ones as
+// held (exact either way, so both forms of a row score alike).
 template <typename T, int VEC, int NCH>
 struct NegPairs {
     Row<T, VEC, NCH, true> r;
 };
 
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ float val(const NegPairs<T, VEC, NCH>& n, int k, int q) {
+    return -n.r(k, q);
+}
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ float neg_val(const NegPairs<T, VEC, NCH>& n, int k, int q) {
+    return n.r(k, q);
+}
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ typename value_traits<T>::acc_t neg_val(const Slice<T, VEC, NCH>& s, int k,
+                                                                  int q) {
+    return -s.v[k][q];
+}
+
 template <bool B, typename X, typename Y> struct pick_type { typedef X type; };
 template <typename X, typename Y> struct pick_type<false, X, Y> { typedef Y type; };
-
-// max(x, -d) of channel (k, q) (score_of): exact, so the same value from
-// either form of d.
-template <typename T, int VEC, int NCH>
-__device__ __forceinline__ typename value_traits<T>::acc_t gatv2_m(
-        typename value_traits<T>::acc_t x, const Slice<T, VEC, NCH>& d, int k, int q) {
-    return fmax(x, -d.v[k][q]);
-}
-template <typename T, int VEC, int NCH>
-__device__ __forceinline__ float gatv2_m(float x, const NegPairs<T, VEC, NCH>& nd, int k, int q) {
-    return fmax(x, nd.r(k, q));
-}
 
 // Score of one edge and head from the lane's slices (s: S[j], d: Dn[i],
 // e: Ed[ce] when HAS_E, a: att), reduced over the group:
@@ -569,7 +573,7 @@ __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
             if (HAS_E) x += e(k, q);
             if constexpr (KIND == KIND_GATV2) {
                 px += a.v[k][q] * x;
-                part += a.v[k][q] * gatv2_m(x, d, k, q);
+                part += a.v[k][q] * fmax(x, neg_val(d, k, q));
             } else {
                 part += val(d, k, q) * x;
             }
@@ -622,13 +626,15 @@ __device__ __forceinline__ void add_where_greater<f16_t>(unsigned x, unsigned y,
         " @q add.f32 %1, %1, %4;\n}" : "+f"(s0), "+f"(s1) : "r"(x), "r"(y), "f"(ds));
 }
 
-// A Row of 16-bit pairs negated in place (each half's sign bit flipped).
-template <typename T, int VEC, int NCH>
-__device__ __forceinline__ void negate_pairs(Row<T, VEC, NCH, true>& r) {
+// Row r of `rows` held negated (NegPairs).
+template <typename T, int VEC, int NCH, int GROUP, typename R>
+__device__ __forceinline__ void load_negated(const Lanes<VEC, GROUP>& L, const Rows<const T*>& rows,
+                                             R r, NegPairs<T, VEC, NCH>& n) {
+    load_row<false>(L, rows, r, n.r);
 #pragma unroll
     for (int k = 0; k < NCH; ++k)
 #pragma unroll
-        for (int i = 0; i < VEC / 2; ++i) r.w[k][i] ^= 0x80008000u;
+        for (int i = 0; i < VEC / 2; ++i) n.r.w[k][i] ^= 0x80008000u;
 }
 
 // Message value (k, q) of an edge: gatv2 xl[j] (= s); dot v[j] (+ e); gat v[j].
@@ -995,11 +1001,13 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
         A db = A(0);                           // gatv2's <att, xr_i>
         if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, att, H, h), 0, a);
         if constexpr (PAIRS) {
+            // db from a converted load of its own: from -xr_i's pairs the
+            // compiler keeps xr_i's words and negates them at every use
+            // in the edge loop (12 more instructions per step of 4 edges)
             Sl df;
             load_slice<false>(L, rows_of<false>(L, Dn, H, h), row, df);
             db = gatv2_target_dot<GROUP>(a, df, group);
-            load_row<false>(L, rows_of<false>(L, Dn, H, h), row, d.r);
-            negate_pairs(d.r);
+            load_negated(L, rows_of<false>(L, Dn, H, h), row, d);
         } else {
             load_slice<GAT>(L, rows_of<GAT>(L, Dn, H, h), row, d);
             if (KIND == KIND_GATV2) db = gatv2_target_dot<GROUP>(a, d, group);
@@ -1162,9 +1170,7 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
                     A term = EDGE_GATT ? patt.v[k][q] : A(0);           // grad_att's terms
                     if (!ATOMIC) {                    // sum_e dl, and grad_att's xr_i term
                         dacc.v[k][q] = slope * dsum + (A(1) - slope) * dacc.v[k][q];
-                        A dk;
-                        if constexpr (PAIRS) dk = -d.r(k, q);
-                        else dk = d.v[k][q];
+                        const A dk = val(d, k, q);
                         term = EDGE_GATT ? term + dk * dacc.v[k][q] : dk * dacc.v[k][q];
                     }
                     if (gatt_part != nullptr) {
@@ -1236,17 +1242,13 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
                              Gr = rows_of<false>(L, g, H, h);
         const Rows<const A*> Wr = pairs_of(wds, H, h);
         const bool has_g = g != nullptr;
-        // gatv2's xl_j: 16-bit pairs without an edge term (negated, for
-        // add_where_greater), else acc values
+        // gatv2's xl_j: acc values, or 16-bit pairs held negated without an
+        // edge term (NegPairs, for add_where_greater)
         constexpr bool PAIRS = KIND == KIND_GATV2 && !HAS_E && sizeof(T) == 2 && VEC % 2 == 0;
-        Sl sj, sacc, vacc;
-        Rw nsj;
-        if constexpr (PAIRS) {
-            load_row<false>(L, rows_of<false>(L, S, H, h), j, nsj);
-            negate_pairs(nsj);
-        } else if (KIND == KIND_GATV2) {
-            load_slice<false>(L, rows_of<false>(L, S, H, h), j, sj);
-        }
+        typename pick_type<PAIRS, NegPairs<T, VEC, NCH>, Sl>::type sj;
+        Sl sacc, vacc;
+        if constexpr (PAIRS) load_negated(L, rows_of<false>(L, S, H, h), j, sj);
+        else if (KIND == KIND_GATV2) load_slice<false>(L, rows_of<false>(L, S, H, h), j, sj);
         zero_slice(sacc);
         zero_slice(vacc);
         A sgat = A(0);                         // gat's sum, gatv2's sum_e ds'
@@ -1272,7 +1274,7 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
                     if constexpr (PAIRS) {             // t > 0 iff xr_i > -xl_j
 #pragma unroll
                         for (int i = 0; i < VEC / 2; ++i)
-                            add_where_greater<T>(dv[u].w[k][i], nsj.w[k][i], ds, sacc.v[k][2 * i],
+                            add_where_greater<T>(dv[u].w[k][i], sj.r.w[k][i], ds, sacc.v[k][2 * i],
                                                  sacc.v[k][2 * i + 1]);
                     }
 #pragma unroll
@@ -1307,7 +1309,7 @@ __global__ void ATTN_SRC_BOUNDS attn_bwd_src(const I* __restrict__ task_row, con
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) {
                     const A dl = slope * sgat + (A(1) - slope) * sacc.v[k][q];   // sum_e dl
-                    if (gatt) pa[q] += (PAIRS ? -nsj(k, q) : sj.v[k][q]) * dl;
+                    if (gatt) pa[q] += val(sj, k, q) * dl;
                     sacc.v[k][q] = value_traits<T>::to_acc(ak[q]) * dl + vacc.v[k][q];
                 }
             }

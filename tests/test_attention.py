@@ -262,6 +262,14 @@ def _att_bf16_reference(ei, num_dst, x, go, out, **kw):
         np.shape(x["att"]))
 
 
+def _on_kink(x):
+    """x with gat's and gatv2's score inputs (a_src, a_dst; xl, xr) rounded
+    to integers in [-2, 2]: their LeakyReLU argument is then exactly 0 on
+    about a quarter of the (edge, channel) pairs."""
+    return {k: np.clip(np.round(v), -2, 2) if k in ("xl", "xr", "a_src", "a_dst") else v
+            for k, v in x.items()}
+
+
 def _off_kink(ei, score, x, margin=1e-5, step=1e-3):
     """x with the edge term moved off LeakyReLU's kink: where the exact
     argument of gat's / gatv2's LeakyReLU (a sum of three inputs) is within
@@ -339,8 +347,7 @@ def test_attention_on_the_kink_matches_reference(device, score, dtype, slope):
     reference does."""
     ei, g = _graph(device, hub=300)
     r = np.random.default_rng(_seed())
-    x = {k: np.clip(np.round(v), -2, 2) if k in ("xl", "xr", "a_src", "a_dst") else v
-         for k, v in _inputs(score, g, 4, 8, False, r, dtype).items()}
+    x = _on_kink(_inputs(score, g, 4, 8, False, r, dtype))
     t = (x["xl"][ei[0]] + x["xr"][ei[1]] if score == "gatv2"
          else x["a_src"][ei[0]] + x["a_dst"][ei[1]])
     assert np.mean(t == 0) > 0.1
@@ -755,7 +762,6 @@ GPU_CASES = {
 # pass must take lrelu'(0) = slope as the reference does (t > 0 false): the
 # fp32 comparison x > -d and the 16-bit pair comparisons alike.
 KINK_CASES = {"kink"}
-KINK_INPUTS = {"xl", "xr", "a_src", "a_dst"}
 
 
 def _gpu_cast(a, vtype):
@@ -785,7 +791,7 @@ def _gpu_backward(score, vtype, case, rng_, **options):
     x = _off_kink(ei, score, _inputs(score, g, heads, channels, edge_term, rng_,
                                      bias=case.startswith("bias")))
     if case in KINK_CASES:
-        x = {k: np.clip(np.round(v), -2, 2) if k in KINK_INPUTS else v for k, v in x.items()}
+        x = _on_kink(x)
     dev, xr = {}, {}
     for k, v in x.items():
         dev[k], xr[k] = _gpu_cast(v, vtype)
