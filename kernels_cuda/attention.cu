@@ -551,8 +551,9 @@ template <typename X, typename Y> struct pick_type<false, X, Y> { typedef Y type
 // multiply-add cost; what it buys is the backward's, which needs lrelu'(t)
 // only as the comparison x > -d (attn_bwd_dst). NaN and inf inputs reach
 // the score as through t (x in the first sum, d in db_i).
-// Every kernel scores through this one function, so the backward passes
-// recompute the forward's scores bit for bit.
+// Every lane-group kernel scores through this one function, so the backward
+// passes recompute the forward's scores bit for bit (attn_fwd_mma, the
+// 16-bit gatv2 forward on Tensor Cores, sums in another order: see there).
 template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH, typename SS, typename DD>
 __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
         const SS& s, const DD& d, const Row<T, VEC, NCH>& e,
@@ -677,6 +678,250 @@ __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
 // Whether edge u of the step is one of the task's (recomputed where used: a
 // flag per edge kept across the step costs registers).
 #define EDGE_OK(u) ((((b) + (u)) << phase_shift_) < n_own_)
+
+// ---------------------------------------------------------------------------
+// attn_fwd_mma: the 16-bit gatv2 forward with Tensor Core scores. Where a
+// warp holds HW whole heads of one task -- 16-bit gatv2 without edge term,
+// heads of C = 32 channels at 4 values per lane (lane groups of GROUP = C /
+// 4 = 8, HW = 4; the mapping below is written for C = 32 KB), H a multiple
+// of 4, rows 16-byte aligned (the launcher's mma_scores) -- the forward
+// scores a task's edges with mma.sync products instead of per-lane
+// multiply-adds and a reduction across the head's lanes per edge; the same
+// persistent grid and task walk as attn_fwd, whose alpha pass stays as it
+// is. score_of's split,
+//   score = db_i + slope <att, x_j> + (1 - slope) <att, max(x_j, -xr_i)>,
+// takes its two channel sums from products over a step of ES = 16 / HW
+// edges x HW heads = 16 rows:
+//   A (16 x C) row (edge, head h) = x_j[h], then max(x_j[h], -xr_i[h]) (16-bit
+//              pair maxima: exact);
+//   B (C x 8)  column n = att of the warp's head n (zero columns past HW);
+//   D[r][head of r] = the row's sum: products exact in fp32, fp32 sums.
+// Thread t (quad g = t / 4, m = t mod 4) holds rows g and g + 8: edges q
+// and QPH + q of its own group's head t / GROUP (q = g mod QPH, QPH = 8 /
+// HW quads per head), each as one 16-byte load per 32-channel block kb <
+// KB = C / 32, channels 32 kb + 8 m .. + 7. Those fill A's k positions 2m,
+// 2m + 1 (channels +0, +1, then +4, +5) and 2m + 8, 2m + 9 (+2, +3, then
+// +6, +7) of the block's two k-steps, in the order B's att words take (a
+// sum does not care where a channel sits). A row's score is in its quad's
+// thread m = (head in warp) / 2: one shuffle per row to the quad, log2 QPH
+// for the running max over the head's quads. Each thread adds its two
+// rows' weighted messages to its 8 KB channels in fp32; at the task's end
+// the head's quads sum (l, acc) by shuffles and quad 0 stores.
+// Traffic: the lane-group path's bytes (one 16-byte load per row and 8
+// channels). Per step of 16 (edge, head) rows a thread issues 4 KB mma and
+// 4 KB pair maxima where the lane-group path takes a conversion, a max and
+// two multiply-adds per channel and value plus a reduction across the
+// head's lanes per edge: H200, rmat20, 4 heads x 32, bf16 forward kernel
+// 1.95 -> 1.63 ms (ncu), then waiting on its gathers (long scoreboard).
+// The backward passes recompute scores through score_of (fp32
+// multiply-adds in another order), so their probabilities exp(s - lse)
+// differ from the forward's by fp32 rounding of a score (about 1e-6
+// relative), far under 16-bit rounding.
+
+// Both halves' maxima of two 16-bit pairs (max.bf16x2 / f16x2: exact; a
+// NaN half gives the other operand's, as fmax).
+template <typename T> __device__ __forceinline__ unsigned pair_max(unsigned a, unsigned b);
+template <> __device__ __forceinline__ unsigned pair_max<bf16_t>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned pair_max<f16_t>(unsigned a, unsigned b) {
+    unsigned r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
+__device__ __forceinline__ unsigned word_of(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// acc[kb][c] += w x[kb] value c: one row's 8 KB 16-bit values (words of
+// pairs) weighted into fp32.
+template <typename T, int KB>
+__device__ __forceinline__ void add_weighted_words(float (&acc)[KB][8], float w, const uint4 (&x)[KB]) {
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            acc[kb][2 * i] += w * Mma<T>::lo(word_of(x[kb], i));
+            acc[kb][2 * i + 1] += w * Mma<T>::hi(word_of(x[kb], i));
+        }
+}
+
+// One task of attn_fwd_mma: row's n edges (eidx, caller ids ecid), head h
+// of H; S = xl [num_src, H, C], Dn = xr [num_dst, H, C], att [H, C];
+// writes out / out_b / lse (slot < 0) or the slot's partials.
+template <typename T, typename I, int GROUP>
+__device__ __forceinline__ void gatv2_fwd_mma_task(
+        const I* __restrict__ eidx, const I* __restrict__ ecid, int n, i64 row, int h, int H,
+        const T* __restrict__ S, const T* __restrict__ Dn, const T* __restrict__ att, float slope,
+        const Dropout& drop, i64 slot, bool empty,
+        const T* __restrict__ bias, T* __restrict__ out, T* __restrict__ out_b,
+        float* __restrict__ lse, float* __restrict__ p_m, float* __restrict__ p_l,
+        float* __restrict__ p_acc) {
+    constexpr int HW = 32 / GROUP, QPH = 8 / HW, ES = 16 / HW, KB = GROUP / 8, C = 32 * KB;
+    typedef Mma<T> MM;
+    const int t = threadIdx.x & 31, g = t >> 2, m = t & 3, q = g % QPH, hw = t / GROUP;
+    uint4 ab[KB], nx[KB];            // B words (att of the warp's head g); -xr_i
+    float db = 0.f;                  // <att, xr_i> of the lane's head
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+        const int c = 32 * kb + 8 * m;
+        ab[kb] = g < HW ? load16(att + (h - hw + g) * C + c) : make_uint4(0u, 0u, 0u, 0u);
+        nx[kb] = load16(Dn + (row * H + h) * (i64)C + c);
+        const uint4 own = load16(att + h * C + c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned a = word_of(own, i), d = word_of(nx[kb], i);
+            db += MM::lo(a) * MM::lo(d) + MM::hi(a) * MM::hi(d);
+        }
+        nx[kb].x ^= 0x80008000u;
+        nx[kb].y ^= 0x80008000u;
+        nx[kb].z ^= 0x80008000u;
+        nx[kb].w ^= 0x80008000u;
+    }
+    db += __shfl_xor_sync(0xffffffffu, db, 1);
+    db += __shfl_xor_sync(0xffffffffu, db, 2);
+    float acc[KB][8];
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[kb][c] = 0.f;
+    float mx = neg_inf<float>(), l = 0.f;
+    const char* __restrict__ Sb8 = reinterpret_cast<const char*>(S + h * C + 8 * m);
+    const int stride = H * C * (int)sizeof(T);   // bytes per source row
+    const int src = (t & ~3) | (hw >> 1), hj = hw & 1;
+    for (int b = 0; b < n; b += ES) {
+        const int p0 = b + q, p1 = b + QPH + q;
+        const bool ok0 = p0 < n, ok1 = p1 < n;
+        const int e0 = ok0 ? p0 : n - 1, e1 = ok1 ? p1 : n - 1;
+        const I j0 = eidx[e0], j1 = eidx[e1];
+        // dropout factors, before the rows are live
+        const float z0 = drop.on ? (float)drop_factor(drop, ecid[e0], H, h) : 1.f;
+        const float z1 = drop.on ? (float)drop_factor(drop, ecid[e1], H, h) : 1.f;
+        uint4 x0[KB], x1[KB];
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb) {   // a gather address: one wide multiply-add
+            x0[kb] = load16(Sb8 + wide_mul(j0, stride) + 64 * kb);
+            x1[kb] = load16(Sb8 + wide_mul(j1, stride) + 64 * kb);
+        }
+        float dx[4] = {0.f, 0.f, 0.f, 0.f}, dm[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+            for (int kc = 0; kc < 2; ++kc) {
+                const unsigned b0 = word_of(ab[kb], 2 * kc), b1 = word_of(ab[kb], 2 * kc + 1);
+                const unsigned n0 = word_of(nx[kb], 2 * kc), n1 = word_of(nx[kb], 2 * kc + 1);
+                const unsigned a[4] = {word_of(x0[kb], 2 * kc), word_of(x1[kb], 2 * kc),
+                                       word_of(x0[kb], 2 * kc + 1), word_of(x1[kb], 2 * kc + 1)};
+                const unsigned am[4] = {pair_max<T>(a[0], n0), pair_max<T>(a[1], n0),
+                                        pair_max<T>(a[2], n1), pair_max<T>(a[3], n1)};
+                MM::run(dx, a, b0, b1);
+                MM::run(dm, am, b0, b1);
+            }
+        float s0 = db + (slope * (hj ? dx[1] : dx[0]) + (1.f - slope) * (hj ? dm[1] : dm[0]));
+        float s1 = db + (slope * (hj ? dx[3] : dx[2]) + (1.f - slope) * (hj ? dm[3] : dm[2]));
+        s0 = __shfl_sync(0xffffffffu, s0, src);
+        s1 = __shfl_sync(0xffffffffu, s1, src);
+        if (!ok0) s0 = neg_inf<float>();
+        if (!ok1) s1 = neg_inf<float>();
+        float M = s0 > mx ? s0 : mx;
+        M = s1 > M ? s1 : M;
+#pragma unroll
+        for (int off = 4; off < 4 * QPH; off <<= 1) {
+            const float o = __shfl_xor_sync(0xffffffffu, M, off);
+            M = o > M ? o : M;
+        }
+        if (M > mx) {                      // new running max: rescale what we have
+            const float corr = score_exp<T>(mx - M);
+            l *= corr;
+#pragma unroll
+            for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+                for (int c = 0; c < 8; ++c) acc[kb][c] *= corr;
+            mx = M;
+        }
+        // the weights as attn_fwd's lane-group path forms them
+        float w0 = score_exp<T>(s0 == mx ? 0.f : s0 - mx), w1 = score_exp<T>(s1 == mx ? 0.f : s1 - mx);
+        w0 = s0 > neg_inf<float>() ? w0 : 0.f;
+        w1 = s1 > neg_inf<float>() ? w1 : 0.f;
+        l += w0;
+        if (s0 != s0) l = s0;
+        l += w1;
+        if (s1 != s1) l = s1;
+        w0 *= z0;
+        w1 *= z1;
+        if (w0 != 0.f) add_weighted_words<T, KB>(acc, w0, x0);
+        if (w1 != 0.f) add_weighted_words<T, KB>(acc, w1, x1);
+    }
+#pragma unroll
+    for (int off = 4; off < 4 * QPH; off <<= 1) {
+        l += __shfl_xor_sync(0xffffffffu, l, off);
+#pragma unroll
+        for (int kb = 0; kb < KB; ++kb)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) acc[kb][c] += __shfl_xor_sync(0xffffffffu, acc[kb][c], off);
+    }
+    if (q != 0) return;
+    const float inv = empty ? 0.f : 1.f / l;
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+        const int c0 = 32 * kb + 8 * m;
+        if (slot < 0) {
+            pack_t<T, 8> o;
+#pragma unroll
+            for (int c = 0; c < 8; ++c) o.v[c] = value_traits<T>::from_acc(acc[kb][c] * inv);
+            store_pack<T, 8>(out + (row * H + h) * (i64)C + c0, o);
+            if (out_b != nullptr) {
+#pragma unroll
+                for (int c = 0; c < 8; ++c)
+                    o.v[c] = value_traits<T>::from_acc(acc[kb][c] * inv
+                                                       + value_traits<T>::to_acc(bias[h * C + c0 + c]));
+                store_pack<T, 8>(out_b + (row * H + h) * (i64)C + c0, o);
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < 8; ++c) p_acc[(slot * H + h) * C + c0 + c] = acc[kb][c];
+        }
+    }
+    if (m != 0) return;
+    if (slot < 0) {
+        lse[row * H + h] = empty ? neg_inf<float>() : mx + log(l);
+    } else {
+        p_m[slot * H + h] = mx;
+        p_l[slot * H + h] = l;
+    }
+}
+
+// Heads of 32 channels (GROUP = 8) fit 80 registers spill-free at 3 blocks,
+// as attn_fwd; heads of 64 (GROUP = 16) would take 105-115 on this mapping
+// (twice the rows and accumulators) and stay on attn_fwd.
+template <typename T, typename I, int GROUP>
+__global__ void __launch_bounds__(256, ATTN_FWD_MIN_BLOCKS)
+attn_fwd_mma(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+             const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
+             const I* __restrict__ indptr, const I* __restrict__ indices, const I* __restrict__ cid,
+             const T* __restrict__ S, const T* __restrict__ Dn, const T* __restrict__ Ed,
+             const T* __restrict__ att, const T* __restrict__ V,
+             const T* __restrict__ bias,                 // [H, C] or null
+             T* __restrict__ out,                        // [num_dst, H, C]
+             T* __restrict__ out_b,                      // out + bias, or null
+             float* __restrict__ lse,                    // [num_dst, H]
+             T* __restrict__ alpha,                      // unused (attn_fwd's alpha pass)
+             float* __restrict__ p_m, float* __restrict__ p_l, float* __restrict__ p_acc,
+             i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
+             int rounds, float slope, float scale, DROP_PARAMS, int alpha_mode) {
+    constexpr int VEC = 4;                     // FOR_EACH_GROUP_TASK's lane layout
+    DROP_MAKE
+    FOR_EACH_GROUP_TASK {
+        TASK_PROLOGUE
+        gatv2_fwd_mma_task<T, I, GROUP>(eidx, ecid, n, row, h, H, S, Dn, att, slope, drop,
+                                        (i64)task_slot[t], indptr[row] == indptr[row + 1], bias,
+                                        out, out_b, lse, p_m, p_l, p_acc);
+    }
+}
 
 // Forward. alpha_mode = 0: online softmax; direct rows write out[i] and
 // lse[i], split rows their (m, l, acc) partials. alpha_mode = 1: with lse

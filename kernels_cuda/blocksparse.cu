@@ -4,7 +4,7 @@
 // over its tiles the dot-product (graph transformer) attention forward and
 // backward and the SpMM, as warp-level mma.sync products with fp32
 // accumulation: m16n8k16 for bf16 or fp16 inputs, m16n8k8 with TF32 inputs
-// for fp32 (Mma<T> below; the fragment layouts here are the 16-bit ones, and
+// for fp32 (Mma<T> in common.cuh; the fragment layouts here are the 16-bit ones, and
 // Mma<T> says how the TF32 k-steps map to the same words). Math of the attention: the "dot"
 // score of fastgnn/ops/attention.py (s = scale <q_i, k_j>, m = v_j), without
 // edge term or dropout; of the SpMM: fastgnn/ops/spmm.py.
@@ -157,72 +157,7 @@ __global__ void bsr_pad(const int* __restrict__ window_ptr, const int* __restric
 }
 
 // ------------------------------------------------------------------ mma helpers
-// Mma<T>: one k-step d += A B of the warp's product for value type T, A
-// 16 x k (4 regs), B k x 8 (2 regs), d 16 x 8 fp32. Rows are read as 32-bit
-// words of VPW values (2 for bf16/fp16, 1 for fp32), so a k-step takes 2
-// words of a lane per A row and B column in every type:
-//   16-bit: mma.m16n8k16, k = 16 (a word holds 2 consecutive k);
-//   fp32:   mma.m16n8k8 with TF32 inputs, k = 8 (A reg0 = (g, t), reg1 =
-//           (g + 8, t), reg2 = (g, t + 4), reg3 = (g + 8, t + 4); B reg0 =
-//           (k t, n g), reg1 = (k t + 4, n g)); every operand rounded to
-//           TF32 (10 mantissa bits, round to nearest with ties away
-//           from zero: cvt.rna) by op().
-// The accumulating products' A operand, 16 rows x 16 tile columns, takes
-// A_REGS registers: one 16-bit k-step (4) or two TF32 k-steps (8).
-#define BSR_MMA(SHAPE, TY)                                                            \
-    asm("mma.sync.aligned." SHAPE ".row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, "  \
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                               \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                              \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-#define BSR_PACK(TY) asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo))
-
-template <typename T> struct Mma;
-
-template <> struct Mma<bf16_t> {
-    static constexpr int VPW = 2, A_REGS = 4;
-    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
-                                               unsigned b1) { BSR_MMA("m16n8k16", "bf16"); }
-    static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        BSR_PACK("bf16");
-        return r;
-    }
-    static __device__ __forceinline__ float lo(unsigned w) { return __uint_as_float(w << 16); }
-    static __device__ __forceinline__ float hi(unsigned w) {
-        return __uint_as_float(w & 0xffff0000u);
-    }
-};
-
-template <> struct Mma<f16_t> {
-    static constexpr int VPW = 2, A_REGS = 4;
-    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
-                                               unsigned b1) { BSR_MMA("m16n8k16", "f16"); }
-    static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        BSR_PACK("f16");
-        return r;
-    }
-    static __device__ __forceinline__ float lo(unsigned w) {
-        return value_traits<f16_t>::to_acc(f16_t{(unsigned short)(w & 0xffffu)});
-    }
-    static __device__ __forceinline__ float hi(unsigned w) {
-        return value_traits<f16_t>::to_acc(f16_t{(unsigned short)(w >> 16)});
-    }
-};
-
-template <> struct Mma<float> {
-    static constexpr int VPW = 1, A_REGS = 8;
-    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
-                                               unsigned b1) { BSR_MMA("m16n8k8", "tf32"); }
-    static __device__ __forceinline__ unsigned tf32(float x) {
-        unsigned r;
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-        return r;
-    }
-    static __device__ __forceinline__ unsigned op(unsigned w) { return tf32(__uint_as_float(w)); }
-};
+// Mma<T> (common.cuh): one k-step of the warp's product per value type.
 
 // Value i of the words w (VPW per word, the lower index in the low half)
 template <typename T>

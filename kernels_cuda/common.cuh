@@ -174,6 +174,74 @@ __global__ void cast_from_acc(const typename value_traits<T>::acc_t* __restrict_
     if (k < n) out[k] = value_traits<T>::from_acc(in[k]);
 }
 
+// Tensor Core products (blocksparse.cu's tiles, attention.cu's 16-bit gatv2
+// scores). Mma<T>: one k-step d += A B of the warp's product for value type T, A
+// 16 x k (4 regs), B k x 8 (2 regs), d 16 x 8 fp32. Rows are read as 32-bit
+// words of VPW values (2 for bf16/fp16, 1 for fp32), so a k-step takes 2
+// words of a lane per A row and B column in every type:
+//   16-bit: mma.m16n8k16, k = 16 (a word holds 2 consecutive k);
+//   fp32:   mma.m16n8k8 with TF32 inputs, k = 8 (A reg0 = (g, t), reg1 =
+//           (g + 8, t), reg2 = (g, t + 4), reg3 = (g + 8, t + 4); B reg0 =
+//           (k t, n g), reg1 = (k t + 4, n g)); every operand rounded to
+//           TF32 (10 mantissa bits, round to nearest with ties away
+//           from zero: cvt.rna) by op().
+// The accumulating products' A operand, 16 rows x 16 tile columns, takes
+// A_REGS registers: one 16-bit k-step (4) or two TF32 k-steps (8).
+#define MMA_K_STEP(SHAPE, TY)                                                          \
+    asm("mma.sync.aligned." SHAPE ".row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, " \
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                              \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                             \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+#define MMA_PACK2(TY) asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo))
+
+template <typename T> struct Mma;
+
+template <> struct Mma<bf16_t> {
+    static constexpr int VPW = 2, A_REGS = 4;
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
+                                               unsigned b1) { MMA_K_STEP("m16n8k16", "bf16"); }
+    static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        MMA_PACK2("bf16");
+        return r;
+    }
+    static __device__ __forceinline__ float lo(unsigned w) { return __uint_as_float(w << 16); }
+    static __device__ __forceinline__ float hi(unsigned w) {
+        return __uint_as_float(w & 0xffff0000u);
+    }
+};
+
+template <> struct Mma<f16_t> {
+    static constexpr int VPW = 2, A_REGS = 4;
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
+                                               unsigned b1) { MMA_K_STEP("m16n8k16", "f16"); }
+    static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        MMA_PACK2("f16");
+        return r;
+    }
+    static __device__ __forceinline__ float lo(unsigned w) {
+        return value_traits<f16_t>::to_acc(f16_t{(unsigned short)(w & 0xffffu)});
+    }
+    static __device__ __forceinline__ float hi(unsigned w) {
+        return value_traits<f16_t>::to_acc(f16_t{(unsigned short)(w >> 16)});
+    }
+};
+
+template <> struct Mma<float> {
+    static constexpr int VPW = 1, A_REGS = 8;
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
+                                               unsigned b1) { MMA_K_STEP("m16n8k8", "tf32"); }
+    static __device__ __forceinline__ unsigned tf32(float x) {
+        unsigned r;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+        return r;
+    }
+    static __device__ __forceinline__ unsigned op(unsigned w) { return tf32(__uint_as_float(w)); }
+};
+
 // out[b, c] = sum_{r in [b*R, min((b+1)*R, rows))} in[r, c], summed in order
 // in acc_t: one level of a fixed-order column sum (no atomics: bitwise
 // repeatable for a given shape and R). S is the type read: a value type

@@ -756,6 +756,10 @@ GPU_CASES = {
     # inputs rounded to integers (KINK_CASES): gat's and gatv2's LeakyReLU
     # argument is exactly 0 on many (edge, channel) pairs
     "kink": (4, 32, False, 0.0, False, None, None),
+    # 16-bit gatv2 without edge term at heads of 32 scores on Tensor Cores
+    # (attn_fwd_mma): with dropout, and two warps per (task, all heads)
+    "dropout": (4, 32, False, 0.3, False, None, None),
+    "eight_heads": (8, 32, False, 0.0, False, None, None),
 }
 # Cases whose score inputs are integers in [-2, 2]: t = xl_j + xr_i (gat:
 # a_src + a_dst) is exactly 0 for about a quarter of the pairs, where every

@@ -550,6 +550,50 @@ def test_edge_attention_forward_plan_runs_end_to_end_against_fakes(fake_cuda, sc
     assert main.values[_F["dkey"]] == fastgnn.ops.attention.dropout_spec(0.3, 6, 0).key
 
 
+def test_gatv2_16bit_forward_plan_scores_on_tensor_cores_where_its_layout_allows(fake_cuda):
+    """16-bit gatv2 of heads of 32 channels, a multiple of 4 heads, 16-byte
+    aligned rows: the forward plan's main pass is attn_fwd_mma (attn_fwd's
+    arguments, so the same slots), the alpha pass stays attn_fwd; an edge
+    term, rows aligned to 8 bytes only, heads of 64 channels, 2 heads or
+    fp32 keep attn_fwd."""
+    from fastgnn.ops.attention import _attention_params
+    n = 300
+    ei = torch.from_numpy(awkward_edge_index(n, 3000, hub_degree=700, seed=3))
+    g = ft.to_graph(ei, n)
+    base = 1 << 20
+
+    def launch_names(H=4, C=32, vtype="bfloat16", has_e=False, shift=0):
+        # slot addresses (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha, workspace)
+        ptrs = [base * (k + 1) for k in range(11)]
+        ptrs[0] += shift
+        if not has_e:
+            ptrs[2] = 0
+        params = _attention_params("gatv2", 0.2, None, C, 0.2, 1, 0, True)
+        shape = cuda_attention.shape_for(vtype, "gatv2", C, H,
+                                         [p for p in ptrs[:5] + ptrs[6:7] if p], False)
+        mma = cuda_attention.mma_scores("gatv2", vtype, H, C, has_e, shape,
+                                        [ptrs[k] for k in (0, 1, 3, 6, 7)])
+        plan = cuda_attention.fwd_plan(g, "gatv2", vtype, H, C, has_e, True, True, params,
+                                       shape, mma)
+        fake_cuda.clear()
+        plan.run(0xabc, (*ptrs, *cuda_attention.drop_values(params.drop)))
+        main = plan.launches[0]
+        assert main.values[_F["S"]] == ptrs[0] and main.values[_F["out_b"]] == ptrs[7]
+        assert main.values[_F["don"]] == 1 and main.values[_F["alpha_mode"]] == 0
+        _check_launches(fake_cuda, g, kernel_signatures())
+        return [l.name.split("<")[0] for l in plan.launches]
+
+    mma = ["attn_fwd_mma", "attn_combine", "attn_fwd"]
+    assert launch_names() == mma
+    assert launch_names(H=8) == mma
+    assert launch_names(vtype="float16") == mma
+    assert launch_names(has_e=True)[0] == "attn_fwd"
+    assert launch_names(shift=8)[0] == "attn_fwd"          # 8-byte aligned rows
+    assert launch_names(H=2, C=64)[0] == "attn_fwd"
+    assert launch_names(H=2)[0] == "attn_fwd"              # 2 heads do not fill a warp
+    assert launch_names(vtype="float32")[0] == "attn_fwd"
+
+
 # attn_bwd_dst's and attn_bwd_src's parameters by position (kernels_cuda/attention.cu)
 _TASKS = "task_row task_begin task_slot slot_begin indptr indices cid S Dn Ed att "
 _SCALARS = " num_tasks H C nch chunk group phases rounds slope"
@@ -573,7 +617,8 @@ def _check_rounds(graph):
     with_ranges = 0
     for p in _plans_of(graph):
         for l in p.launches:
-            pos = {"attn_fwd": _F, "attn_bwd_dst": _D, "attn_bwd_src": _S}.get(l.name.split("<")[0])
+            pos = {"attn_fwd": _F, "attn_fwd_mma": _F, "attn_bwd_dst": _D,
+                   "attn_bwd_src": _S}.get(l.name.split("<")[0])
             if pos is None:
                 continue
             v = [int(x) for x in l.values]

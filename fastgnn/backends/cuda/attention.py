@@ -99,6 +99,18 @@ def shape_for(vtype, score, C, heads, ptrs, backward):
     return vec, NCH, group, group, nch
 
 
+def mma_scores(score, vtype, H, C, has_e, shape, ptrs):
+    """Whether the forward of this launch `shape` (shape_for's) runs
+    attn_fwd_mma, the 16-bit gatv2 forward scoring on Tensor Cores
+    (kernels_cuda/attention.cu): 16-bit gatv2 without edge term, heads of 32
+    channels at 4 values per lane, a multiple of 4 heads (whole heads per
+    warp), and the rows at `ptrs` (S, Dn, att, out, out_b) 16-byte aligned."""
+    vec, NCH, GRP = shape[:3]
+    return (score == "gatv2" and VALUE_BYTES[vtype] == 2 and not has_e and C == 32
+            and (vec, NCH, GRP) == (4, 1, 8) and H % 4 == 0
+            and all(p % 16 == 0 for p in ptrs))
+
+
 def _grid(units, group):
     return (max(1, -(-units * group // BLOCK)),)
 
@@ -381,7 +393,7 @@ class AttnFwdPlan(LaunchPlan):
     workspace of `workspace_bytes` for the split rows' (m, l, acc) states."""
 
     def __init__(self, graph, score, vtype, H, C, has_e, has_bias, need_alpha, slope, scale,
-                 shape):
+                 shape, mma=False):
         itype = _ITYPE[np.dtype(graph.index_dtype)]
         acc = _acc(vtype)
         vec, NCH, GRP, group, nch = shape
@@ -392,8 +404,12 @@ class AttnFwdPlan(LaunchPlan):
         offsets, self.workspace_bytes = layout([slots * H * a, slots * H * a, slots * H * C * a])
         p_m, p_l, p_acc = (None if o is None else Slot(AF_WORKSPACE, o) for o in offsets)
         fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
+        name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
+        # the main pass on Tensor Cores (mma_scores); the alpha pass stays on attn_fwd
+        main_name = f"attn_fwd_mma<{C_VALUE[vtype]}, {C_INDEX[itype]}, {GRP}>" if mma else name
+        main = get_function("attention", vtype, itype, main_name) if mma else fwd
         phases = edge_phases(vtype, vec, H, group)
-        grid, slot_begin, rounds = _persistent_grid(fwd, graph, plan, H, group, phases=phases)
+        grid, slot_begin, rounds = _persistent_grid(main, graph, plan, H, group, phases=phases)
         slot_begin = None if slot_begin is NULL else slot_begin
         ins = [Slot(k) for k in (AF_S, AF_DN, AF_ED, AF_ATT, AF_V, AF_BIAS)]
         common = (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
@@ -401,10 +417,9 @@ class AttnFwdPlan(LaunchPlan):
         scalars = (np.int64(ntask),
                    *_layout_words(H, C, nch, group, phases, rounds, acc, slope, scale),
                    *_drop_words(AF_DROP))
-        name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
-        launches = [Launch(fwd, grid, common + (Slot(AF_OUT), Slot(AF_OUT_B), Slot(AF_LSE), None,
-                                                p_m, p_l, p_acc) + scalars + (np.int32(0),),
-                           name=name)]
+        launches = [Launch(main, grid, common + (Slot(AF_OUT), Slot(AF_OUT_B), Slot(AF_LSE), None,
+                                                 p_m, p_l, p_acc) + scalars + (np.int32(0),),
+                           name=main_name)]
         num_split = int(plan.split_row.shape[0])
         if num_split:
             g1 = lane_group(C)
@@ -421,16 +436,16 @@ class AttnFwdPlan(LaunchPlan):
         super().__init__(launches, device=graph_device(graph))
 
 
-def fwd_plan(graph, score, vtype, H, C, has_e, has_bias, need_alpha, params, shape,
+def fwd_plan(graph, score, vtype, H, C, has_e, has_bias, need_alpha, params, shape, mma=False,
              context=contextlib.nullcontext) -> AttnFwdPlan:
-    """The cached AttnFwdPlan of this request (shape: `shape_for`'s); `context`
-    as in segment._cached_plan."""
+    """The cached AttnFwdPlan of this request (shape: `shape_for`'s; mma:
+    `mma_scores`'); `context` as in segment._cached_plan."""
     key = ("cuda_attention_fwd", score, vtype, H, C, bool(has_e), bool(has_bias),
-           bool(need_alpha), params.negative_slope, params.scale, shape, PERSISTENT,
+           bool(need_alpha), params.negative_slope, params.scale, shape, bool(mma), PERSISTENT,
            RESIDENT_BLOCKS, ROUNDS)
     return _cached_plan(graph, key, lambda: AttnFwdPlan(
         graph, score, vtype, H, C, has_e, has_bias, need_alpha, params.negative_slope,
-        params.scale, shape), context)
+        params.scale, shape, mma), context)
 
 
 def edge_attention_fwd(graph, score, arrays, params, need_alpha):
@@ -450,8 +465,10 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     # (the bias is read per value, so its alignment does not matter)
     shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, out) if score != "gat" else (V, out),
                    False)
+    mma = mma_scores(score, vtype, H, C, Ed is not None, shape,
+                     [a.data.ptr for a in (S, Dn, att, out, out_b) if a is not None])
     plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
-                    params, shape)
+                    params, shape, mma)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
     plan.run(_stream(), (*(_ptr(a) for a in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha,
                                              ws)), *drop_values(params.drop)))

@@ -188,6 +188,8 @@ def _attention_names(vt, it):
                                       for atomic in ("false", "true")
                                       for block in (("false", "true") if kind == 1
                                                     else ("false",))]
+    if vt in ("bfloat16", "float16"):      # gatv2's forward on Tensor Cores (heads of 32)
+        names.append(f"attn_fwd_mma<{T}, {I}, 8>")
     return names
 
 
