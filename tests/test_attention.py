@@ -834,6 +834,28 @@ def _gpu_backward(score, vtype, case, rng_, **options):
     return got
 
 
+@pytest.mark.parametrize("tensor_cores,on", [("auto", True), (False, False)])
+def test_tensor_cores_false_keeps_the_gatv2_forward_scores_off_tensor_cores(monkeypatch,
+                                                                            tensor_cores, on):
+    """The backend gets params.mma_scores = False from tensor_cores=False
+    (the CUDA backend then keeps the 16-bit gatv2 forward on attn_fwd), True
+    by default."""
+    from fastgnn import edge_attention_fwd
+    from fastgnn.backends import cpu
+    seen = []
+    real = cpu.edge_attention_fwd
+
+    def spy(graph, score, arrays, params, need_alpha):
+        seen.append(params.mma_scores)
+        return real(graph, score, arrays, params, need_alpha)
+    monkeypatch.setattr(cpu, "edge_attention_fwd", spy)
+    r = np.random.default_rng(_seed())
+    ei, g = _graph("cpu", seed=int(r.integers(1 << 30)))
+    x = _inputs("gatv2", g, 4, 32, False, r, np.float32)
+    edge_attention_fwd(g, "gatv2", **x, tensor_cores=tensor_cores)
+    assert seen == [on]
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("case", list(GPU_CASES))

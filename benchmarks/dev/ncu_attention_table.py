@@ -28,6 +28,7 @@ COLUMNS = [("Duration", "ms"), ("DRAM Throughput", "DRAM %"), ("L2 Hit Rate", "L
 _TO_MS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0,
           "s": 1e3, "second": 1e3}
 _KERNEL = re.compile(r"(attn_fwd|attn_bwd_dst|attn_bwd_src)<(\d+), (\w+),")
+_MMA_KERNEL = re.compile(r"(attn_fwd_mma)<(\w+),")      # gatv2's forward on Tensor Cores
 _TYPES = {"float": "fp32", "bf16_t": "bf16", "f16_t": "fp16", "double": "fp64"}
 
 
@@ -38,12 +39,14 @@ def launches(path):
         lines = [line for line in f if line.startswith('"')]     # drop ncu's log lines
     for rec in csv.DictReader(lines):
         m = _KERNEL.search(rec["Kernel Name"])
-        if m is None:
+        mma = None if m else _MMA_KERNEL.search(rec["Kernel Name"])
+        if m is None and mma is None:
             continue
         key = rec["ID"]
         if key not in rows:
-            rows[key] = (ATTENTION_SCORES[int(m.group(2))], m.group(1),
-                         _TYPES.get(m.group(3), m.group(3)), {})
+            rows[key] = ((ATTENTION_SCORES[int(m.group(2))], m.group(1),
+                          _TYPES.get(m.group(3), m.group(3)), {}) if m else
+                         ("gatv2", mma.group(1), _TYPES.get(mma.group(2), mma.group(2)), {}))
         value = rec["Metric Value"].replace(",", "")
         try:
             rows[key][3][rec["Metric Name"]] = (float(value), rec["Metric Unit"])

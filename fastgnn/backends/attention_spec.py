@@ -70,6 +70,8 @@ class AttentionParams:
     scale: float             # score scale ("dot"; 1 otherwise)
     drop: DropoutSpec
     deterministic: bool = True   # False: GPU backward may use float atomics
+    mma_scores: bool = True      # False (tensor_cores=False): no Tensor Core scores on
+                                 # the CUDA-core path (the 16-bit gatv2 forward's)
 
 
 def lse_dtype(vtype):

@@ -134,7 +134,7 @@ partials in a fixed order. Accumulate in float32 (float64 for float64).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -365,6 +365,8 @@ def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=N
     anchor = arrays[_ANCHOR[score]]
     tc = _tc.attention_path(graph, score, arrays, params, bool(return_attention_weights), vt,
                             tensor_cores, tf32=_tc.check_tf32(tf32))
+    if tensor_cores is False:
+        params = replace(params, mma_scores=False)
     if tc:
         out, lse, out_b = _tc.attention_fwd(graph, arrays, params, vt)
         alpha = None
@@ -488,7 +490,11 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
               inputs, or fp32 with tf32=True; no edge term, dropout or returned weights, no duplicate
               edges) where its fill rule says they are faster on this graph;
               True forces them (ValueError where they cannot serve the
-              call), False keeps the CUDA-core kernels. Results agree to the
+              call), False keeps the CUDA-core kernels. Apart from those,
+              the 16-bit "gatv2" forward scores on Tensor Cores where its
+              heads fill a warp (no edge term, heads of 32 channels, a
+              multiple of 4 heads, 16-byte aligned rows; exact products,
+              fp32 sums) unless tensor_cores=False. Results agree to the
               dtype's tolerance.
     tf32:     False (default) or True: let fp32 inputs take the Tensor Core
               kernels as TF32 (q, k, v and the probabilities rounded to 10

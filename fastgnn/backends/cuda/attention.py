@@ -465,8 +465,9 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     # (the bias is read per value, so its alignment does not matter)
     shape = _shape(vtype, score, C, (S, Dn, Ed, att, V, out) if score != "gat" else (V, out),
                    False)
-    mma = mma_scores(score, vtype, H, C, Ed is not None, shape,
-                     [a.data.ptr for a in (S, Dn, att, out, out_b) if a is not None])
+    mma = params.mma_scores and mma_scores(
+        score, vtype, H, C, Ed is not None, shape,
+        [a.data.ptr for a in (S, Dn, att, out, out_b) if a is not None])
     plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
                     params, shape, mma)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
