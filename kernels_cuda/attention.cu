@@ -31,6 +31,8 @@
 // and merge by shuffles at its end (see "Edge phases" below). Hub
 // rows are split; their (m, l, acc) partials are merged in slot order
 // (attn_combine), source-side backward partials by spmm_combine: no atomics.
+// The 16-bit gatv2 forward of heads of 32 channels filling warps scores on
+// Tensor Cores instead (attn_fwd_mma, its own mapping, same task walk).
 //
 // Templated (loader.py's _attention_names instantiates what the launcher
 // can ask for): KIND, value and index type, VEC, NCH, GROUP = G (lanes per
