@@ -867,6 +867,41 @@ def test_gpu_attention_backward_matches_reference(score, vtype, case):
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("vtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("heads,dropout,bias", [(4, 0.0, False), (8, 0.3, True)])
+def test_gpu_gatv2_tensor_core_forward_matches_the_lane_group_forward(vtype, heads, dropout,
+                                                                      bias):
+    """The 16-bit gatv2 forward on Tensor Cores (heads of 32 channels; empty
+    rows, a split hub row, dropout, bias) against the same call with
+    tensor_cores=False: the scores differ only by the order of fp32 sums,
+    so out and lse agree to fp32 rounding (out at most one unit in its last
+    16-bit place)."""
+    import cupy as cp
+
+    from fastgnn import edge_attention_fwd
+    r = np.random.default_rng(_seed())
+    n = 400
+    ei, g = _graph("cuda", n=n, e=5000, hub=2500, seed=int(r.integers(1 << 30)))
+    x = _inputs("gatv2", g, heads, 32, False, r, bias=bias)
+    dev = {k: _gpu_cast(v, vtype)[0] for k, v in x.items()}
+    vt = {"vtype": "bfloat16"} if vtype == "bfloat16" else {}
+    kw = dict(dropout=dropout, seed=5, **vt)
+    got = [edge_attention_fwd(g, "gatv2", **dev, tensor_cores=tc, **kw) for tc in ("auto", False)]
+    (o_mma, r_mma), (o_lane, r_lane) = got
+    assert int(cp.count_nonzero(cp.diff(g.indptr) == 0)) > 0, "the graph has empty rows"
+    a, b = (_gpu_values(o, vtype) for o in (o_mma, o_lane))
+    ulp = 2.0 ** (-7 if vtype == "bfloat16" else -10)
+    bound = ulp * np.maximum(np.abs(b), 2.0 ** -14)
+    worst = np.argmax(np.abs(a - b) - bound)
+    assert np.all(np.abs(a - b) <= bound), (
+        f"out ({vtype}, {heads} heads): {a.flat[worst]} vs {b.flat[worst]} at {worst}")
+    la, lb = to_numpy(r_mma.lse), to_numpy(r_lane.lse)
+    np.testing.assert_array_equal(np.isfinite(la), np.isfinite(lb))
+    np.testing.assert_allclose(la[np.isfinite(la)], lb[np.isfinite(lb)], rtol=1e-5, atol=1e-5)
+
+
+@gpu
+@needs_gpu
 @pytest.mark.parametrize("score", SCORES)
 def test_gpu_attention_backward_bitwise_repeatable(score):
     """The default backward has no float atomics: the same bits every run."""
