@@ -681,6 +681,74 @@ __device__ __forceinline__ typename value_traits<T>::acc_t grad_dot_msg(
 // flag per edge kept across the step costs registers).
 #define EDGE_OK(u) ((((b) + (u)) << phase_shift_) < n_own_)
 
+// The online softmax of the forward kernels, one step: the running max m
+// moving to M (where M > m) scales the sum l and the accumulator by
+// e^(m - M); then each score s of the step gets its weight e^(s - m)
+// (online_weight: exp(0) = 1 exactly where s is the max, also for +inf; 0
+// for -inf scores and the masked tail; one exp per edge without a branch),
+// added to l (a NaN score makes the row NaN, as torch).
+template <typename T, typename A, int VEC, int NCH>
+__device__ __forceinline__ void raise_running_max(A& m, A M, A& l, Slice<T, VEC, NCH>& acc) {
+    if (M > m) {
+        const A corr = score_exp<T>(m - M);
+        l *= corr;
+#pragma unroll
+        for (int k = 0; k < NCH; ++k)
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) acc.v[k][q] *= corr;
+        m = M;
+    }
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ A online_weight(A s, A m, A& l) {
+    A w = score_exp<T>(s == m ? A(0) : s - m);
+    w = s > neg_inf<A>() ? w : A(0);
+    l += w;
+    if (s != s) l = s;
+    return w;
+}
+
+// A forward row's N accumulated values (one lane's chunk) divided by l (0
+// for a row without edges) stored: to out, and plus the bias to out_b where
+// given, or as they are to the split row's partial slot.
+template <typename T, int N, typename A>
+__device__ __forceinline__ void store_forward_row(T* __restrict__ out, T* __restrict__ out_b,
+                                                  const T* __restrict__ bias, A* __restrict__ p_acc,
+                                                  i64 slot, i64 off, int bias_off, i64 part_off,
+                                                  const A* vals, bool empty, A l) {
+    if (slot >= 0) {
+#pragma unroll
+        for (int q = 0; q < N; ++q) p_acc[part_off + q] = vals[q];
+        return;
+    }
+    const A inv = empty ? A(0) : A(1) / l;
+    pack_t<T, N> o;
+#pragma unroll
+    for (int q = 0; q < N; ++q) o.v[q] = value_traits<T>::from_acc(vals[q] * inv);
+    store_pack<T, N>(out + off, o);
+    if (out_b != nullptr) {
+#pragma unroll
+        for (int q = 0; q < N; ++q)
+            o.v[q] = value_traits<T>::from_acc(vals[q] * inv + value_traits<T>::to_acc(bias[bias_off + q]));
+        store_pack<T, N>(out_b + off, o);
+    }
+}
+
+// A forward row's softmax state (one lane per (task, head)): lse of a direct
+// row (-inf without edges), (m, l) of a split row's slot.
+template <typename A>
+__device__ __forceinline__ void store_forward_state(A* __restrict__ lse, A* __restrict__ p_m,
+                                                    A* __restrict__ p_l, i64 at, i64 slot_at,
+                                                    i64 slot, A m, A l, bool empty) {
+    if (slot < 0) {
+        lse[at] = empty ? neg_inf<A>() : m + log(l);
+    } else {
+        p_m[slot_at] = m;
+        p_l[slot_at] = l;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // attn_fwd_mma: the 16-bit gatv2 forward with Tensor Core scores. Where a
 // warp holds HW whole heads of one task -- 16-bit gatv2 without edge term,
@@ -734,27 +802,20 @@ template <> __device__ __forceinline__ unsigned pair_max<f16_t>(unsigned a, unsi
     return r;
 }
 
-__device__ __forceinline__ uint4 load16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
-__device__ __forceinline__ unsigned word_of(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// acc[kb][c] += w x[kb] value c: one row's 8 KB 16-bit values (words of
-// pairs) weighted into fp32.
-template <typename T, int KB>
-__device__ __forceinline__ void add_weighted_words(float (&acc)[KB][8], float w, const uint4 (&x)[KB]) {
+// acc += w x: a row's values (a Row, as loaded) weighted into the accumulator.
+template <typename T, int VEC, int NCH>
+__device__ __forceinline__ void add_weighted(Slice<T, VEC, NCH>& acc, float w, const Row<T, VEC, NCH>& x) {
 #pragma unroll
-    for (int kb = 0; kb < KB; ++kb)
+    for (int k = 0; k < NCH; ++k)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            acc[kb][2 * i] += w * Mma<T>::lo(word_of(x[kb], i));
-            acc[kb][2 * i + 1] += w * Mma<T>::hi(word_of(x[kb], i));
-        }
+        for (int q = 0; q < VEC; ++q) acc.v[k][q] += w * x(k, q);
 }
 
 // One task of attn_fwd_mma: row's n edges (eidx, caller ids ecid), head h
 // of H; S = xl [num_src, H, C], Dn = xr [num_dst, H, C], att [H, C];
-// writes out / out_b / lse (slot < 0) or the slot's partials.
+// writes out / out_b / lse (slot < 0) or the slot's partials. The thread's
+// 8 KB values of a row sit in a Row of 8 values x KB chunks (16-bit pairs
+// as loaded: the mma operands' words).
 template <typename T, typename I, int GROUP>
 __device__ __forceinline__ void gatv2_fwd_mma_task(
         const I* __restrict__ eidx, const I* __restrict__ ecid, int n, i64 row, int h, int H,
@@ -764,35 +825,29 @@ __device__ __forceinline__ void gatv2_fwd_mma_task(
         float* __restrict__ lse, float* __restrict__ p_m, float* __restrict__ p_l,
         float* __restrict__ p_acc) {
     constexpr int HW = 32 / GROUP, QPH = 8 / HW, ES = 16 / HW, KB = GROUP / 8, C = 32 * KB;
-    typedef Mma<T> MM;
+    typedef Row<T, 8, KB> Rw;
     const int t = threadIdx.x & 31, g = t >> 2, m = t & 3, q = g % QPH, hw = t / GROUP;
-    uint4 ab[KB], nx[KB];            // B words (att of the warp's head g); -xr_i
+    Rw ab, nx;                       // B words (att of the warp's head g); -xr_i
     float db = 0.f;                  // <att, xr_i> of the lane's head
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) {
         const int c = 32 * kb + 8 * m;
-        ab[kb] = g < HW ? load16(att + (h - hw + g) * C + c) : make_uint4(0u, 0u, 0u, 0u);
-        nx[kb] = load16(Dn + (row * H + h) * (i64)C + c);
-        const uint4 own = load16(att + h * C + c);
+        if (g < HW) ab.load(kb, att + (h - hw + g) * C + c);
+        else ab.zero(kb);
+        nx.load(kb, Dn + (row * H + h) * (i64)C + c);
+        Rw own;
+        own.load(kb, att + h * C + c);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned a = word_of(own, i), d = word_of(nx[kb], i);
-            db += MM::lo(a) * MM::lo(d) + MM::hi(a) * MM::hi(d);
-        }
-        nx[kb].x ^= 0x80008000u;
-        nx[kb].y ^= 0x80008000u;
-        nx[kb].z ^= 0x80008000u;
-        nx[kb].w ^= 0x80008000u;
+        for (int v = 0; v < 8; ++v) db += own(kb, v) * nx(kb, v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) nx.w[kb][i] ^= 0x80008000u;
     }
     db += __shfl_xor_sync(0xffffffffu, db, 1);
     db += __shfl_xor_sync(0xffffffffu, db, 2);
-    float acc[KB][8];
-#pragma unroll
-    for (int kb = 0; kb < KB; ++kb)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) acc[kb][c] = 0.f;
+    Slice<T, 8, KB> acc;
+    zero_slice(acc);
     float mx = neg_inf<float>(), l = 0.f;
-    const char* __restrict__ Sb8 = reinterpret_cast<const char*>(S + h * C + 8 * m);
+    const T* __restrict__ Sh = S + h * C + 8 * m;
     const int stride = H * C * (int)sizeof(T);   // bytes per source row
     const int src = (t & ~3) | (hw >> 1), hj = hw & 1;
     for (int b = 0; b < n; b += ES) {
@@ -803,25 +858,26 @@ __device__ __forceinline__ void gatv2_fwd_mma_task(
         // dropout factors, before the rows are live
         const float z0 = drop.on ? (float)drop_factor(drop, ecid[e0], H, h) : 1.f;
         const float z1 = drop.on ? (float)drop_factor(drop, ecid[e1], H, h) : 1.f;
-        uint4 x0[KB], x1[KB];
+        Rw x0, x1;
+        const Rows<const T*> Sr = {Sh, stride};      // a gather address: one wide multiply-add
 #pragma unroll
-        for (int kb = 0; kb < KB; ++kb) {   // a gather address: one wide multiply-add
-            x0[kb] = load16(Sb8 + wide_mul(j0, stride) + 64 * kb);
-            x1[kb] = load16(Sb8 + wide_mul(j1, stride) + 64 * kb);
+        for (int kb = 0; kb < KB; ++kb) {
+            x0.load(kb, Sr.at(j0) + 32 * kb);
+            x1.load(kb, Sr.at(j1) + 32 * kb);
         }
         float dx[4] = {0.f, 0.f, 0.f, 0.f}, dm[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int kb = 0; kb < KB; ++kb)
 #pragma unroll
             for (int kc = 0; kc < 2; ++kc) {
-                const unsigned b0 = word_of(ab[kb], 2 * kc), b1 = word_of(ab[kb], 2 * kc + 1);
-                const unsigned n0 = word_of(nx[kb], 2 * kc), n1 = word_of(nx[kb], 2 * kc + 1);
-                const unsigned a[4] = {word_of(x0[kb], 2 * kc), word_of(x1[kb], 2 * kc),
-                                       word_of(x0[kb], 2 * kc + 1), word_of(x1[kb], 2 * kc + 1)};
+                const unsigned b0 = ab.w[kb][2 * kc], b1 = ab.w[kb][2 * kc + 1];
+                const unsigned n0 = nx.w[kb][2 * kc], n1 = nx.w[kb][2 * kc + 1];
+                const unsigned a[4] = {x0.w[kb][2 * kc], x1.w[kb][2 * kc], x0.w[kb][2 * kc + 1],
+                                       x1.w[kb][2 * kc + 1]};
                 const unsigned am[4] = {pair_max<T>(a[0], n0), pair_max<T>(a[1], n0),
                                         pair_max<T>(a[2], n1), pair_max<T>(a[3], n1)};
-                MM::run(dx, a, b0, b1);
-                MM::run(dm, am, b0, b1);
+                Mma<T>::run(dx, a, b0, b1);
+                Mma<T>::run(dm, am, b0, b1);
             }
         float s0 = db + (slope * (hj ? dx[1] : dx[0]) + (1.f - slope) * (hj ? dm[1] : dm[0]));
         float s1 = db + (slope * (hj ? dx[3] : dx[2]) + (1.f - slope) * (hj ? dm[3] : dm[2]));
@@ -836,27 +892,11 @@ __device__ __forceinline__ void gatv2_fwd_mma_task(
             const float o = __shfl_xor_sync(0xffffffffu, M, off);
             M = o > M ? o : M;
         }
-        if (M > mx) {                      // new running max: rescale what we have
-            const float corr = score_exp<T>(mx - M);
-            l *= corr;
-#pragma unroll
-            for (int kb = 0; kb < KB; ++kb)
-#pragma unroll
-                for (int c = 0; c < 8; ++c) acc[kb][c] *= corr;
-            mx = M;
-        }
-        // the weights as attn_fwd's lane-group path forms them
-        float w0 = score_exp<T>(s0 == mx ? 0.f : s0 - mx), w1 = score_exp<T>(s1 == mx ? 0.f : s1 - mx);
-        w0 = s0 > neg_inf<float>() ? w0 : 0.f;
-        w1 = s1 > neg_inf<float>() ? w1 : 0.f;
-        l += w0;
-        if (s0 != s0) l = s0;
-        l += w1;
-        if (s1 != s1) l = s1;
-        w0 *= z0;
-        w1 *= z1;
-        if (w0 != 0.f) add_weighted_words<T, KB>(acc, w0, x0);
-        if (w1 != 0.f) add_weighted_words<T, KB>(acc, w1, x1);
+        raise_running_max<T>(mx, M, l, acc);
+        const float w0 = online_weight<T>(s0, mx, l) * z0;
+        const float w1 = online_weight<T>(s1, mx, l) * z1;
+        if (w0 != 0.f) add_weighted(acc, w0, x0);
+        if (w1 != 0.f) add_weighted(acc, w1, x1);
     }
 #pragma unroll
     for (int off = 4; off < 4 * QPH; off <<= 1) {
@@ -864,37 +904,16 @@ __device__ __forceinline__ void gatv2_fwd_mma_task(
 #pragma unroll
         for (int kb = 0; kb < KB; ++kb)
 #pragma unroll
-            for (int c = 0; c < 8; ++c) acc[kb][c] += __shfl_xor_sync(0xffffffffu, acc[kb][c], off);
+            for (int v = 0; v < 8; ++v) acc.v[kb][v] += __shfl_xor_sync(0xffffffffu, acc.v[kb][v], off);
     }
     if (q != 0) return;
-    const float inv = empty ? 0.f : 1.f / l;
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) {
         const int c0 = 32 * kb + 8 * m;
-        if (slot < 0) {
-            pack_t<T, 8> o;
-#pragma unroll
-            for (int c = 0; c < 8; ++c) o.v[c] = value_traits<T>::from_acc(acc[kb][c] * inv);
-            store_pack<T, 8>(out + (row * H + h) * (i64)C + c0, o);
-            if (out_b != nullptr) {
-#pragma unroll
-                for (int c = 0; c < 8; ++c)
-                    o.v[c] = value_traits<T>::from_acc(acc[kb][c] * inv
-                                                       + value_traits<T>::to_acc(bias[h * C + c0 + c]));
-                store_pack<T, 8>(out_b + (row * H + h) * (i64)C + c0, o);
-            }
-        } else {
-#pragma unroll
-            for (int c = 0; c < 8; ++c) p_acc[(slot * H + h) * C + c0 + c] = acc[kb][c];
-        }
+        store_forward_row<T, 8>(out, out_b, bias, p_acc, slot, (row * H + h) * (i64)C + c0,
+                                h * C + c0, (slot * H + h) * C + c0, acc.v[kb], empty, l);
     }
-    if (m != 0) return;
-    if (slot < 0) {
-        lse[row * H + h] = empty ? neg_inf<float>() : mx + log(l);
-    } else {
-        p_m[slot * H + h] = mx;
-        p_l[slot * H + h] = l;
-    }
+    if (m == 0) store_forward_state(lse, p_m, p_l, row * H + h, slot * H + h, slot, mx, l, empty);
 }
 
 // Heads of 32 channels (GROUP = 8) fit 80 registers spill-free at 3 blocks,
@@ -919,9 +938,10 @@ attn_fwd_mma(const I* __restrict__ task_row, const I* __restrict__ task_begin,
     DROP_MAKE
     FOR_EACH_GROUP_TASK {
         TASK_PROLOGUE
-        gatv2_fwd_mma_task<T, I, GROUP>(eidx, ecid, n, row, h, H, S, Dn, att, slope, drop,
-                                        (i64)task_slot[t], indptr[row] == indptr[row + 1], bias,
-                                        out, out_b, lse, p_m, p_l, p_acc);
+        const i64 slot = (i64)task_slot[t];
+        gatv2_fwd_mma_task<T, I, GROUP>(eidx, ecid, n, row, h, H, S, Dn, att, slope, drop, slot,
+                                        slot < 0 && indptr[row] == indptr[row + 1], bias, out,
+                                        out_b, lse, p_m, p_l, p_acc);
     }
 }
 
@@ -1008,24 +1028,10 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
             A M = m;
 #pragma unroll
             for (int u = 0; u < U; ++u) M = sc[u] > M ? sc[u] : M;
-            if (M > m) {                       // new running max: rescale what we have
-                const A corr = score_exp<T>(m - M);
-                l *= corr;
-#pragma unroll
-                for (int k = 0; k < NCH; ++k)
-#pragma unroll
-                    for (int q = 0; q < VEC; ++q) acc.v[k][q] *= corr;
-                m = M;
-            }
+            raise_running_max<T>(m, M, l, acc);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                // exp(0) = 1 exactly where the score is the max (also for +inf),
-                // 0 for -inf scores (and the masked tail) and NaN scores; one exp
-                // per edge, evaluated without a branch
-                A w = score_exp<T>(sc[u] == m ? A(0) : sc[u] - m);
-                w = sc[u] > neg_inf<A>() ? w : A(0);
-                l += w;
-                if (sc[u] != sc[u]) l = sc[u];       // a NaN score makes the row NaN, as torch
+                A w = online_weight<T>(sc[u], m, l);
                 if (drop.on) w *= z[u];
                 if (w != A(0)) {
 #pragma unroll
@@ -1045,38 +1051,14 @@ __global__ void ATTN_FWD_BOUNDS attn_fwd(const I* __restrict__ task_row, const I
             if (phase_ != 0) continue;
         }
         const i64 slot = (i64)task_slot[t];
-        if (slot < 0) {
-            const bool empty = indptr[row] == indptr[row + 1];
-            const A inv = empty ? A(0) : A(1) / l;
+        const bool empty = slot < 0 && indptr[row] == indptr[row + 1];
 #pragma unroll
-            for (int k = 0; k < NCH; ++k) {
-                if (!L.has(k)) continue;
-                pack_t<T, VEC> o;
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv);
-                store_pack<T, VEC>(out + (row * H + h) * (i64)C + L.chan(k), o);
-                if (out_b != nullptr) {
-                    const T* b = bias + h * C + L.chan(k);
-#pragma unroll
-                    for (int q = 0; q < VEC; ++q)
-                        o.v[q] = value_traits<T>::from_acc(acc.v[k][q] * inv
-                                                           + value_traits<T>::to_acc(b[q]));
-                    store_pack<T, VEC>(out_b + (row * H + h) * (i64)C + L.chan(k), o);
-                }
-            }
-            if (L.lane == 0) lse[row * H + h] = empty ? neg_inf<A>() : m + log(l);
-        } else {
-#pragma unroll
-            for (int k = 0; k < NCH; ++k) {
-                if (!L.has(k)) continue;
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) p_acc[(slot * H + h) * C + L.chan(k) + q] = acc.v[k][q];
-            }
-            if (L.lane == 0) {
-                p_m[slot * H + h] = m;
-                p_l[slot * H + h] = l;
-            }
-        }
+        for (int k = 0; k < NCH; ++k)
+            if (L.has(k))
+                store_forward_row<T, VEC>(out, out_b, bias, p_acc, slot,
+                                          (row * H + h) * (i64)C + L.chan(k), h * C + L.chan(k),
+                                          (slot * H + h) * C + L.chan(k), acc.v[k], empty, l);
+        if (L.lane == 0) store_forward_state(lse, p_m, p_l, row * H + h, slot * H + h, slot, m, l, empty);
     }
 }
 

@@ -163,7 +163,7 @@ __global__ void bsr_pad(const int* __restrict__ window_ptr, const int* __restric
 template <typename T>
 __device__ __forceinline__ float word_value(const unsigned* w, int i) {
     if constexpr (Mma<T>::VPW == 1) return __uint_as_float(w[i]);
-    else return (i & 1) ? Mma<T>::hi(w[i >> 1]) : Mma<T>::lo(w[i >> 1]);
+    else return value_traits<T>::half_of_word(w[i >> 1], i & 1);
 }
 
 // N values as N / VPW words of T
@@ -743,8 +743,8 @@ __device__ __forceinline__ void spmm_tile_a(const T* __restrict__ vals,
                     x[rr][hf][0] = __uint_as_float(w[0]);
                     x[rr][hf][1] = __uint_as_float(w[1]);
                 } else {
-                    x[rr][hf][0] = Mma<T>::lo(w[0]);
-                    x[rr][hf][1] = Mma<T>::hi(w[0]);
+                    x[rr][hf][0] = value_traits<T>::half_of_word(w[0], 0);
+                    x[rr][hf][1] = value_traits<T>::half_of_word(w[0], 1);
                 }
             }
     } else {

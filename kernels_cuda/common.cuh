@@ -192,41 +192,31 @@ __global__ void cast_from_acc(const typename value_traits<T>::acc_t* __restrict_
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                              \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                             \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-#define MMA_PACK2(TY) asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo))
+// The 16-bit types' instructions, by value type (the PTX type name differs).
+__device__ __forceinline__ void mma_k16(float* d, const unsigned* a, unsigned b0, unsigned b1,
+                                        bf16_t*) { MMA_K_STEP("m16n8k16", "bf16"); }
+__device__ __forceinline__ void mma_k16(float* d, const unsigned* a, unsigned b0, unsigned b1,
+                                        f16_t*) { MMA_K_STEP("m16n8k16", "f16"); }
+__device__ __forceinline__ unsigned pack2(float lo, float hi, bf16_t*) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi, f16_t*) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
-template <typename T> struct Mma;
-
-template <> struct Mma<bf16_t> {
+// bf16 and fp16: m16n8k16 on the words as loaded; a word's values are
+// value_traits<T>::half_of_word's.
+template <typename T> struct Mma {
     static constexpr int VPW = 2, A_REGS = 4;
     static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
-                                               unsigned b1) { MMA_K_STEP("m16n8k16", "bf16"); }
+                                               unsigned b1) { mma_k16(d, a, b0, b1, (T*)nullptr); }
     static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
     static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        MMA_PACK2("bf16");
-        return r;
-    }
-    static __device__ __forceinline__ float lo(unsigned w) { return __uint_as_float(w << 16); }
-    static __device__ __forceinline__ float hi(unsigned w) {
-        return __uint_as_float(w & 0xffff0000u);
-    }
-};
-
-template <> struct Mma<f16_t> {
-    static constexpr int VPW = 2, A_REGS = 4;
-    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0,
-                                               unsigned b1) { MMA_K_STEP("m16n8k16", "f16"); }
-    static __device__ __forceinline__ unsigned op(unsigned w) { return w; }
-    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-        unsigned r;
-        MMA_PACK2("f16");
-        return r;
-    }
-    static __device__ __forceinline__ float lo(unsigned w) {
-        return value_traits<f16_t>::to_acc(f16_t{(unsigned short)(w & 0xffffu)});
-    }
-    static __device__ __forceinline__ float hi(unsigned w) {
-        return value_traits<f16_t>::to_acc(f16_t{(unsigned short)(w >> 16)});
+        return pack2(lo, hi, (T*)nullptr);
     }
 };
 

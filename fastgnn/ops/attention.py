@@ -134,7 +134,7 @@ partials in a fixed order. Accumulate in float32 (float64 for float64).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -330,7 +330,7 @@ def _validate_inputs(graph, score, given, vtype):
 
 
 def _attention_params(score, negative_slope, scale, channels, dropout, seed, offset,
-                      deterministic=True):
+                      deterministic=True, mma_scores=True):
     check_deterministic(deterministic)
     if isinstance(negative_slope, (bool, np.bool_)) or not isinstance(
             negative_slope, (int, float, np.number)) or not math.isfinite(negative_slope):
@@ -347,7 +347,8 @@ def _attention_params(score, negative_slope, scale, channels, dropout, seed, off
     else:
         scale = 1.0
     return AttentionParams(float(negative_slope), float(scale),
-                           dropout_spec(dropout, seed, offset), bool(deterministic))
+                           dropout_spec(dropout, seed, offset), bool(deterministic),
+                           bool(mma_scores))
 
 
 def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None, xl=None,
@@ -361,12 +362,10 @@ def edge_attention_fwd(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=N
              "att": att, "xe": xe, "q": q, "k": k, "ee": ee, "bias": bias}
     arrays, shapes, vt, H, C = _validate_inputs(graph, score, given, vtype)
     params = _attention_params(score, negative_slope, scale, C, dropout, seed, offset,
-                               deterministic)
+                               deterministic, mma_scores=tensor_cores is not False)
     anchor = arrays[_ANCHOR[score]]
     tc = _tc.attention_path(graph, score, arrays, params, bool(return_attention_weights), vt,
                             tensor_cores, tf32=_tc.check_tf32(tf32))
-    if tensor_cores is False:
-        params = replace(params, mma_scores=False)
     if tc:
         out, lse, out_b = _tc.attention_fwd(graph, arrays, params, vt)
         alpha = None
