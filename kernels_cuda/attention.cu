@@ -31,8 +31,9 @@
 // and merge by shuffles at its end (see "Edge phases" below). Hub
 // rows are split; their (m, l, acc) partials are merged in slot order
 // (attn_combine), source-side backward partials by spmm_combine: no atomics.
-// The 16-bit gatv2 forward of heads of 32 channels filling warps scores on
-// Tensor Cores instead (attn_fwd_mma, its own mapping, same task walk).
+// The 16-bit gatv2 forward and backward target pass of heads of 32 channels
+// filling warps score on Tensor Cores instead (attn_fwd_mma,
+// attn_bwd_dst_mma: their own mapping, the same task walk).
 //
 // Templated (loader.py's _attention_names instantiates what the launcher
 // can ask for): KIND, value and index type, VEC, NCH, GROUP = G (lanes per
@@ -554,8 +555,9 @@ template <typename X, typename Y> struct pick_type<false, X, Y> { typedef Y type
 // only as the comparison x > -d (attn_bwd_dst). NaN and inf inputs reach
 // the score as through t (x in the first sum, d in db_i).
 // Every lane-group kernel scores through this one function, so the backward
-// passes recompute the forward's scores bit for bit (attn_fwd_mma, the
-// 16-bit gatv2 forward on Tensor Cores, sums in another order: see there).
+// passes recompute the forward's scores bit for bit (attn_fwd_mma and
+// attn_bwd_dst_mma, 16-bit gatv2 on Tensor Cores, sum in another order:
+// see there).
 template <int KIND, int GROUP, bool HAS_E, typename T, int VEC, int NCH, typename SS, typename DD>
 __device__ __forceinline__ typename value_traits<T>::acc_t score_of(
         const SS& s, const DD& d, const Row<T, VEC, NCH>& e,
@@ -783,10 +785,12 @@ __device__ __forceinline__ void store_forward_state(A* __restrict__ lse, A* __re
 // two multiply-adds per channel and value plus a reduction across the
 // head's lanes per edge: H200, rmat20, 4 heads x 32, bf16 forward kernel
 // 1.95 -> 1.63 ms (ncu), then waiting on its gathers (long scoreboard).
-// The backward passes recompute scores through score_of (fp32
-// multiply-adds in another order), so their probabilities exp(s - lse)
-// differ from the forward's by fp32 rounding of a score (about 1e-6
-// relative), far under 16-bit rounding.
+// The backward's target pass recomputes the scores with the same products
+// (attn_bwd_dst_mma); where it runs on the lane groups instead (a cotangent
+// of the attention weights) it scores through score_of (fp32 multiply-adds
+// in another order), so its probabilities exp(s - lse) differ from the
+// forward's by fp32 rounding of a score (about 1e-6 relative), far under
+// 16-bit rounding.
 
 // Both halves' maxima of two 16-bit pairs (max.bf16x2 / f16x2: exact; a
 // NaN half gives the other operand's, as fmax).
@@ -800,6 +804,37 @@ template <> __device__ __forceinline__ unsigned pair_max<f16_t>(unsigned a, unsi
     unsigned r;
     asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
+}
+
+// The split score's two channel sums over chunk kb (16 channels) on Tensor
+// Cores, attn_fwd_mma's mapping: A's rows are the quad's gathered rows x0
+// (edge q) and x1 (edge QPH + q) of its head, B the 8 columns in b (att of
+// the warp's heads; the target pass adds g_i in the other four). dx += A B,
+// dm += max(A, -xr_i) B, with -xr_i in nx (16-bit pair maxima: exact).
+template <typename T, int KB>
+__device__ __forceinline__ void split_score_products(const Row<T, 8, KB>& x0, const Row<T, 8, KB>& x1,
+                                                     const Row<T, 8, KB>& nx, const Row<T, 8, KB>& b,
+                                                     int kb, float (&dx)[4], float (&dm)[4]) {
+#pragma unroll
+    for (int kc = 0; kc < 2; ++kc) {
+        const unsigned b0 = b.w[kb][2 * kc], b1 = b.w[kb][2 * kc + 1];
+        const unsigned n0 = nx.w[kb][2 * kc], n1 = nx.w[kb][2 * kc + 1];
+        const unsigned a[4] = {x0.w[kb][2 * kc], x1.w[kb][2 * kc], x0.w[kb][2 * kc + 1],
+                               x1.w[kb][2 * kc + 1]};
+        const unsigned am[4] = {pair_max<T>(a[0], n0), pair_max<T>(a[1], n0),
+                                pair_max<T>(a[2], n1), pair_max<T>(a[3], n1)};
+        Mma<T>::run(dx, a, b0, b1);
+        Mma<T>::run(dm, am, b0, b1);
+    }
+}
+
+// Row r's (0: x0, 1: x1) split score from split_score_products' sums, in
+// the quad threads holding column hj of their pair: base (db_i, or db_i -
+// lse) + slope <att, x_j> + (1 - slope) <att, max(x_j, -xr_i)>.
+__device__ __forceinline__ float split_score(float base, const float (&dx)[4], const float (&dm)[4],
+                                             int hj, int r, float slope) {
+    return base + (slope * (hj ? dx[2 * r + 1] : dx[2 * r])
+                   + (1.f - slope) * (hj ? dm[2 * r + 1] : dm[2 * r]));
 }
 
 // acc += w x: a row's values (a Row, as loaded) weighted into the accumulator.
@@ -867,20 +902,9 @@ __device__ __forceinline__ void gatv2_fwd_mma_task(
         }
         float dx[4] = {0.f, 0.f, 0.f, 0.f}, dm[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int kb = 0; kb < KB; ++kb)
-#pragma unroll
-            for (int kc = 0; kc < 2; ++kc) {
-                const unsigned b0 = ab.w[kb][2 * kc], b1 = ab.w[kb][2 * kc + 1];
-                const unsigned n0 = nx.w[kb][2 * kc], n1 = nx.w[kb][2 * kc + 1];
-                const unsigned a[4] = {x0.w[kb][2 * kc], x1.w[kb][2 * kc], x0.w[kb][2 * kc + 1],
-                                       x1.w[kb][2 * kc + 1]};
-                const unsigned am[4] = {pair_max<T>(a[0], n0), pair_max<T>(a[1], n0),
-                                        pair_max<T>(a[2], n1), pair_max<T>(a[3], n1)};
-                Mma<T>::run(dx, a, b0, b1);
-                Mma<T>::run(dm, am, b0, b1);
-            }
-        float s0 = db + (slope * (hj ? dx[1] : dx[0]) + (1.f - slope) * (hj ? dm[1] : dm[0]));
-        float s1 = db + (slope * (hj ? dx[3] : dx[2]) + (1.f - slope) * (hj ? dm[3] : dm[2]));
+        for (int kb = 0; kb < KB; ++kb) split_score_products<T, KB>(x0, x1, nx, ab, kb, dx, dm);
+        float s0 = split_score(db, dx, dm, hj, 0, slope);
+        float s1 = split_score(db, dx, dm, hj, 1, slope);
         s0 = __shfl_sync(0xffffffffu, s0, src);
         s1 = __shfl_sync(0xffffffffu, s1, src);
         if (!ok0) s0 = neg_inf<float>();
@@ -1416,6 +1440,165 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
     }
     if (BLOCK_GATT && gatt_part != nullptr)     // uniform: no divergent barrier
         gatt_block_sum(gatt_part, H, C, grp_);
+}
+
+// attn_bwd_dst_mma: the 16-bit gatv2 target pass with Tensor Core scores,
+// where attn_fwd_mma's layout holds (the same conditions; it also serves
+// deterministic=False, faster than the atomic pass). attn_fwd_mma's mapping and products, B's other four columns
+// holding g_i of the warp's heads, so one product gives a row's <att, x_j>
+// (column = its head in the warp) and <g_i, x_j> (column 4 + that head),
+// the second product <att, max(x_j, -xr_i)>. Per edge and head then as
+// attn_bwd_dst's PAIRS path: p = e^(s - lse), ds = p (z <g_i, x_j> (+ ga) -
+// D), the pair (w, ds) stored by the row's quad thread m = 0, dsum += ds and
+// the pair comparisons x_j > -xr_i adding ds per channel (add_where_greater)
+// over the thread's 8 channels and two rows; at the task's end the head's
+// quads sum (dsum, dacc) by shuffles, and quad 0 forms sum_e dl = slope dsum
+// + (1 - slope) dacc per channel, gDn[i] = att (.) sum_e dl and grad_att's
+// xr_i term as attn_bwd_dst does. D = <g_i, out_i> from the thread's 8
+// channels, summed over the quad.
+// 2 blocks (<= 128 registers; it takes 96-99). Under the 3-block cap of
+// attn_bwd_dst's 16-bit gatv2 variants (80 registers) it spills 8-32 bytes
+// per task, at the task boundary, and even so that build's backward ran
+// 4.05 ms against 4.46 at 2 blocks on the H200 (rmat20, 4 x 32 bf16,
+// probe_attention.py fwdbwd, one run each): an 80-register layout would pay.
+template <typename T, typename I, int GROUP, bool BLOCK_GATT>
+__global__ void __launch_bounds__(256, 2)
+attn_bwd_dst_mma(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+                 const I* __restrict__ task_slot, const long long* __restrict__ slot_begin,
+                 const I* __restrict__ indptr, const I* __restrict__ indices,
+                 const I* __restrict__ cid, const T* __restrict__ S, const T* __restrict__ Dn,
+                 const T* __restrict__ Ed, const T* __restrict__ att, const T* __restrict__ V,
+                 const float* __restrict__ lse,
+                 const T* __restrict__ g,          // [num_dst, H, C] or null
+                 const T* __restrict__ ga,         // unused (no grad_alpha: attn_bwd_dst)
+                 const T* __restrict__ out,        // [num_dst, H, C] or null
+                 const float* __restrict__ delta,  // [num_dst, H]
+                 float* __restrict__ wds,          // [E, H, 2] or null
+                 T* __restrict__ gDn,              // [num_dst, H, C] or null
+                 float* __restrict__ p_dn,         // [slots, H, C]
+                 T* __restrict__ gEd,              // unused (no edge term)
+                 float* __restrict__ gatt_part,    // [tasks | blocks, H, C] or null
+                 float* __restrict__ aS, float* __restrict__ aV,   // unused (not atomic)
+                 i64 num_tasks, int H, int C, int nch, int chunk, int group, int launch_phases,
+                 int rounds, float slope, float scale, DROP_PARAMS) {
+    constexpr int VEC = 4;                     // FOR_EACH_GROUP_TASK's lane layout
+    constexpr int HW = 32 / GROUP, QPH = 8 / HW, ES = 16 / HW;
+    static_assert(GROUP == 8, "heads of 32 channels");
+    typedef Row<T, 8, 1> Rw;                   // a thread's 8 channels of a row, as loaded
+    DROP_MAKE
+    if (BLOCK_GATT && gatt_part != nullptr) gatt_slots_zero<float>(C, GROUP);   // uniform
+    const int tl = threadIdx.x & 31, gq = tl >> 2, m = tl & 3, q = gq % QPH, hw = tl / GROUP;
+    const int hj = hw & 1, src_s = (tl & ~3) | (hw >> 1);   // <g_i, x_j> at src_s + 2
+    const int stride = H * C * (int)sizeof(T);   // bytes per source row
+    FOR_EACH_GROUP_TASK {
+        TASK_PROLOGUE
+        const int c = 8 * m;
+        const i64 rowc = (row * H + h) * (i64)C + c;
+        // B: att of the warp's head gq (columns 0..3), g_i of head gq - 4 (4..7)
+        const int hb = h - hw;                 // the warp's first head
+        Rw bw, nx;                             // B words; -xr_i
+        if (gq < HW) bw.load(0, att + (hb + gq) * C + c);
+        else if (gq >= 4 && gq < 4 + HW && g != nullptr) bw.load(0, g + (row * H + hb + gq - 4) * (i64)C + c);
+        else bw.zero(0);
+        nx.load(0, Dn + rowc);
+        float db = 0.f, D = 0.f;
+        {
+            Rw own, gi, oi;
+            own.load(0, att + h * C + c);
+            if (g != nullptr) gi.load(0, g + rowc);
+            else gi.zero(0);
+            if (out != nullptr) oi.load(0, out + rowc);
+            else oi.zero(0);
+#pragma unroll
+            for (int v = 0; v < 8; ++v) {
+                db += own(0, v) * nx(0, v);
+                D += gi(0, v) * oi(0, v);
+            }
+        }
+        db += __shfl_xor_sync(0xffffffffu, db, 1);
+        db += __shfl_xor_sync(0xffffffffu, db, 2);
+        D += __shfl_xor_sync(0xffffffffu, D, 1);
+        D += __shfl_xor_sync(0xffffffffu, D, 2);
+        if (out == nullptr) D = delta[row * H + h];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) nx.w[0][i] ^= 0x80008000u;
+        const float db_lse = db - lse[row * H + h];   // a score's p = e^(its sums + db - lse)
+        float dacc[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) dacc[k] = 0.f;
+        float dsum = 0.f;
+        const Rows<const T*> Sr = {S + h * C + c, stride};
+        for (int b = 0; b < n; b += ES) {
+            const int p0 = b + q, p1 = b + QPH + q;
+            const bool ok0 = p0 < n, ok1 = p1 < n;
+            const int e0 = ok0 ? p0 : n - 1, e1 = ok1 ? p1 : n - 1;
+            const I j0 = eidx[e0], j1 = eidx[e1];
+            const I ce0 = ecid[e0], ce1 = ecid[e1];
+            Rw x0, x1;
+            x0.load(0, Sr.at(j0));
+            x1.load(0, Sr.at(j1));
+            float dx[4] = {0.f, 0.f, 0.f, 0.f}, dm[4] = {0.f, 0.f, 0.f, 0.f};
+            split_score_products<T, 1>(x0, x1, nx, bw, 0, dx, dm);
+            // the score in the quad's thread m = hw / 2, <g_i, x_j> in m = 2 + hw / 2
+            float s0 = split_score(db_lse, dx, dm, hj, 0, slope);
+            float s1 = split_score(db_lse, dx, dm, hj, 1, slope);
+            float g0 = hj ? dx[1] : dx[0], g1 = hj ? dx[3] : dx[2];
+            s0 = __shfl_sync(0xffffffffu, s0, src_s);
+            s1 = __shfl_sync(0xffffffffu, s1, src_s);
+            g0 = __shfl_sync(0xffffffffu, g0, src_s + 2);
+            g1 = __shfl_sync(0xffffffffu, g1, src_s + 2);
+            float ds[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float s = r ? s1 : s0, gm = g != nullptr ? (r ? g1 : g0) : 0.f;
+                const I ce = r ? ce1 : ce0;
+                const float p = score_exp<T>(s);
+                const float z = (float)drop_factor(drop, ce, H, h);
+                const float dp = z != 0.f ? z * gm : 0.f;
+                const bool ok = r ? ok1 : ok0;
+                ds[r] = ok ? p * (dp - D) : 0.f;
+                if (ok && wds != nullptr && m == 0) {
+                    pack_t<float, 2> o;
+                    o.v[0] = p * z;                   // the message's weight
+                    o.v[1] = ds[r];
+                    store_pack<float, 2>(wds + ((i64)ce * H + h) * 2, o);
+                }
+            }
+            dsum += ds[0];
+            dsum += ds[1];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                add_where_greater<T>(x0.w[0][i], nx.w[0][i], ds[0], dacc[2 * i], dacc[2 * i + 1]);
+                add_where_greater<T>(x1.w[0][i], nx.w[0][i], ds[1], dacc[2 * i], dacc[2 * i + 1]);
+            }
+        }
+#pragma unroll
+        for (int off = 4; off < 4 * QPH; off <<= 1) {
+            dsum += __shfl_xor_sync(0xffffffffu, dsum, off);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) dacc[k] += __shfl_xor_sync(0xffffffffu, dacc[k], off);
+        }
+        if (q != 0) continue;
+        const i64 slot = (i64)task_slot[t];
+        Rw own;
+        own.load(0, att + h * C + c);
+        float* __restrict__ pa = BLOCK_GATT ? gatt_slots<float>() + (threadIdx.x / GROUP) * C + c
+                                            : gatt_part + (t * H + h) * C + c;   // the task's row
+        float gd[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float dl = slope * dsum + (1.f - slope) * dacc[k];   // sum_e dl
+            const float term = -nx(0, k) * dl;                        // xr_i's term
+            if (gatt_part != nullptr) {
+                if (BLOCK_GATT) pa[k] += term;
+                else pa[k] = term;
+            }
+            gd[k] = own(0, k) * dl;
+        }
+        if (gDn != nullptr) store_row<T, 8>(gDn, p_dn, slot, rowc, (slot * H + h) * C + c, gd);
+    }
+    if (BLOCK_GATT && gatt_part != nullptr)     // uniform: no divergent barrier
+        gatt_block_sum(gatt_part, H, C, GROUP);
 }
 
 // Backward, source pass over the transpose (task rows are sources j, t_indices

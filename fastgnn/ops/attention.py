@@ -483,18 +483,20 @@ def edge_attention(graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
               source-side gradient (of xl) with float atomics and the pass
               over the cached transpose is skipped: faster, but the sums'
               order, so their last bits, vary. "gat" and "dot" keep the
-              deterministic passes (faster for them).
+              deterministic passes (faster for them), and so does 16-bit
+              "gatv2" where its backward scores on Tensor Cores (see
+              tensor_cores; faster than the atomic one).
     tensor_cores: "auto" (default), True or False: the block-sparse Tensor
               Core kernels (`fastgnn.blocksparse`: score="dot" with bf16/fp16
               inputs, or fp32 with tf32=True; no edge term, dropout or returned weights, no duplicate
               edges) where its fill rule says they are faster on this graph;
               True forces them (ValueError where they cannot serve the
               call), False keeps the CUDA-core kernels. Apart from those,
-              the 16-bit "gatv2" forward scores on Tensor Cores where its
-              heads fill a warp (no edge term, heads of 32 channels, a
-              multiple of 4 heads, 16-byte aligned rows; exact products,
-              fp32 sums) unless tensor_cores=False. Results agree to the
-              dtype's tolerance.
+              the 16-bit "gatv2" forward and its backward's pass over the
+              targets score on Tensor Cores where its heads fill a warp (no
+              edge term, heads of 32 channels, a multiple of 4 heads,
+              16-byte aligned rows; exact products, fp32 sums) unless
+              tensor_cores=False. Results agree to the dtype's tolerance.
     tf32:     False (default) or True: let fp32 inputs take the Tensor Core
               kernels as TF32 (q, k, v and the probabilities rounded to 10
               mantissa bits in the products, fp32 softmax and sums; relative

@@ -11,7 +11,8 @@ one per thread block (GATv2's xl_j terms). The forward and both backward
 passes run on persistent grids (_persistent_grid). Per-edge arrays stay in
 the caller's order. No float atomics by default: bitwise repeatable. With
 params.deterministic False the backward's target pass of the scores where
-that is faster (ATOMIC_SCORES: gatv2) also scatters the source-side
+that is faster (ATOMIC_SCORES: gatv2, unless its 16-bit target pass
+scores on Tensor Cores, mma_scores) also scatters the source-side
 gradients with float atomics into fp32/fp64 buffers and the source pass
 over the transpose is skipped (faster, not repeatable).
 
@@ -100,11 +101,13 @@ def shape_for(vtype, score, C, heads, ptrs, backward):
 
 
 def mma_scores(score, vtype, H, C, has_e, shape, ptrs):
-    """Whether the forward of this launch `shape` (shape_for's) runs
-    attn_fwd_mma, the 16-bit gatv2 forward scoring on Tensor Cores
-    (kernels_cuda/attention.cu): 16-bit gatv2 without edge term, heads of 32
-    channels at 4 values per lane, a multiple of 4 heads (whole heads per
-    warp), and the rows at `ptrs` (S, Dn, att, out, out_b) 16-byte aligned."""
+    """Whether a launch of this `shape` (shape_for's) scores on Tensor Cores:
+    attn_fwd_mma for the 16-bit gatv2 forward, attn_bwd_dst_mma for its
+    deterministic backward's target pass (kernels_cuda/attention.cu):
+    16-bit gatv2 without edge term, heads of 32 channels at 4 values per
+    lane, a multiple of 4 heads (whole heads per warp), and the rows at
+    `ptrs` (the forward's S, Dn, att, out, out_b; the target pass's S, Dn,
+    att, g, out) 16-byte aligned."""
     vec, NCH, GRP = shape[:3]
     return (score == "gatv2" and VALUE_BYTES[vtype] == 2 and not has_e and C == 32
             and (vec, NCH, GRP) == (4, 1, 8) and H % 4 == 0
@@ -740,19 +743,27 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
         if need_gatt:
             grads["att"] = gatt.reshape(att.shape)
         return {name: grads[name] for name in SCORE_INPUTS[score]}
-    # deterministic=False (for ATOMIC_SCORES): the target pass scatters the
-    # source-side gradients too (float atomics) and the source pass does not run
-    atomic = (not params.deterministic and score in ATOMIC_SCORES and (need_gS or need_gV))
-    # gatv2's grad_att takes its xl_j terms from the source pass (not with atomics)
-    src_pass = (need_gS or need_gV or need_gatt) and not atomic
     # the target pass always runs (the source pass takes its per-edge (w, ds'),
     # wds); the common case: it computes delta = <g_i, out_i> itself
     fused = g is not None and ga is None
-    delta = None if fused else _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
-    wds = cp.empty((graph.num_edges, H, 2), dtype=acc) if src_pass else None
     vec, NCH, GRP, group, nch = _shape(vtype, score, C, (S, Dn, Ed, att, V, g, out)
                                        if score != "gat" else (V, g, out), True)
     phases = edge_phases(vtype, vec, H, group)
+    # 16-bit gatv2's target pass scores on Tensor Cores where the forward's
+    # layout holds (mma_scores; attn_bwd_dst_mma takes attn_bwd_dst's
+    # arguments): deterministic and faster than the atomic backward, so it
+    # serves deterministic=False too
+    mma = (fused and params.mma_scores
+           and mma_scores(score, vtype, H, C, Ed is not None, (vec, NCH, GRP),
+                          [x.data.ptr for x in (S, Dn, att, g, out) if x is not None]))
+    # deterministic=False (for ATOMIC_SCORES): the target pass scatters the
+    # source-side gradients too (float atomics) and the source pass does not run
+    atomic = (not mma and not params.deterministic and score in ATOMIC_SCORES
+              and (need_gS or need_gV))
+    # gatv2's grad_att takes its xl_j terms from the source pass (not with atomics)
+    src_pass = (need_gS or need_gV or need_gatt) and not atomic
+    delta = None if fused else _delta(graph, score, arrays, out, lse, g, ga, params, vtype)
+    wds = cp.empty((graph.num_edges, H, 2), dtype=acc) if src_pass else None
 
     # target pass over the CSR
     plan = task_plan(graph, DEFAULT_CHUNK, visit=False)
@@ -767,8 +778,12 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     # atomic: fp32/fp64 sums, zeroed (the gradients themselves for fp32/fp64)
     aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
     aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
-    kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
-                   atomic, block_gatt)
+    if mma:
+        kern = get_function("attention", vtype, itype, f"attn_bwd_dst_mma<{C_VALUE[vtype]}, "
+                            f"{C_INDEX[itype]}, {GRP}, {str(block_gatt).lower()}>")
+    else:
+        kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
+                       atomic, block_gatt)
     grid, slot_begin, rounds = _persistent_grid(kern, graph, plan, H, group, smem, phases)
     dst_rows = grid[0] if block_gatt else ntask
     if src_pass:

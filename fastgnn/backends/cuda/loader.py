@@ -190,6 +190,7 @@ def _attention_names(vt, it):
                                                     else ("false",))]
     if vt in ("bfloat16", "float16"):      # gatv2's forward on Tensor Cores (heads of 32)
         names.append(f"attn_fwd_mma<{T}, {I}, 8>")
+        names += [f"attn_bwd_dst_mma<{T}, {I}, 8, {block}>" for block in ("false", "true")]
     return names
 
 
