@@ -45,7 +45,8 @@ def attention_inputs(rng, n, H, C, vtype):
 def backward_pass(g, n, rng, repeats=10, H=4, C=32):
     """The forward and backward of each score at H x C in fp32 then bf16:
     timed (CUDA events, median of `repeats`, one line per type; bf16 gatv2's
-    forward also with tensor_cores=False, off its Tensor Core scores), or
+    forward and backward also with tensor_cores=False, off their Tensor Core
+    scores), or
     the backward run once and untimed with repeats=0 (for ncu)."""
     for vtype in ("float32", "bfloat16"):
         inputs, grad = attention_inputs(rng, n, H, C, vtype)
@@ -58,10 +59,13 @@ def backward_pass(g, n, rng, repeats=10, H=4, C=32):
             tf = median_ms(lambda: fastgnn.edge_attention_fwd(g, kind, vtype=vtype, **kw), repeats)
             tb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res, grad), repeats)
             line.append(f"{kind} fwd {tf:.3f} bwd {tb:.3f} sum {tf + tb:.3f} ms")
-            if kind == "gatv2" and vtype != "float32":   # the forward without mma scores
+            if kind == "gatv2" and vtype != "float32":   # both passes without mma scores
+                _, res_l = fastgnn.edge_attention_fwd(g, kind, vtype=vtype, tensor_cores=False, **kw)
                 tl = median_ms(lambda: fastgnn.edge_attention_fwd(
                     g, kind, vtype=vtype, tensor_cores=False, **kw), repeats)
-                line.append(f"(gatv2 fwd with tensor_cores=False {tl:.3f} ms)")
+                tlb = median_ms(lambda: fastgnn.edge_attention_bwd(g, res_l, grad), repeats)
+                line.append(f"(gatv2 with tensor_cores=False: fwd {tl:.3f} bwd {tlb:.3f} "
+                            f"sum {tl + tlb:.3f} ms)")
         if repeats:
             print(f"{vtype} H={H} C={C}: " + "  ".join(line))
     cp.cuda.Device().synchronize()
