@@ -1457,10 +1457,12 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 // xr_i term as attn_bwd_dst does. D = <g_i, out_i> from the thread's 8
 // channels, summed over the quad.
 // 2 blocks (<= 128 registers; it takes 96-99). Under the 3-block cap of
-// attn_bwd_dst's 16-bit gatv2 variants (80 registers) it spills 8-32 bytes
-// per task, at the task boundary, and even so that build's backward ran
-// 4.05 ms against 4.46 at 2 blocks on the H200 (rmat20, 4 x 32 bf16,
-// probe_attention.py fwdbwd, one run each): an 80-register layout would pay.
+// attn_bwd_dst's 16-bit gatv2 variants (80 registers) NVRTC spills 8-20
+// bytes of the BLOCK_GATT variants (FOR_EACH_GROUP_TASK's slot count and
+// range state, reloaded once per slot range or task) and 28-32 of the
+// others, and even so that build's backward ran 4.05 ms against 4.46 at 2
+// blocks on the H200 (rmat20, 4 x 32 bf16, probe_attention.py fwdbwd, one
+// run each): a layout in 80 registers would pay.
 template <typename T, typename I, int GROUP, bool BLOCK_GATT>
 __global__ void __launch_bounds__(256, 2)
 attn_bwd_dst_mma(const I* __restrict__ task_row, const I* __restrict__ task_begin,
