@@ -837,6 +837,31 @@ __device__ __forceinline__ float split_score(float base, const float (&dx)[4], c
                    + (1.f - slope) * (hj ? dm[2 * r + 1] : dm[2 * r]));
 }
 
+// The task's target row for the Tensor Core scores (attn_fwd_mma and
+// attn_bwd_dst_mma): -xr_i of head h as 16-bit pairs in nx (the pair_max /
+// add_where_greater operand; the thread's 8 KB channels 32 kb + 8 m .. + 7)
+// and db_i = <att, xr_i> of head h, summed over the quad.
+template <typename T, int KB>
+__device__ __forceinline__ float mma_target_row(const T* __restrict__ att, const T* __restrict__ Dn,
+                                                i64 row, int h, int H, int m, Row<T, 8, KB>& nx) {
+    constexpr int C = 32 * KB;
+    float db = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+        const int c = 32 * kb + 8 * m;
+        nx.load(kb, Dn + (row * H + h) * (i64)C + c);
+        Row<T, 8, KB> own;
+        own.load(kb, att + h * C + c);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) db += own(kb, v) * nx(kb, v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) nx.w[kb][i] ^= 0x80008000u;
+    }
+    db += __shfl_xor_sync(0xffffffffu, db, 1);
+    db += __shfl_xor_sync(0xffffffffu, db, 2);
+    return db;
+}
+
 // acc += w x: a row's values (a Row, as loaded) weighted into the accumulator.
 template <typename T, int VEC, int NCH>
 __device__ __forceinline__ void add_weighted(Slice<T, VEC, NCH>& acc, float w, const Row<T, VEC, NCH>& x) {
@@ -863,22 +888,12 @@ __device__ __forceinline__ void gatv2_fwd_mma_task(
     typedef Row<T, 8, KB> Rw;
     const int t = threadIdx.x & 31, g = t >> 2, m = t & 3, q = g % QPH, hw = t / GROUP;
     Rw ab, nx;                       // B words (att of the warp's head g); -xr_i
-    float db = 0.f;                  // <att, xr_i> of the lane's head
 #pragma unroll
     for (int kb = 0; kb < KB; ++kb) {
-        const int c = 32 * kb + 8 * m;
-        if (g < HW) ab.load(kb, att + (h - hw + g) * C + c);
+        if (g < HW) ab.load(kb, att + (h - hw + g) * C + 32 * kb + 8 * m);
         else ab.zero(kb);
-        nx.load(kb, Dn + (row * H + h) * (i64)C + c);
-        Rw own;
-        own.load(kb, att + h * C + c);
-#pragma unroll
-        for (int v = 0; v < 8; ++v) db += own(kb, v) * nx(kb, v);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) nx.w[kb][i] ^= 0x80008000u;
     }
-    db += __shfl_xor_sync(0xffffffffu, db, 1);
-    db += __shfl_xor_sync(0xffffffffu, db, 2);
+    const float db = mma_target_row<T, KB>(att, Dn, row, h, H, m, nx);   // <att, xr_i>
     Slice<T, 8, KB> acc;
     zero_slice(acc);
     float mx = neg_inf<float>(), l = 0.f;
@@ -1455,8 +1470,10 @@ __global__ void ATTN_DST_BOUNDS attn_bwd_dst(const I* __restrict__ task_row, con
 // quads sum (dsum, dacc) by shuffles, and quad 0 forms sum_e dl = slope dsum
 // + (1 - slope) dacc per channel, gDn[i] = att (.) sum_e dl and grad_att's
 // xr_i term as attn_bwd_dst does. D = <g_i, out_i> from the thread's 8
-// channels, summed over the quad.
-// 2 blocks (<= 128 registers; it takes 96-99). Under the 3-block cap of
+// channels, summed over the quad: the launcher takes this kernel only with
+// a cotangent g and without one of the weights (attn_bwd_dst's fused case),
+// so g and out are always given.
+// 2 blocks (<= 128 registers; it takes 95-99). Under the 3-block cap of
 // attn_bwd_dst's 16-bit gatv2 variants (80 registers) NVRTC spills 8-20
 // bytes of the BLOCK_GATT variants (FOR_EACH_GROUP_TASK's slot count and
 // range state, reloaded once per slot range or task) and 28-32 of the
@@ -1471,10 +1488,10 @@ attn_bwd_dst_mma(const I* __restrict__ task_row, const I* __restrict__ task_begi
                  const I* __restrict__ cid, const T* __restrict__ S, const T* __restrict__ Dn,
                  const T* __restrict__ Ed, const T* __restrict__ att, const T* __restrict__ V,
                  const float* __restrict__ lse,
-                 const T* __restrict__ g,          // [num_dst, H, C] or null
+                 const T* __restrict__ g,          // [num_dst, H, C]
                  const T* __restrict__ ga,         // unused (no grad_alpha: attn_bwd_dst)
-                 const T* __restrict__ out,        // [num_dst, H, C] or null
-                 const float* __restrict__ delta,  // [num_dst, H]
+                 const T* __restrict__ out,        // [num_dst, H, C]
+                 const float* __restrict__ delta,  // unused (D from g and out)
                  float* __restrict__ wds,          // [E, H, 2] or null
                  T* __restrict__ gDn,              // [num_dst, H, C] or null
                  float* __restrict__ p_dn,         // [slots, H, C]
@@ -1500,31 +1517,20 @@ attn_bwd_dst_mma(const I* __restrict__ task_row, const I* __restrict__ task_begi
         const int hb = h - hw;                 // the warp's first head
         Rw bw, nx;                             // B words; -xr_i
         if (gq < HW) bw.load(0, att + (hb + gq) * C + c);
-        else if (gq >= 4 && gq < 4 + HW && g != nullptr) bw.load(0, g + (row * H + hb + gq - 4) * (i64)C + c);
+        else if (gq >= 4 && gq < 4 + HW) bw.load(0, g + (row * H + hb + gq - 4) * (i64)C + c);
         else bw.zero(0);
-        nx.load(0, Dn + rowc);
-        float db = 0.f, D = 0.f;
+        // a score's p = e^(its sums + db - lse)
+        const float db_lse = mma_target_row<T, 1>(att, Dn, row, h, H, m, nx) - lse[row * H + h];
+        float D = 0.f;                         // <g_i, out_i>
         {
-            Rw own, gi, oi;
-            own.load(0, att + h * C + c);
-            if (g != nullptr) gi.load(0, g + rowc);
-            else gi.zero(0);
-            if (out != nullptr) oi.load(0, out + rowc);
-            else oi.zero(0);
+            Rw gi, oi;
+            gi.load(0, g + rowc);
+            oi.load(0, out + rowc);
 #pragma unroll
-            for (int v = 0; v < 8; ++v) {
-                db += own(0, v) * nx(0, v);
-                D += gi(0, v) * oi(0, v);
-            }
+            for (int v = 0; v < 8; ++v) D += gi(0, v) * oi(0, v);
         }
-        db += __shfl_xor_sync(0xffffffffu, db, 1);
-        db += __shfl_xor_sync(0xffffffffu, db, 2);
         D += __shfl_xor_sync(0xffffffffu, D, 1);
         D += __shfl_xor_sync(0xffffffffu, D, 2);
-        if (out == nullptr) D = delta[row * H + h];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) nx.w[0][i] ^= 0x80008000u;
-        const float db_lse = db - lse[row * H + h];   // a score's p = e^(its sums + db - lse)
         float dacc[8];
 #pragma unroll
         for (int k = 0; k < 8; ++k) dacc[k] = 0.f;
@@ -1552,7 +1558,7 @@ attn_bwd_dst_mma(const I* __restrict__ task_row, const I* __restrict__ task_begi
             float ds[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float s = r ? s1 : s0, gm = g != nullptr ? (r ? g1 : g0) : 0.f;
+                const float s = r ? s1 : s0, gm = r ? g1 : g0;
                 const I ce = r ? ce1 : ce0;
                 const float p = score_exp<T>(s);
                 const float z = (float)drop_factor(drop, ce, H, h);
@@ -1563,6 +1569,8 @@ attn_bwd_dst_mma(const I* __restrict__ task_row, const I* __restrict__ task_begi
                     pack_t<float, 2> o;
                     o.v[0] = p * z;                   // the message's weight
                     o.v[1] = ds[r];
+                    // (pairs_of's base pointer here: 16 more instructions, 2 more
+                    // registers with 64-bit indices)
                     store_pack<float, 2>(wds + ((i64)ce * H + h) * 2, o);
                 }
             }

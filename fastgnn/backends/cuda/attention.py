@@ -107,7 +107,7 @@ def mma_scores(score, vtype, H, C, has_e, shape, ptrs):
     16-bit gatv2 without edge term, heads of 32 channels at 4 values per
     lane, a multiple of 4 heads (whole heads per warp), and the rows at
     `ptrs` (the forward's S, Dn, att, out, out_b; the target pass's S, Dn,
-    att, g, out) 16-byte aligned."""
+    att, g, out; 0 for an absent one) 16-byte aligned."""
     vec, NCH, GRP = shape[:3]
     return (score == "gatv2" and VALUE_BYTES[vtype] == 2 and not has_e and C == 32
             and (vec, NCH, GRP) == (4, 1, 8) and H % 4 == 0
@@ -379,6 +379,13 @@ def _kernel(kernel, score, vtype, itype, *args):
                         _kernel_name(kernel, score, vtype, itype, *args))
 
 
+def _mma_kernel_name(kernel, vtype, itype, grp, *flags):
+    """The name of a Tensor Core score kernel (attn_fwd_mma, attn_bwd_dst_mma:
+    16-bit gatv2, no score or shape parameters beyond the group size)."""
+    extra = "".join(f", {str(f).lower()}" for f in flags)
+    return f"{kernel}<{C_VALUE[vtype]}, {C_INDEX[itype]}, {grp}{extra}>"
+
+
 # the call values of an AttnFwdPlan, in `run`'s order
 (AF_S, AF_DN, AF_ED, AF_ATT, AF_V, AF_BIAS, AF_OUT, AF_OUT_B, AF_LSE, AF_ALPHA, AF_WORKSPACE,
  AF_DROP) = range(12)
@@ -409,7 +416,7 @@ class AttnFwdPlan(LaunchPlan):
         fwd = _kernel("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
         name = _kernel_name("attn_fwd", score, vtype, itype, vec, NCH, GRP, has_e)
         # the main pass on Tensor Cores (mma_scores); the alpha pass stays on attn_fwd
-        main_name = f"attn_fwd_mma<{C_VALUE[vtype]}, {C_INDEX[itype]}, {GRP}>" if mma else name
+        main_name = _mma_kernel_name("attn_fwd_mma", vtype, itype, GRP) if mma else name
         main = get_function("attention", vtype, itype, main_name) if mma else fwd
         phases = edge_phases(vtype, vec, H, group)
         grid, slot_begin, rounds = _persistent_grid(main, graph, plan, H, group, phases=phases)
@@ -470,7 +477,7 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
                    False)
     mma = params.mma_scores and mma_scores(
         score, vtype, H, C, Ed is not None, shape,
-        [a.data.ptr for a in (S, Dn, att, out, out_b) if a is not None])
+        [_ptr(a) for a in (S, Dn, att, out, out_b)])
     plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
                     params, shape, mma)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
@@ -755,7 +762,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     # serves deterministic=False too
     mma = (fused and params.mma_scores
            and mma_scores(score, vtype, H, C, Ed is not None, (vec, NCH, GRP),
-                          [x.data.ptr for x in (S, Dn, att, g, out) if x is not None]))
+                          [_ptr(x) for x in (S, Dn, att, g, out)]))
     # deterministic=False (for ATOMIC_SCORES): the target pass scatters the
     # source-side gradients too (float atomics) and the source pass does not run
     atomic = (not mma and not params.deterministic and score in ATOMIC_SCORES
@@ -779,8 +786,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     aS = cp.zeros(S.shape, dtype=acc) if atomic and need_gS else None
     aV = cp.zeros(V.shape, dtype=acc) if atomic and need_gV else None
     if mma:
-        kern = get_function("attention", vtype, itype, f"attn_bwd_dst_mma<{C_VALUE[vtype]}, "
-                            f"{C_INDEX[itype]}, {GRP}, {str(block_gatt).lower()}>")
+        kern = get_function("attention", vtype, itype,
+                            _mma_kernel_name("attn_bwd_dst_mma", vtype, itype, GRP, block_gatt))
     else:
         kern = _kernel("attn_bwd_dst", score, vtype, itype, vec, NCH, GRP, Ed is not None,
                        atomic, block_gatt)

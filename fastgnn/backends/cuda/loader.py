@@ -188,7 +188,7 @@ def _attention_names(vt, it):
                                       for atomic in ("false", "true")
                                       for block in (("false", "true") if kind == 1
                                                     else ("false",))]
-    if vt in ("bfloat16", "float16"):      # gatv2's forward on Tensor Cores (heads of 32)
+    if vt in ("bfloat16", "float16"):      # gatv2's Tensor Core scores (heads of 32)
         names.append(f"attn_fwd_mma<{T}, {I}, 8>")
         names += [f"attn_bwd_dst_mma<{T}, {I}, 8, {block}>" for block in ("false", "true")]
     return names
