@@ -838,7 +838,8 @@ def _gpu_backward(score, vtype, case, rng_, **options):
 def test_tensor_cores_false_keeps_the_gatv2_forward_scores_off_tensor_cores(monkeypatch,
                                                                             tensor_cores, on):
     """The backend gets params.mma_scores = False from tensor_cores=False
-    (the CUDA backend then keeps the 16-bit gatv2 forward on attn_fwd), True
+    (the CUDA backend then keeps the 16-bit gatv2 forward on attn_fwd, and
+    the backward, which takes the residuals' params, on attn_bwd_dst), True
     by default."""
     from fastgnn import edge_attention_fwd
     from fastgnn.backends import cpu
