@@ -203,7 +203,7 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
     import torch
 
     from fastgnn.backends.cuda import attention as cuda_attention
-    from fastgnn.backends.cuda import plan, segment
+    from fastgnn.backends.cuda import decisions, plan, segment
     from fastgnn.backends.cuda import spmm as cuda_spmm
     from fastgnn.torch import _autograd, plans
 
@@ -219,6 +219,7 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
         launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
 
     monkeypatch.setattr(cuda_spmm, "cp", NumpyAsCupy())   # task_plan with NumPy
+    monkeypatch.setattr(decisions, "_decided", {})         # every size class timed anew
     monkeypatch.setattr(segment, "_scratch", lambda rows, F, vtype: np.empty((rows, F)))
     monkeypatch.setattr(segment, "_capturing", lambda stream: False)
     # the backward walk's two forms "timed" (one-edge first, then the wide
@@ -252,6 +253,7 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
     # in three rounds
     monkeypatch.setattr(cuda_attention, "RESIDENT_BLOCKS", 2)
     monkeypatch.setattr(cuda_attention, "ROUNDS", 3)
+    monkeypatch.setattr(cuda_attention, "TASKS_PER_RANGE", 0)
     monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})
     monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
     monkeypatch.setattr(plan, "ensure_context", lambda device: None)

@@ -289,15 +289,15 @@ def _spmm_backend():
 def _chunk(be, graph, F, vtype, weighted, scaled, bias, path):
     """The custom kernel's chunk size the backend's dispatch picks for this
     request (be.spmm), or None when that is cuSPARSE or not chosen yet
-    ("auto" times the candidates on the bridge's first call and caches the
-    choice on the graph)."""
+    ("auto" times the candidates on the bridge's first call on a graph of a
+    new size class; every other graph of the class takes its choice)."""
     if scaled:
         return be.DEFAULT_CHUNK
     if path == "cusparse" and not bias and be.cusparse_supports(graph, vtype):
         return None
     if path != "auto" or graph.num_edges == 0 or F == 0:
         return be.DEFAULT_CHUNK
-    choice = graph.cache.get(("spmm_plan", F, vtype, weighted, "bias" if bias else True))
+    choice = be.known_choice(graph, F, vtype, weighted, "bias" if bias else True)
     if choice is None or choice.path != "custom":
         return None
     return choice.option
@@ -443,9 +443,9 @@ class SpmmPath:
         train = bool(needs["x"]) or (bias is not None and bool(needs["bias"]))
         chunk_t = None
         if needs["x"]:
-            t = graph.cache.get("transpose")        # built by the bridge's first backward
-            chunk_t = None if t is None else _chunk(be, t, F, vtype, weighted, scaled, False,
-                                                    path)
+            with device_scope(dev):
+                t = graph.transpose()               # (device work, built once per graph)
+            chunk_t = _chunk(be, t, F, vtype, weighted, scaled, False, path)
             if chunk_t is None:
                 return None
         if chunk is None:

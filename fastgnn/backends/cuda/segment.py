@@ -34,6 +34,7 @@ import functools
 import cupy as cp
 import numpy as np
 
+from . import decisions
 from .loader import (C_INDEX, C_POSITION, C_VALUE, NARROW_POSITIONS, SEGMENT_MAX_VEC,
                      SEGMENT_STATS, SEGMENT_TERMS, STAT_NOARG, VALUE_BYTES, WIDE_UNROLL,
                      WIDE_WALK_TERMS, get_function, segment_bwd_kernel, segment_position_type,
@@ -340,8 +341,9 @@ class BwdPlan(LaunchPlan):
 
 
 def _timed_bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream, buffers):
-    """The BwdPlan of this request with the faster walk: where the walk
-    exists with WIDE_UNROLL edges in flight (`BwdPlan.has_wide`), both are
+    """The BwdPlan of this request with the faster walk: the one its size
+    class took (`decisions`) or, on the first graph of a class, where the
+    walk exists with WIDE_UNROLL edges in flight (`BwdPlan.has_wide`), both
     timed on this call's buffers (`buffers(plan)`: the addresses, in
     BwdPlan.run's order, and what keeps them allocated; with a scratch
     gradient, since the call's may be its own addend) by their kernels
@@ -349,8 +351,13 @@ def _timed_bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream, buffe
     stream from DRAM (rmat20: the note at the top of kernels_cuda/segment.cu);
     several can be on graphs whose rows stay in L2, where the walk waits on
     latency."""
+    key = ("segment_bwd_walk", codes, F, vtype, walk_args, vec, chunk)
+    device = graph_device(graph)
+    known = decisions.decided(key, graph, device)
+    if known:                           # the class's wide walk won
+        return BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk, unroll=WIDE_UNROLL)
     plan = BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk)
-    if (not plan.has_wide or not plan.launches or buffers is None
+    if (known is not None or not plan.has_wide or not plan.launches or buffers is None
             or _capturing(stream)):     # (timing synchronises: never inside a capture)
         return plan
     wide = BwdPlan(graph, codes, F, vtype, walk_args, vec, chunk, unroll=WIDE_UNROLL)
@@ -360,7 +367,7 @@ def _timed_bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream, buffe
     timed[BWD_GRAD] = address(scratch)
     times = [median_ms(lambda p=p: p.run(stream, timed), burst=BURST) for p in (plan, wide)]
     del keep, scratch
-    return wide if times[1] < times[0] else plan
+    return wide if decisions.decide(key, graph, device, times[1] < times[0]) else plan
 
 
 def _capturing(stream) -> bool:

@@ -8,10 +8,11 @@
   workspace are cached per (graph, width, dtype). fp32/fp64 only.
 
 "auto" times every candidate (each cuSPARSE algorithm, the custom kernel at
-a few chunk sizes) once per (graph, width, value type, weighted) with CUDA
-events, keeps the fastest and records the choice in `graph.cache` under
-("spmm_plan", F, vtype, weighted, deterministic) -> SpmmChoice (see
-`chosen_paths`). A bias (added in the custom kernel's store) restricts the
+a few chunk sizes) once per (size class, width, value type, weighted) with
+CUDA events (`decisions`: the first graph of a class is timed, every later
+graph of the class takes its answer untimed), keeps the fastest and records
+the choice in `graph.cache` under ("spmm_plan", F, vtype, weighted,
+deterministic) -> SpmmChoice (see `chosen_paths`). A bias (added in the custom kernel's store) restricts the
 choice to the custom kernel's chunk sizes (key's last item "bias"); its
 gradient is a fixed-order column sum (`column_sums`).
 
@@ -26,6 +27,7 @@ import functools
 import cupy as cp
 import numpy as np
 
+from . import decisions
 from .loader import C_INDEX, C_VALUE, VALUE_BYTES, get_function, vec_widths
 from .plan import BLOCK, Launch, LaunchPlan, Slot, layout
 
@@ -163,6 +165,11 @@ class TaskPlan:
     num_slots: int
 
 
+def _to_host(a):
+    """A device array's values as a NumPy array (NumPy arrays as they are)."""
+    return a.get() if hasattr(a, "get") else a
+
+
 def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan:
     """Tasks in the order the rows are visited: the graph's `visit_rows()`
     (a visit order, `Graph.reorder(..., relabel=False)`) when `visit`, else
@@ -180,20 +187,24 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan
         ntask = cp.maximum((deg + chunk - 1) // chunk, 1)      # per visit position
         task_ptr = cp.zeros(graph.num_dst + 1, dtype=np.int64)
         cp.cumsum(ntask, out=task_ptr[1:])
-        num_tasks = int(task_ptr[-1])
+        split = ntask > 1
+        split_ptr = cp.cumsum(split)                           # split rows up to each position
+        # the plan's three sizes in one copy to the host (its only synchronisation)
+        sizes = cp.stack([task_ptr[-1], cp.sum(split), cp.sum(ntask * split)])
+        num_tasks, num_split, num_slots = (int(v) for v in _to_host(sizes))
         t = cp.arange(num_tasks, dtype=np.int64)
         pos = cp.searchsorted(task_ptr[1:], t, side="right")
         row = pos if order is None else order[pos].astype(np.int64)
         begin = graph.indptr[row].astype(np.int64) + (t - task_ptr[pos]) * chunk
-        split = ntask > 1
         split_task = split[pos]
         slot = cp.where(split_task, cp.cumsum(split_task) - 1, -1)
-        split_pos = cp.nonzero(split)[0]
+        # the positions of the split rows: where the running count reaches k + 1
+        split_pos = cp.searchsorted(split_ptr, cp.arange(1, num_split + 1), side="left")
         split_row = split_pos if order is None else order[split_pos]
-        slot_ptr = cp.zeros(split_pos.shape[0] + 1, dtype=np.int64)
+        slot_ptr = cp.zeros(num_split + 1, dtype=np.int64)
         cp.cumsum(ntask[split_pos], out=slot_ptr[1:])
         return TaskPlan(chunk, row.astype(idx), begin.astype(idx), slot.astype(idx),
-                        split_row.astype(idx), slot_ptr.astype(idx), int(slot_ptr[-1]))
+                        split_row.astype(idx), slot_ptr.astype(idx), num_slots)
     return graph.cached(("spmm_tasks", chunk, use), build)
 
 
@@ -518,7 +529,10 @@ def median_ms(fn, repeats=3, burst=1):
 
 
 def choose(graph, x, w, vtype, deterministic=True, bias=None) -> SpmmChoice:
-    """Time every candidate once on these inputs; cache the fastest. With a
+    """The fastest candidate for this request: the graph's or its size
+    class's choice when one was made (`known_choice`), else every candidate
+    timed once on these inputs and the fastest kept for the graph and its
+    class. With a
     bias only the custom kernel's chunk sizes compete (it alone fuses the
     bias), recorded under the key ("spmm_plan", F, vtype, weighted, "bias").
     Each candidate is timed by its kernels (`_launcher`, `BURST` calls per
@@ -527,8 +541,9 @@ def choose(graph, x, w, vtype, deterministic=True, bias=None) -> SpmmChoice:
     alike and the pick is noise."""
     key = ("spmm_plan", x.shape[1], vtype, w is not None,
            deterministic if bias is None else "bias")
-    if key in graph.cache:
-        return graph.cache[key]
+    choice = known_choice(graph, *key[1:])
+    if choice is not None:
+        return choice
     out = cp.empty((graph.num_dst, x.shape[1]), dtype=x.dtype)
     timings = {}
     for path, opt in _candidates(graph, vtype, deterministic, custom_only=bias is not None):
@@ -545,7 +560,20 @@ def choose(graph, x, w, vtype, deterministic=True, bias=None) -> SpmmChoice:
         if path == "cusparse" and (path, opt) != best:
             graph.cache.pop(("cusparse_plan", x.shape[1], vtype, opt), None)
     choice = SpmmChoice(best[0], best[1], {f"{p}:{o}": t for (p, o), t in timings.items()})
-    graph.cache[key] = choice
+    graph.cache[key] = decisions.decide(key, graph, cp.cuda.runtime.getDevice(), choice)
+    return choice
+
+
+def known_choice(graph, F, vtype, weighted, kind):
+    """The SpmmChoice of a request (kind: deterministic, or "bias") made on
+    this graph, or else on its size class (`decisions`: then recorded on
+    the graph too); None when it must still be timed (`choose`)."""
+    key = ("spmm_plan", F, vtype, weighted, kind)
+    choice = graph.cache.get(key)
+    if choice is None:
+        choice = decisions.decided(key, graph, cp.cuda.runtime.getDevice())
+        if choice is not None:
+            graph.cache[key] = choice
     return choice
 
 
