@@ -1035,6 +1035,7 @@ def test_persistent_grid_plan(monkeypatch):
     chunk, begin, row, indptr = plan.chunk, plan.task_begin, plan.task_row, g.indptr
     T = len(row)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 3)
+    monkeypatch.setattr(attn, "TASKS_PER_RANGE", 0)                # ROUNDS, however few tasks
     monkeypatch.setattr(attn, "ROUNDS", 1)                         # one range per slot first
     grid, slot_begin, rounds = attn._persistent_grid(None, g, plan, 4, 8)   # 3 x 32 groups / 4
     assert grid == (3,) and slot_begin.shape == (25,) and rounds == 1
@@ -1065,6 +1066,10 @@ def test_persistent_grid_plan(monkeypatch):
     _, ranges, rounds = attn._persistent_grid(None, g, plan, 4, 8)
     assert rounds == 3 and ranges.shape == (73,) and ranges[-1] == T
     np.testing.assert_array_equal(ranges, attn.task_slots(g, plan, 24, 3))
+    # fewer rounds where ranges would hold under TASKS_PER_RANGE tasks on average
+    monkeypatch.setattr(attn, "ROUNDS", 32)
+    monkeypatch.setattr(attn, "TASKS_PER_RANGE", 4)
+    assert attn._persistent_grid(None, g, plan, 4, 8)[2] == max(1, min(32, T // (24 * 4)))
 
 
 def _slot_work(attn, g, plan, slots, rounds):
@@ -1161,6 +1166,7 @@ def test_gpu_persistent_grid_walks_many_tasks_per_group(score, vtype, case, roun
     full = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
     monkeypatch.setattr(attn, "PERSISTENT", True)
     monkeypatch.setattr(attn, "RESIDENT_BLOCKS", 2)
+    monkeypatch.setattr(attn, "TASKS_PER_RANGE", 0)
     monkeypatch.setattr(attn, "ROUNDS", rounds)
     few = _gpu_backward(score, vtype, case, np.random.default_rng(seed))
     assert sorted(few) == sorted(full)

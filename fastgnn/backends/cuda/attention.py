@@ -149,6 +149,11 @@ PERSISTENT = True
 # mesh3d101 4.13 / 3.57 / 3.48 (equal-work ranges); 128 rounds ran slower
 # than 32 on the clustered graph (12.5 -> 13.4) and no faster on the mesh.
 ROUNDS = 32
+# Tasks a slot's range holds at the least on average: fewer rounds where
+# ROUNDS would leave ranges shorter (a sampled mini-batch's 80 k tasks over
+# 2 k slots), where a range of about one task has no neighbours to share L2
+# with and the cuts cost host time per graph (`slot_cuts`).
+TASKS_PER_RANGE = 4           # (0: always ROUNDS)
 ONE_SLOT_PER_TASK_LIMIT = 1 << 30
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
@@ -210,39 +215,79 @@ def task_slots(graph, plan, num_slots, rounds=1):
     of its share for any round count. (Cutting num_slots * rounds ranges of
     equal work instead lets a slot's rounding add up over its rounds: rmat20,
     4224 slots, 32 rounds, worst slot 1.37x the mean.) Cached per graph,
-    slot count and rounds; NumPy or CuPy arrays, as the plan's; no host
-    sync."""
+    slot count and rounds; NumPy or CuPy arrays, as the plan's. The cuts are
+    one sequential sweep on the host (`slot_cuts`, compiled by Numba: tens
+    of microseconds where the same sweep as array operations launched about
+    ten kernels per round), from one copy of the work prefix."""
     def build():
         prefix = _task_work(graph, plan)
         xp = cp.get_array_module(prefix)
-        num_tasks = prefix.shape[0] - 1
-        work_before = prefix.astype(np.float64)          # [num_tasks + 1]
-        share = work_before[-1:] / num_slots               # stays on the device
-        done = xp.zeros(num_slots, dtype=np.float64)       # each slot's work so far
-        start = xp.zeros(1, dtype=np.float64)              # work before the round
-        cuts = [xp.zeros(1, dtype=np.int64)]
-        for r in range(rounds):
-            goal = start + xp.cumsum(xp.maximum(share * ((r + 1) / rounds) - done, 0))
-            hi = xp.minimum(xp.searchsorted(work_before, goal, side="left"), num_tasks)
-            lo = xp.maximum(hi - 1, 0)
-            end = xp.where(goal - work_before[lo] < work_before[hi] - goal, lo, hi)
-            end = xp.maximum(end, cuts[-1][-1:])   # tasks of no work tie: never step back
-            if r == rounds - 1:
-                end[-1] = num_tasks
-            ends = work_before[end]
-            done += ends - xp.concatenate([start, ends[:-1]])
-            start = ends[-1:]
-            cuts.append(end.astype(np.int64))
-        return xp.concatenate(cuts)
+        host = prefix if xp is np else graph.cached(
+            ("attention_task_work_host", plan.chunk, TASK_COST_EDGES), lambda: prefix.get())
+        cuts = slot_cuts(host.astype(np.float64), int(num_slots), int(rounds))
+        return cuts if xp is np else cp.asarray(cuts)
     return graph.cached(("attention_task_slots", plan.chunk, num_slots, rounds, TASK_COST_EDGES),
                         build)
+
+
+_slot_cuts = None
+
+
+def slot_cuts(work_before, num_slots: int, rounds: int):
+    """[num_slots * rounds + 1] int64 task cuts of `task_slots` from the
+    work prefix work_before [num_tasks + 1] (float64, on the host).
+
+    Round r's goal for slot s's end is the work before the round plus the
+    sum over slots s' <= s of max(share (r + 1) / rounds - done_s', 0)
+    (share = W / num_slots, done_s' the work slot s' took so far); each
+    goal is cut at the nearest task boundary (the lower one on a tie), never
+    before the previous round's last cut, and the last cut of the last round
+    is the task count."""
+    global _slot_cuts
+    if _slot_cuts is None:
+        import numba
+        _slot_cuts = numba.njit(cache=True)(_slot_cuts_py)
+    return _slot_cuts(work_before, num_slots, rounds)
+
+
+def _slot_cuts_py(work_before, num_slots, rounds):
+    num_tasks = work_before.shape[0] - 1
+    share = work_before[num_tasks] / num_slots
+    done = np.zeros(num_slots, dtype=np.float64)
+    cuts = np.zeros(num_slots * rounds + 1, dtype=np.int64)
+    start = 0.0
+    last = 0
+    for r in range(rounds):
+        target = share * ((r + 1) / rounds)
+        wanted = 0.0                    # the round's wanted work up to slot s
+        before = start                  # the work before slot s's range
+        hi = last                       # the goals rise within a round: one forward walk
+        for s in range(num_slots):
+            wanted += max(target - done[s], 0.0)
+            goal = start + wanted
+            while hi > 0 and work_before[hi - 1] >= goal:
+                hi -= 1
+            while hi < num_tasks and work_before[hi] < goal:
+                hi += 1                 # (the first boundary at or past the goal)
+            lo = max(hi - 1, 0)
+            end = lo if goal - work_before[lo] < work_before[hi] - goal else hi
+            end = max(end, last)
+            if r == rounds - 1 and s == num_slots - 1:
+                end = num_tasks
+            cuts[1 + r * num_slots + s] = end
+            done[s] += work_before[end] - before
+            before = work_before[end]
+        start = before
+        last = cuts[(r + 1) * num_slots]
+    return cuts
 
 
 def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
     """(grid, slot_begin, rounds) of a launch of `kern` over `plan`'s tasks x
     H heads, lane groups of `group`, `phases` copies of a slot's H
     (edge_phases): the resident blocks, the slots' task ranges (task_slots)
-    and ROUNDS where one group per (task, head) pair would need more blocks
+    and ROUNDS (fewer where ranges would hold under TASKS_PER_RANGE tasks)
+    where one group per (task, head) pair would need more blocks
     than that; else that grid, NULL (slot s = task s) and 1. The grid
     depends on the graph's task count, the device's multiprocessor count and
     the compiled kernel's occupancy, nothing else: which tasks a group takes,
@@ -264,7 +309,9 @@ def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):
             raise ValueError(f"{H} heads need more lane groups than the GPU holds at once; "
                              "split the heads over several calls")
         return (full,), NULL, 1
-    return (blocks,), task_slots(graph, plan, slots, ROUNDS), ROUNDS
+    rounds = (max(1, min(ROUNDS, ntask // (slots * TASKS_PER_RANGE))) if TASKS_PER_RANGE
+              else ROUNDS)
+    return (blocks,), task_slots(graph, plan, slots, rounds), rounds
 
 
 def _layout_words(H, C, nch, group, phases, rounds, acc, slope, scale=None):
