@@ -70,7 +70,9 @@ class Graph:
                     neither it nor num_src/num_dst is given.
         num_src, num_dst: sizes of a bipartite graph (source and target sets).
         index_dtype: force int32 or int64 indices (default: int32 when they fit).
-        Edge ids are column positions of `edge_index`.
+        Edge ids are column positions of `edge_index`. Edges already sorted by
+        target (a sampler's CSC-ordered output, a PyG `EdgeIndex` sorted by
+        column) are taken as they are, without a sort.
         """
         ei = as_backend_array(edge_index, "edge_index")
         if ei.ndim != 2 or ei.shape[0] != 2:
@@ -80,12 +82,17 @@ class Graph:
         src, dst = ei[0], ei[1]
         E = int(src.shape[0])
         if E:
-            lo = int(ei.min())
+            # what validation and the sort need, in one copy to the host (on a
+            # GPU, the build's only synchronisation)
+            stats = xp.stack([ei.min(), src.max(), dst.max(),
+                              (dst[1:] < dst[:-1]).sum() if E > 1 else xp.zeros((), ei.dtype)])
+            lo, max_src, max_dst, descents = (int(v) for v in (
+                stats.get() if hasattr(stats, "get") else stats))
             if lo < 0:
                 raise ValueError(f"edge_index holds a negative index ({lo})")
-            max_src, max_dst = int(src.max()), int(dst.max())
         else:
             max_src = max_dst = -1
+            descents = 0
         if num_nodes is not None:
             if num_src is not None or num_dst is not None:
                 raise ValueError("give either num_nodes or num_src/num_dst, not both")
@@ -104,9 +111,16 @@ class Graph:
             raise ValueError(f"edge_index[1] holds target index {max_dst}, but there are "
                              f"only {num_dst} target nodes")
         idx = _index_dtype(E, max(num_src, num_dst), index_dtype)
+        if descents == 0:
+            # already in CSR order (sorted by target, as a sampler's CSC output or
+            # a PyG EdgeIndex sorted by column): no sort, edge ids are positions
+            indices, edge_ids = src.astype(idx), None
+            indptr = xp.searchsorted(dst, xp.arange(num_dst + 1, dtype=dst.dtype),
+                                     side="left").astype(idx)
+            return cls(indptr, indices, edge_ids, num_src, num_dst)
         order = _stable_argsort(xp, dst, E)
         indices = src[order].astype(idx)
-        counts = xp.bincount(dst, minlength=num_dst) if E else xp.zeros(num_dst, dtype=np.int64)
+        counts = xp.bincount(dst, minlength=num_dst)
         indptr = xp.zeros(num_dst + 1, dtype=idx)
         xp.cumsum(counts, out=indptr[1:])
         edge_ids = order.astype(idx)

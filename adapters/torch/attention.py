@@ -38,6 +38,7 @@ loop an edge_index, returning their weights as the looped adj_t's values.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -247,8 +248,9 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
     edge_index' holds the non-loop edges in order, then loops 0..num_loops-1,
     and kept are the positions of those non-loop edges; plus the fill graph
     (Graph: loop node i <- the kept edges with target i, stable order) that
-    reduces their features into the loops'. Built once per edge_index tensor
-    (the graph cache's LRU)."""
+    reduces their features into the loops', as a function that builds it on
+    its first call (only edge features filled by a reduction need it). Built
+    once per edge_index tensor (the graph cache's LRU)."""
     key = ("attention_self_loops", num_src, num_dst, num_loops)
     ei = None if isinstance(edge_index, Graph) else _plain(edge_index)
     if ei is not None:
@@ -265,12 +267,16 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
             # loop node i <- the kept edges with target i (stable order): the
             # graph the loop features are reduced over
             kept_dst = e[1, kept]
-            by_dst = torch.argsort(kept_dst, stable=True)
-            counts = torch.bincount(kept_dst, minlength=num_loops)[:num_loops]
-            ptr = torch.zeros(num_loops + 1, dtype=torch.long, device=e.device)
-            torch.cumsum(counts, 0, out=ptr[1:])
-            fill = Graph.from_csr(ptr, by_dst[:int(ptr[-1])], num_src=kept.shape[0])
             graph = Graph.from_edge_index(ei2, num_src=num_src, num_dst=num_dst)
+
+            def fill():
+                with device_scope(e.device):
+                    by_dst = torch.argsort(kept_dst, stable=True)
+                    counts = torch.bincount(kept_dst, minlength=num_loops)[:num_loops]
+                    ptr = torch.zeros(num_loops + 1, dtype=torch.long, device=e.device)
+                    torch.cumsum(counts, 0, out=ptr[1:])
+                    return Graph.from_csr(ptr, by_dst[:int(ptr[-1])], num_src=kept.shape[0])
+            fill = functools.lru_cache(maxsize=1)(fill)
             if isinstance(edge_index, Graph):
                 graph.with_visit_order_of(edge_index)
             return graph, ei2, kept, fill
@@ -287,7 +293,7 @@ def _loop_attr(edge_attr, dst, n, fill_value, fill_graph=None):
     """Edge features of the n added self-loops, PyG's `compute_loop_attr`
     re-implemented with differentiable ops (edge_attr: the non-loop edges'
     features, dst: their targets). The sum/mean/max/min fills are fastgnn's
-    segment reductions over `fill_graph` (from `_loop_graph`; no gathered
+    segment reductions over `fill_graph()` (from `_loop_graph`; no gathered
     copy of edge_attr): deterministic on the GPU, unlike torch's scatter_add."""
     size = (n,) + tuple(edge_attr.shape[1:])
     if fill_value is None:
@@ -303,7 +309,7 @@ def _loop_attr(edge_attr, dst, n, fill_value, fill_graph=None):
         raise AttributeError("No valid 'fill_value' provided")
     if fill_value in _FILL_SEGMENT:
         flat = edge_attr.reshape(edge_attr.shape[0], math.prod(edge_attr.shape[1:]))
-        return segment_reduce(fill_graph, flat, _FILL_SEGMENT[fill_value]).reshape(size)
+        return segment_reduce(fill_graph(), flat, _FILL_SEGMENT[fill_value]).reshape(size)
     index = dst.view((-1,) + (1,) * (edge_attr.dim() - 1)).expand_as(edge_attr)
     if fill_value == "mul":
         return edge_attr.new_ones(size).scatter_reduce(0, index, edge_attr, reduce="prod",
