@@ -1072,6 +1072,49 @@ def test_persistent_grid_plan(monkeypatch):
     assert attn._persistent_grid(None, g, plan, 4, 8)[2] == max(1, min(32, T // (24 * 4)))
 
 
+def _slot_cuts_by_arrays(work_before, num_slots, rounds):
+    """task_slots' cuts as whole-array operations per round (the reference of
+    the sequential sweep `slot_cuts`)."""
+    num_tasks = work_before.shape[0] - 1
+    share = work_before[-1:] / num_slots
+    done = np.zeros(num_slots)
+    start = np.zeros(1)
+    cuts = [np.zeros(1, dtype=np.int64)]
+    for r in range(rounds):
+        goal = start + np.cumsum(np.maximum(share * ((r + 1) / rounds) - done, 0))
+        hi = np.minimum(np.searchsorted(work_before, goal, side="left"), num_tasks)
+        lo = np.maximum(hi - 1, 0)
+        end = np.where(goal - work_before[lo] < work_before[hi] - goal, lo, hi)
+        end = np.maximum(end, cuts[-1][-1:])
+        if r == rounds - 1:
+            end[-1] = num_tasks
+        ends = work_before[end]
+        done += ends - np.concatenate([start, ends[:-1]])
+        start = ends[-1:]
+        cuts.append(end.astype(np.int64))
+    return np.concatenate(cuts)
+
+
+def test_slot_cuts_match_the_array_form():
+    """The host sweep of the persistent grids' cuts gives the cuts of the
+    per-round array form on random work (light and heavy tasks, a hub task,
+    more slots than tasks, no tasks)."""
+    attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    for case in range(120):
+        T, S = int(rng.integers(0, 2000)), int(rng.integers(1, 300))
+        rounds = int(rng.choice([1, 2, 3, 8, 32]))
+        work = rng.integers(4, int(rng.choice([6, 50, 2000])), T)
+        if case % 5 == 0 and T:
+            work[rng.integers(0, T)] += 100_000
+        before = np.zeros(T + 1)
+        np.cumsum(work, out=before[1:])
+        np.testing.assert_array_equal(attn.slot_cuts(before, S, rounds),
+                                      _slot_cuts_by_arrays(before, S, rounds),
+                                      err_msg=f"seed {seed} case {case}")
+
+
 def _slot_work(attn, g, plan, slots, rounds):
     """[slots] each slot's work over its rounds' ranges (task_slots)."""
     cuts = attn.task_slots(g, plan, slots, rounds)

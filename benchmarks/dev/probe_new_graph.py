@@ -1,0 +1,116 @@
+"""Developer probe (CUDA): what a new graph costs a training step.
+
+A 3-layer model of fastgnn.torch's drop-in layers trains on batches of small
+random graphs (a disjoint union of `graphs` graphs of 10-40 nodes, F = 64,
+hidden 128), a new batch every step against the same batch repeated; prints
+the median ms per step of both and, with `profile`, cProfile's top functions
+(cumulative) over the new-graph steps, so that what remains of the per-graph
+host work can be read off by name.
+
+    python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [profile]
+
+MODEL: GCN, SAGE-mean, SAGE-max, GIN, GAT, GATv2, Transformer (default GCN GAT).
+"""
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+import fastgnn.torch as ft
+
+HIDDEN, F_IN, CLASSES, STEPS, POOL = 128, 64, 8, 30, 16
+
+
+def batch(rng_seed, graphs, device):
+    """(x [N, F_IN], edge_index [2, E], y [N]) of a disjoint union of small graphs."""
+    g = torch.Generator().manual_seed(rng_seed)
+    eis, n = [], 0
+    for _ in range(graphs):
+        k = int(torch.randint(10, 41, (1,), generator=g))
+        src = torch.randint(0, k, (2 * k,), generator=g)
+        dst = torch.randint(0, k, (2 * k,), generator=g)
+        eis.append(torch.stack([src, dst]) + n)
+        n += k
+    ei = torch.cat(eis, 1)
+    return (torch.randn(n, F_IN, generator=g).to(device), ei.to(device),
+            torch.randint(0, CLASSES, (n,), generator=g).to(device))
+
+
+def model(name):
+    def conv(i, o, last):
+        if name == "GCN":
+            return ft.GCNConv(i, o)
+        if name.startswith("SAGE-"):
+            return ft.SAGEConv(i, o, aggr=name.split("-")[1])
+        if name == "GIN":
+            return ft.GINConv(torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(),
+                                                  torch.nn.Linear(o, o)))
+        cls = {"GAT": ft.GATConv, "GATv2": ft.GATv2Conv, "Transformer": ft.TransformerConv}[name]
+        return cls(i, o, heads=1) if last else cls(i, o // 4, heads=4)
+    return torch.nn.ModuleList([conv(F_IN, HIDDEN, False), conv(HIDDEN, HIDDEN, False),
+                                conv(HIDDEN, CLASSES, True)])
+
+
+def step(convs, opt, x, ei, y):
+    opt.zero_grad()
+    h = x
+    for i, c in enumerate(convs):
+        h = c(h, ei)
+        if i < len(convs) - 1:
+            h = h.relu()
+    loss = torch.nn.functional.cross_entropy(h, y)
+    loss.backward()
+    opt.step()
+
+
+def timed(fn, steps):
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("models", nargs="*", default=["GCN", "GAT"])
+    p.add_argument("--graphs", type=int, default=128)
+    p.add_argument("--profile", action="store_true")
+    a = p.parse_args()
+    dev = torch.device("cuda")
+    pool = [batch(s, a.graphs, dev) for s in range(POOL)]
+    for name in a.models:
+        torch.manual_seed(0)
+        convs = model(name).to(dev)
+        opt = torch.optim.Adam(convs.parameters(), lr=1e-3)
+        it = iter(range(10**9))
+        for b in pool[:3]:
+            step(convs, opt, *b)
+        new = timed(lambda: step(convs, opt, *pool[next(it) % POOL]), STEPS)
+        same = timed(lambda: step(convs, opt, *pool[0]), STEPS)
+        n = sum(b[0].shape[0] for b in pool) / POOL
+        e = sum(b[1].shape[1] for b in pool) / POOL
+        print(f"{name:12s} {n:7.0f} nodes {e:7.0f} edges: new {new:7.3f} ms  same {same:7.3f} "
+              f"ms  overhead {new - same:+7.3f} ms")
+        if a.profile:
+            prof = cProfile.Profile()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            prof.enable()
+            for k in range(POOL):
+                step(convs, opt, *pool[k])
+            torch.cuda.synchronize()
+            prof.disable()
+            print(f"  profiled {POOL} new-graph steps: {(time.perf_counter() - t0) * 1e3 / POOL:.2f}"
+                  " ms each")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(28)
+
+
+if __name__ == "__main__":
+    main()
