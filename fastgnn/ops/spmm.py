@@ -37,7 +37,7 @@ import numpy as np
 from .. import blocksparse as _tc
 from .._array import as_backend_array, backend_vtype, is_cupy, same_device
 from ..backends import backend_for
-from ..graph import Graph, as_graph
+from ..graph import Graph, _index_dtype, as_graph
 
 REDUCES = ("sum", "mean")
 PATHS = ("auto", "cusparse", "custom")
@@ -402,26 +402,52 @@ def _gcn_inv_sqrt_degree(graph, add_self_loops):
 def self_loop_structure(graph: Graph):
     """(graph with one self-loop per node, kept [E_kept] original edge ids,
     last_loop_edge [n] caller id of each node's last existing self-loop or -1).
-    Cached."""
+    Cached.
+
+    The graph is that of PyG's add_remaining_self_loops edge list (the
+    non-loop edges in caller order, then loops 0..n-1), built in CSR order
+    without a sort: row i holds its non-loop edges in their order, then the
+    loop (i -> i). A non-loop edge at CSR position p of row i moves to
+    p - L(p) + i, L(p) the loops before p; its new id is its caller id less
+    the loops before it in caller order; loop i's id is E_kept + i."""
     def build():
         xp = graph.xp
-        ei = graph.edge_index()
-        n = graph.num_dst
-        not_loop = ei[0] != ei[1]
-        kept = xp.nonzero(not_loop)[0]
-        loop_ids = xp.nonzero(~not_loop)[0]
-        last = xp.full(n, -1, dtype=np.int64)
-        if loop_ids.size:
-            # a node's last loop wins, as PyG's scatter assignment does on CPU; picked
-            # explicitly because a GPU scatter with repeated indices has no defined winner
-            loop_nodes = ei[0][loop_ids]
-            order = xp.argsort(loop_nodes * ei.shape[1] + loop_ids)
-            loop_nodes, loop_ids = loop_nodes[order], loop_ids[order]
-            is_last = xp.concatenate([loop_nodes[1:] != loop_nodes[:-1], xp.ones(1, dtype=bool)])
-            last[loop_nodes[is_last]] = loop_ids[is_last]
-        nodes = xp.arange(n, dtype=ei.dtype)
-        new_ei = xp.concatenate([ei[:, kept], xp.stack([nodes, nodes])], axis=1)
-        return Graph.from_edge_index(new_ei, num_nodes=n).with_visit_order_of(graph), kept, last
+        n, E = graph.num_dst, graph.num_edges
+        rows = graph.csr_rows.astype(np.int64)
+        loop_csr = graph.indices.astype(np.int64) == rows          # [E] CSR order
+        loops_before = xp.cumsum(loop_csr) - loop_csr               # L(p)
+        ids = (xp.arange(E, dtype=np.int64) if graph.edge_ids is None
+               else graph.edge_ids.astype(np.int64))               # caller id per position
+        loop_caller = xp.zeros(E, dtype=bool)
+        loop_caller[ids] = loop_csr
+        not_loop = ~loop_caller
+        rank = xp.cumsum(not_loop) - 1                               # [E] rank among kept
+        num_loops = int(loop_csr.sum()) if E else 0                  # (one copy to the host)
+        E_kept = E - num_loops
+        idx = _index_dtype(E_kept + n, n)
+        kept = xp.searchsorted(rank, xp.arange(E_kept), side="left")
+        # the new CSR: kept edges moved down past the loops before them, a loop per row
+        indptr = graph.indptr.astype(np.int64)
+        L_row = xp.concatenate([xp.zeros(1, dtype=np.int64), xp.cumsum(loop_csr)])[indptr]
+        new_indptr = indptr - L_row + xp.arange(n + 1, dtype=np.int64)
+        new_pos = xp.arange(E, dtype=np.int64) - loops_before + rows
+        keep = ~loop_csr
+        indices = xp.empty(E_kept + n, dtype=idx)
+        edge_ids = xp.empty(E_kept + n, dtype=idx)
+        indices[new_pos[keep]] = graph.indices[keep]
+        edge_ids[new_pos[keep]] = rank[ids[keep]].astype(idx)
+        nodes = xp.arange(n, dtype=np.int64)
+        indices[new_indptr[1:] - 1] = nodes.astype(idx)
+        edge_ids[new_indptr[1:] - 1] = (E_kept + nodes).astype(idx)
+        # a node's last loop wins, as PyG's scatter assignment does on CPU: a row's
+        # loops keep their caller order in CSR order, so its last is the position
+        # where the running loop count reaches the count at the row's end
+        has_loop = L_row[1:] > L_row[:-1]
+        q = xp.minimum(xp.searchsorted(loops_before + loop_csr, L_row[1:], side="left"),
+                       max(E - 1, 0))
+        last = xp.where(has_loop, ids[q] if E else 0, -1).astype(np.int64)
+        g2 = Graph(new_indptr.astype(idx), indices, edge_ids, graph.num_src, n)
+        return g2.with_visit_order_of(graph), kept, last
     return graph.cached("self_loop_structure", build)
 
 
