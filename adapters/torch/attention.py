@@ -48,6 +48,7 @@ from torch import Tensor
 
 from fastgnn import rng
 from fastgnn.graph import Graph
+from fastgnn.ops.spmm import self_loop_structure
 from fastgnn.ops.attention import (SCORE_INPUTS, dropout_spec, edge_attention_bwd,
                                    edge_attention_fwd, edge_softmax_bwd, edge_softmax_fwd)
 
@@ -56,7 +57,7 @@ from ._autograd import Op, apply, device_scope, to_tensor
 from .functional import add_bias, segment_reduce
 from .gemm import tf32_allowed
 from .graph_cache import (_GRAPHS, CompiledGraph, _check_edge_index, _is_edge_index_type, _tkey,
-                          graph_input, resolve)
+                          graph_input, resolve, to_graph)
 from .nn import (_check_kwargs, _graph_sizes, _is_sparse, _linear, _oriented, _pair,
                  _pop_deterministic, shared_input_linears)
 
@@ -261,13 +262,20 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
         e = to_tensor(edge_index.edge_index()) if ei is None else ei
         with device_scope(e.device):
             e = e.detach().long()
-            kept = torch.nonzero(e[0] != e[1]).view(-1)
+            if ei is not None and num_src == num_dst == num_loops:
+                # a loop on every node: the edge_index's own graph with its loops
+                # replaced, in CSR order without a sort (self_loop_structure)
+                graph, kept, _ = self_loop_structure(to_graph(edge_index, (num_src, num_dst)))
+                kept = to_tensor(kept)
+            else:
+                kept, graph = torch.nonzero(e[0] != e[1]).view(-1), None
             loops = torch.arange(num_loops, device=e.device).expand(2, num_loops)
             ei2 = torch.cat([e[:, kept], loops], dim=1)
+            if graph is None:
+                graph = Graph.from_edge_index(ei2, num_src=num_src, num_dst=num_dst)
             # loop node i <- the kept edges with target i (stable order): the
             # graph the loop features are reduced over
             kept_dst = e[1, kept]
-            graph = Graph.from_edge_index(ei2, num_src=num_src, num_dst=num_dst)
 
             def fill():
                 with device_scope(e.device):
