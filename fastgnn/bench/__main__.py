@@ -12,6 +12,7 @@ Examples
     python -m fastgnn.bench --graphs rmat20 grid --reorder rcm   # node ids relabelled first (docs/reordering.md)
     python -m fastgnn.bench --list                        # the registered cases
     python -m fastgnn.bench --suite full --datasets DIR --out $OUT   # H200 suite, ~7 min
+    python -m fastgnn.bench --suite minibatch --quick     # mini-batch training steps, CPU sizes
     python -m fastgnn.bench --graphs rmat17 --dtypes fp32 --compile   # + PyG under torch.compile
 
 Writes a JSON list of records (one per graph x case x dtype x width x
@@ -72,6 +73,7 @@ SUITES = {
              "dtypes": ["fp32", "bf16"], "width": [128], "repeats": 10, "warmup": 1,
              "lean_above": 1_500_000, "budget_minutes": 7.0},
     "training": {},     # end-to-end training epochs, its own options (cases_training.py)
+    "minibatch": {},    # mini-batch training steps, its own options (cases_minibatch.py)
 }
 # Rough H200 cost model for the estimate (seconds), calibrated on PyG's H200
 # timings: per (graph, dtype, case) a fixed part plus a part per million
@@ -113,7 +115,9 @@ def build_parser():
     p.add_argument("--suite", choices=sorted(SUITES),
                    help="a named preset: 'full' = the H200 suite (docs/benchmarks.md: 11 graphs, "
                         "every family, fp32 + bf16, ~7 min), 'training' = ms per training epoch of 2-layer "
-                        "models on real data sets; options given explicitly override it")
+                        "models on real data sets, 'minibatch' = ms per training step of 3-layer "
+                        "models on a new sampled subgraph / batch of small graphs every step "
+                        "against the same one; options given explicitly override it")
     p.add_argument("--graphs", nargs="+", help=f"graphs (default {' '.join(FULL_GRAPHS)}; "
                    f"--quick: {' '.join(QUICK_GRAPHS)})")
     p.add_argument("--width", nargs="+", type=int, help="feature widths F (default 128; --quick: 32)")
@@ -171,6 +175,8 @@ def build_parser():
     p.add_argument("--list", action="store_true", help="list the registered cases and exit")
     from .cases_training import add_arguments
     add_arguments(p)
+    from .cases_minibatch import add_arguments as add_minibatch_arguments
+    add_minibatch_arguments(p)
     return p
 
 
@@ -236,6 +242,9 @@ def main(argv=None):
         if args.suite == "training":
             from .cases_training import run
             return run(args, argv, torch, device, cuda, quick)
+        if args.suite == "minibatch":
+            from .cases_minibatch import run as run_minibatch
+            return run_minibatch(args, argv, torch, device, cuda, quick)
         return _run(args, argv, torch, device, cuda, quick)
     finally:
         if restore:
