@@ -17,11 +17,14 @@ row here, normalisation weights, GPU plans.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ._array import as_backend_array, device_name, is_cupy, xp_of
 
 INT32_MAX = 2**31 - 1
+_TRANSPOSE_OF = "transpose_of"   # a transpose's cache key: weakref to the graph it reverses
 
 
 def _index_dtype(num_edges: int, num_nodes: int, forced=None):
@@ -236,6 +239,9 @@ class Graph:
         Its `edge_ids` are *CSR positions of this graph*, so a per-edge array
         in this graph's CSR order is gathered into transpose order by
         `values[t.edge_ids]`. Within a source node, edges stay in CSR order.
+        The transpose's own transpose is this graph, held weakly (no
+        reference cycle: a graph dropped by its owner is freed at once, with
+        its device memory, not at the next cyclic garbage collection).
         """
         def build():
             xp = self.xp
@@ -248,11 +254,15 @@ class Graph:
                 xp.cumsum(counts, out=indptr[1:])
             t = Graph(indptr, indices.astype(self.index_dtype), order.astype(self.index_dtype),
                       self.num_dst, self.num_src)
-            t.cache["transpose"] = self
+            t.cache[_TRANSPOSE_OF] = weakref.ref(self)
             t.permutation = self.permutation
             t.visit_order = self.visit_order      # square: sources visited in the same order
             return t
-        return self.cached("transpose", build)
+        t = self.cache.get("transpose")
+        if t is None:
+            back = self.cache.get(_TRANSPOSE_OF)
+            t = None if back is None else back()
+        return t if t is not None else self.cached("transpose", build)
 
     def to_csr_order(self, edge_values):
         """Per-edge values in caller order -> CSR order (a gather; no copy of
@@ -330,7 +340,7 @@ class Graph:
             new = self._sharing_arrays(p)
             if "transpose" in self.cache:         # share the built transpose's arrays too
                 nt = self.cache["transpose"]._sharing_arrays(p)
-                nt.cache["transpose"] = new
+                nt.cache[_TRANSPOSE_OF] = weakref.ref(new)
                 new.cache["transpose"] = nt
             return new
         # built from the relabelled edge index in caller edge order: edge ids stay

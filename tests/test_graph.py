@@ -84,3 +84,28 @@ def test_bad_csr():
     with pytest.raises(TypeError, match="Graph"):
         from fastgnn import spmm
         spmm(np.zeros((2, 3)), np.zeros((3, 2)))
+
+
+def test_graph_and_its_transpose_are_freed_without_the_cycle_collector():
+    """A graph with its transpose, self-looped graph and their caches built
+    holds no reference cycle: dropping it frees it (and its device memory)
+    at once, with the cyclic garbage collector off; the transpose still
+    finds the graph it reverses while that lives."""
+    import gc
+    import weakref
+
+    from fastgnn.ops.spmm import gcn_norm_weights
+    g = Graph.from_edge_index(awkward_edge_index(40, 300, seed=2), num_nodes=40)
+    t = g.transpose()
+    assert t.transpose() is g
+    g2, _ = gcn_norm_weights(g)
+    g2.transpose()
+    refs = [weakref.ref(x) for x in (g, t, g2)]
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del g, t, g2
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        if was:
+            gc.enable()

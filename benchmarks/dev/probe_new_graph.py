@@ -7,12 +7,13 @@ the median ms per step of both and, with `profile`, cProfile's top functions
 (cumulative) over the new-graph steps, so that what remains of the per-graph
 host work can be read off by name.
 
-    python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [profile]
+    python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [--profile] [--gc-off]
 
 MODEL: GCN, SAGE-mean, SAGE-max, GIN, GAT, GATv2, Transformer (default GCN GAT).
 """
 import argparse
 import cProfile
+import gc
 import pstats
 import time
 
@@ -82,7 +83,12 @@ def main():
     p.add_argument("models", nargs="*", default=["GCN", "GAT"])
     p.add_argument("--graphs", type=int, default=128)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--gc-off", action="store_true",
+                   help="Python's cyclic garbage collector off while timing")
     a = p.parse_args()
+    if a.gc_off:
+        gc.collect()
+        gc.disable()
     dev = torch.device("cuda")
     pool = [batch(s, a.graphs, dev) for s in range(POOL)]
     for name in a.models:
