@@ -7,7 +7,7 @@ the median ms per step of both and, with `profile`, cProfile's top functions
 (cumulative) over the new-graph steps, so that what remains of the per-graph
 host work can be read off by name.
 
-    python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [--profile] [--gc-off]
+    python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [--profile] [--gc-off] [--one-thread]
 
 MODEL: GCN, SAGE-mean, SAGE-max, GIN, GAT, GATv2, Transformer (default GCN GAT).
 """
@@ -85,7 +85,11 @@ def main():
     p.add_argument("--profile", action="store_true")
     p.add_argument("--gc-off", action="store_true",
                    help="Python's cyclic garbage collector off while timing")
+    p.add_argument("--one-thread", action="store_true",
+                   help="autograd's backward on the calling thread (no device thread)")
     a = p.parse_args()
+    if a.one_thread:
+        torch.autograd.set_multithreading_enabled(False)
     if a.gc_off:
         gc.collect()
         gc.disable()
