@@ -5,9 +5,11 @@ graphs with 0-in-degree nodes, self-loops, duplicate edges and a hub, on
 bipartite blocks from `dgl.to_block` and on bipartite graphs with
 (src, dst) feature pairs; state_dicts both ways; fastgnn.torch's ops on
 DGLGraphs; the graph cache; a sampled mini-batch training loop with
-`dgl.dataloading`. Needs dgl (skipped where it is not installed: DGL's wheels
-support torch 2.0-2.2 and numpy < 2, so CI runs this file in an environment
-of its own, `.venv-dgl`; docs/testing.md)."""
+`dgl.dataloading`; blocks and link-prediction batches from
+`dgl.dataloading` through every layer, batch after batch. Needs dgl
+(skipped where it is not installed: DGL's wheels support torch 2.0-2.2 and
+numpy < 2, so CI runs this file in an environment of its own, `.venv-dgl`;
+docs/testing.md)."""
 import copy
 import os
 import re
@@ -665,6 +667,287 @@ def test_minibatch_training_with_dgl_dataloading(rng, seed):
     for (name, a), (_, b) in zip(ref.state_dict().items(), ours.state_dict().items()):
         torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10, msg=name)
     assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
+
+
+# --------------------------------------------------- sampled blocks, per layer
+def _block_layer(cls, **kw):
+    """make(module, in, out) for one of BLOCK_LAYERS (attention: 2 heads of out // 2)."""
+    def make(mod, fin, fout):
+        if cls == "GINConv":
+            return mod.GINConv(torch.nn.Linear(fin, fout), init_eps=0.2, **kw)
+        if cls in ("GATConv", "GATv2Conv"):
+            return getattr(mod, cls)(fin, fout // 2, 2, allow_zero_in_degree=True, **kw)
+        if cls == "GraphConv":
+            return mod.GraphConv(fin, fout, allow_zero_in_degree=True, **kw)
+        return getattr(mod, cls)(fin, fout, **kw)
+    return make
+
+
+BLOCK_LAYERS = {  # name -> (make, takes edge_weight)
+    "gat": (_block_layer("GATConv", residual=True), True),
+    "sage_pool": (_block_layer("SAGEConv", aggregator_type="pool"), True),
+    "graphconv_both": (_block_layer("GraphConv", norm="both"), True),
+    "gatv2": (_block_layer("GATv2Conv", residual=True), False),
+    "gatv2_shared": (_block_layer("GATv2Conv", share_weights=True), False),
+    "sage_mean": (_block_layer("SAGEConv", aggregator_type="mean"), True),
+    "sage_gcn": (_block_layer("SAGEConv", aggregator_type="gcn"), True),
+    "graphconv_right": (_block_layer("GraphConv", norm="right"), True),
+    "graphconv_left": (_block_layer("GraphConv", norm="left"), True),
+    "gin_sum": (_block_layer("GINConv", aggregator_type="sum", learn_eps=True), True),
+    "gin_max": (_block_layer("GINConv", aggregator_type="max"), True),
+    "gin_mean": (_block_layer("GINConv", aggregator_type="mean", learn_eps=True), True),
+}
+
+
+class _BlockStack(torch.nn.Module):
+    """Two layers of one kind over sampled blocks, heads flattened: features
+    [N_src, 6] -> [N_dst, 4]. form "tensor": each block gets one feature
+    tensor (DGL narrows it to the destinations); "pair": (h, h[:num_dst]),
+    as DGL's sampling tutorials write it."""
+
+    def __init__(self, mod, kind, form):
+        super().__init__()
+        make, _ = BLOCK_LAYERS[kind]
+        self.form = form
+        self.conv1, self.conv2 = make(mod, 6, 8), make(mod, 8, 4)
+
+    def forward(self, blocks, x, weights):
+        h = x
+        for i, (conv, block, w) in enumerate(zip((self.conv1, self.conv2), blocks, weights)):
+            feat = h if self.form == "tensor" else (h, h[:block.num_dst_nodes()])
+            h = conv(block, feat, **({} if w is None else {"edge_weight": w}))
+            h = h.reshape(h.shape[0], -1)
+            if i == 0:
+                h = torch.nn.functional.elu(h)
+        return h
+
+
+def _sampled_graph(rng, n=160):
+    """A dgl.graph with node features "feat" [n, 6] and labels "label" (4
+    classes), edge weights "w"; duplicate edges, self-loops, a hub, and
+    nodes without in-edges (its last tenth)."""
+    ei = awkward_edge_index(n, 5 * n, seed=int(rng.integers(2**31)))
+    g = dgl.graph((torch.from_numpy(ei[0]), torch.from_numpy(ei[1])), num_nodes=n)
+    g.ndata["feat"] = torch.from_numpy(rng.standard_normal((n, 6)))
+    g.ndata["label"] = torch.from_numpy(rng.integers(0, 4, n))
+    g.edata["w"] = torch.from_numpy(rng.random(g.num_edges()) + 0.2)
+    return g
+
+
+def _stack_results(model, blocks, x, weights, labels):
+    """Loss (cross-entropy on the output nodes' labels), output and the
+    gradients of x, of the edge weights and of every parameter, as float64."""
+    model.zero_grad(set_to_none=True)
+    x = _leaf(x)
+    weights = [None if w is None else _leaf(w) for w in weights]
+    out = model(blocks, x, weights)
+    loss = torch.nn.functional.cross_entropy(out, labels)
+    loss.backward()
+    res = {"loss": loss.detach().reshape(1), "output": out.detach(), "grad x": x.grad}
+    res.update({f"grad edge_weight[{i}]": w.grad for i, w in enumerate(weights) if w is not None})
+    res.update({f"grad {k}": p.grad for k, p in model.named_parameters()})
+    return {k: None if v is None else v.detach().double() for k, v in res.items()}
+
+
+def _sgd_step(*models, lr=0.05):
+    """One SGD step per model, its gradients clipped to a total norm of 1."""
+    with torch.no_grad():
+        for model in models:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+            scale = lr / max(1.0, float(norm))
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.sub_(scale * p.grad)
+
+
+def _match_stacks(ref, ours, run, what, dtype):
+    """run(model, dtype) -> results; DGL's model in float64 against ours in
+    dtype. Gradients that are zero in exact arithmetic hold rounding noise on
+    both sides and are compared against the largest gradient. Below float64
+    DGL's model first loads ours' weights (rounded to dtype), and each result
+    of ours may be off by 1e-5 of its norm, by twice DGL's own error in
+    dtype, or, for a gradient, by 1e-6 of the largest gradient's norm (a
+    gradient summed from terms that cancel loses float32 digits in any
+    order); the attention vectors' gradients, sums over edges of the softmax
+    backward whose terms cancel (attn_r's exactly, but for the LeakyReLU's
+    kinks), by 1e-4 of their norm or 1e-5 of the largest gradient's."""
+    base = None
+    if dtype != torch.float64:
+        ref.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
+        base = run(copy.deepcopy(ref).to(dtype), dtype)
+    r = run(ref, torch.float64)
+    o = run(ours, dtype)
+    scale = max(float(v.norm()) for k, v in r.items() if k.startswith("grad") and v is not None)
+    try:
+        if base is None:
+            assert_results_match(o, r, noise_scale=scale)
+            return
+        assert sorted(o) == sorted(r), f"{sorted(o)} != {sorted(r)}"
+        for k, want in r.items():
+            if want is None:
+                assert o[k] is None or not o[k].any(), f"{k}: DGL has none, ours is nonzero"
+                continue
+            assert o[k] is not None and o[k].shape == want.shape, f"{k}: missing or reshaped"
+            diff = float((o[k] - want).norm())
+            bound = max(1e-5 * float(want.norm()), 2 * float((base[k] - want).norm()),
+                        1e-6 * scale if k.startswith("grad") else 0.0)
+            if re.search(r"\.attn(_[lr])?$", k):
+                bound = max(bound, 1e-4 * float(want.norm()), 1e-5 * scale)
+            assert diff <= bound, f"{k}: difference {diff:.3e} > {bound:.1e} (float32)"
+    except AssertionError as e:
+        raise AssertionError(f"{what}: {e}") from None
+
+
+def _sampled_blocks(kind, form, weighted, rng, seed, dtype=torch.float64):
+    """_BlockStack(kind, form) of DGL (float64) and of ours (dtype) over the
+    blocks of consecutive batches of dgl.dataloading's DataLoader, compared
+    batch by batch (`_match_stacks`)."""
+    g = _sampled_graph(rng)
+    n = g.num_nodes()
+    torch.manual_seed(seed)
+    ref = _BlockStack(dnn, kind, form).double()
+    ours = _BlockStack(fd, kind, form)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    ours.to(dtype)
+    sampler = dgl.dataloading.NeighborSampler([4, 3], prefetch_node_feats=["feat"],
+                                              prefetch_labels=["label"])
+    seeds = torch.from_numpy(np.concatenate([rng.permutation(n - n // 10)[:40],
+                                             np.arange(n - n // 10, n)[:4]]))
+    loader = dgl.dataloading.DataLoader(g, seeds, sampler, batch_size=11, shuffle=True,
+                                        drop_last=False)
+    batches = 0
+    zero_in_degree = False
+    for input_nodes, output_nodes, blocks in loader:
+        x = blocks[0].srcdata["feat"]
+        assert torch.equal(x, g.ndata["feat"][input_nodes])
+        labels = blocks[-1].dstdata["label"]
+        weights = [g.edata["w"][b.edata[dgl.EID]] if weighted else None for b in blocks]
+        zero_in_degree |= bool((blocks[-1].in_degrees() == 0).any())
+
+        def run(model, dt):
+            # DGL's float64 run sees the inputs rounded to dtype
+            cast = (lambda t: t.to(dtype).to(dt))
+            return _stack_results(model, blocks, cast(x),
+                                  [None if w is None else cast(w) for w in weights], labels)
+        _match_stacks(ref, ours, run, f"{kind}, {form}, batch {batches}, seed {seed}", dtype)
+        _sgd_step(ref, ours)
+        batches += 1
+    assert batches >= 4 and zero_in_degree
+
+
+# every layer with one feature tensor per block, unweighted, and with (h, h[:num_dst])
+# pairs, weighted where it takes edge weights; the two forms alternate along the list
+BLOCK_CASES = [(kind, form, form == "pair" and BLOCK_LAYERS[kind][1])
+               for first in (0, 1) for i, kind in enumerate(BLOCK_LAYERS)
+               for form in [("pair", "tensor")[(i + first) % 2]]]
+
+
+@pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")
+@pytest.mark.parametrize("kind,form,weighted", BLOCK_CASES,
+                         ids=[f"{k}-{f}{'-weighted' if w else ''}" for k, f, w in BLOCK_CASES])
+def test_sampled_blocks_match_dgl_per_batch(kind, form, weighted, rng, seed):
+    """Blocks from dgl.dataloading (NeighborSampler([4, 3]), DataLoader, node
+    features and labels prefetched into the blocks) through two layers of
+    fastgnn.dgl and of dgl.nn from the same weights (DGL's built first from
+    the seed, ours loads its state_dict strictly): the loss, the output and
+    the gradients of the features, of the edge weights (the parent graph's,
+    gathered by the blocks' edge ids) and of every parameter are equal on
+    each of several consecutive batches, the modules reused (an SGD step in
+    between). Destinations without in-edges are among the seeds."""
+    _sampled_blocks(kind, form, weighted, rng, seed)
+
+
+@pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")
+@pytest.mark.parametrize("kind,form,weighted", [("gat", "pair", True),
+                                                ("sage_pool", "tensor", False),
+                                                ("graphconv_both", "pair", True)],
+                         ids=["gat-pair-weighted", "sage_pool-tensor",
+                              "graphconv_both-pair-weighted"])
+def test_sampled_blocks_float32(kind, form, weighted, rng, seed):
+    """The same with ours in float32 (features, edge weights, parameters),
+    against DGL in float64 on the same rounded values."""
+    _sampled_blocks(kind, form, weighted, rng, seed, torch.float32)
+
+
+class _LinkStack(torch.nn.Module):
+    """Two SAGEConv layers over the blocks; a score per edge of a pair graph:
+    the dot product of its endpoints' embeddings (DGL's u_dot_v)."""
+
+    def __init__(self, mod, aggr):
+        super().__init__()
+        self.conv1 = mod.SAGEConv(6, 8, aggr)
+        self.conv2 = mod.SAGEConv(8, 8, aggr)
+
+    def forward(self, blocks, x, pair_graphs):
+        h = torch.nn.functional.elu(self.conv1(blocks[0], x))
+        h = self.conv2(blocks[1], h)
+        scores = []
+        for pg in pair_graphs:
+            with pg.local_scope():
+                pg.ndata["h"] = h
+                pg.apply_edges(dgl.function.u_dot_v("h", "h", "s"))
+                scores.append(pg.edata["s"].view(-1))
+        return scores
+
+
+@pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")
+@pytest.mark.parametrize("aggr", ["mean", "pool", "gcn"])
+def test_edge_prediction_blocks_match_dgl(aggr, rng, seed):
+    """Link-prediction batches from dgl.dataloading (as_edge_prediction_sampler
+    with a uniform negative sampler, the batch's edges excluded from its
+    blocks): SAGE embeddings on the blocks, dot-product scores of the positive
+    and negative pair graphs, BCE loss; loss, scores and every gradient equal
+    DGL's on each of several consecutive batches."""
+    g = _sampled_graph(rng)
+    torch.manual_seed(seed)
+    ref = _LinkStack(dnn, aggr).double()
+    ours = _LinkStack(fd, aggr).double()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    sampler = dgl.dataloading.as_edge_prediction_sampler(
+        dgl.dataloading.NeighborSampler([4, 3], prefetch_node_feats=["feat"]),
+        exclude="self", negative_sampler=dgl.dataloading.negative_sampler.Uniform(2))
+    eids = torch.from_numpy(rng.permutation(g.num_edges())[:48])
+    loader = dgl.dataloading.DataLoader(g, eids, sampler, batch_size=16, shuffle=True)
+    batches = 0
+    for _, pos, neg, blocks in loader:
+        x = blocks[0].srcdata["feat"]
+
+        def run(model, dt):       # (float64 only)
+            model.zero_grad(set_to_none=True)
+            leaf = _leaf(x)
+            s_pos, s_neg = model(blocks, leaf, (pos, neg))
+            scores = torch.cat([s_pos, s_neg])
+            labels = torch.cat([torch.ones_like(s_pos), torch.zeros_like(s_neg)])
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(scores, labels)
+            loss.backward()
+            res = {"loss": loss.detach().reshape(1), "scores": scores.detach(),
+                   "grad x": leaf.grad}
+            res.update({f"grad {k}": p.grad for k, p in model.named_parameters()})
+            return {k: None if v is None else v.detach().double() for k, v in res.items()}
+        _match_stacks(ref, ours, run, f"link {aggr}, batch {batches}, seed {seed}",
+                      torch.float64)
+        _sgd_step(ref, ours)
+        batches += 1
+    assert batches == 3
+
+
+@pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")
+@pytest.mark.parametrize("cls", ["GraphConv", "GATConv", "GATv2Conv"])
+def test_sampled_block_zero_in_degree_error_is_dgls(cls, rng):
+    """A sampled block whose destinations include a node without in-edges:
+    without allow_zero_in_degree both DGL's module and ours raise DGLError."""
+    g = _sampled_graph(rng)
+    n = g.num_nodes()
+    sampler = dgl.dataloading.NeighborSampler([4])
+    loader = dgl.dataloading.DataLoader(g, torch.tensor([0, 1, n - 1]), sampler, batch_size=3)
+    (_, _, (block,)), = list(loader)
+    assert (block.in_degrees() == 0).any()
+    args = (6, 4) if cls == "GraphConv" else (6, 2, 2)
+    x = g.ndata["feat"][block.srcdata[dgl.NID]]
+    for module in (getattr(dnn, cls)(*args).double(), getattr(fd, cls)(*args).double()):
+        with pytest.raises(dgl.DGLError, match="0-in-degree"):
+            module(block, x)
 
 
 # ------------------------------------------------------------------ README
