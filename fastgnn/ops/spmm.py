@@ -430,12 +430,14 @@ def self_loop_structure(graph: Graph):
         indptr = graph.indptr.astype(np.int64)
         L_row = xp.concatenate([xp.zeros(1, dtype=np.int64), xp.cumsum(loop_csr)])[indptr]
         new_indptr = indptr - L_row + xp.arange(n + 1, dtype=np.int64)
-        new_pos = xp.arange(E, dtype=np.int64) - loops_before + rows
-        keep = ~loop_csr
+        # the CSR positions of the kept edges (index arrays, not boolean masks: a
+        # mask's result size would cost a copy to the host per use)
+        kept_pos = xp.searchsorted(xp.cumsum(~loop_csr), xp.arange(1, E_kept + 1), side="left")
+        new_pos = kept_pos - loops_before[kept_pos] + rows[kept_pos]
         indices = xp.empty(E_kept + n, dtype=idx)
         edge_ids = xp.empty(E_kept + n, dtype=idx)
-        indices[new_pos[keep]] = graph.indices[keep]
-        edge_ids[new_pos[keep]] = rank[ids[keep]].astype(idx)
+        indices[new_pos] = graph.indices[kept_pos]
+        edge_ids[new_pos] = rank[ids[kept_pos]].astype(idx)
         nodes = xp.arange(n, dtype=np.int64)
         indices[new_indptr[1:] - 1] = nodes.astype(idx)
         edge_ids[new_indptr[1:] - 1] = (E_kept + nodes).astype(idx)
