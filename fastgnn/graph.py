@@ -148,13 +148,20 @@ class Graph:
         if indptr.shape[0] < 1:
             raise ValueError("indptr must have at least one entry")
         E = int(indices.shape[0])
-        if int(indptr[0]) != 0 or int(indptr[-1]) != E:
+        # every check's value in one copy to the host (on a GPU, the only synchronisation)
+        zero = xp.zeros((), dtype=np.int64)
+        stats = xp.stack([indptr[0].astype(np.int64), indptr[-1].astype(np.int64),
+                          (xp.diff(indptr) < 0).sum() if indptr.shape[0] > 1 else zero,
+                          indices.max().astype(np.int64) if E else zero - 1,
+                          indices.min().astype(np.int64) if E else zero])
+        first, last, descents, max_src, min_src = (int(v) for v in (
+            stats.get() if hasattr(stats, "get") else stats))
+        if first != 0 or last != E:
             raise ValueError(f"indptr must start at 0 and end at len(indices)={E}, "
-                             f"got {int(indptr[0])}..{int(indptr[-1])}")
-        if indptr.shape[0] > 1 and bool((xp.diff(indptr) < 0).any()):
+                             f"got {first}..{last}")
+        if descents:
             raise ValueError("indptr must be non-decreasing")
-        max_src = int(indices.max()) if E else -1
-        if E and int(indices.min()) < 0:
+        if min_src < 0:
             raise ValueError("indices holds a negative index")
         num_src = max_src + 1 if num_src is None else int(num_src)
         if max_src >= num_src:
