@@ -63,6 +63,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from . import core
+from .cases_training import _names
 
 WORKLOADS = ("sampled", "small")
 MODELS = ("GCN", "SAGE-mean", "SAGE-max", "GIN", "GAT", "GATv2", "Transformer")
@@ -707,16 +708,6 @@ def markdown(records, meta):
 
 
 # ------------------------------------------------------------------ the suite
-
-
-def _names(given, default, known, what):
-    names = [s for item in (given or default) for s in str(item).split(",") if s]
-    lower = {k.lower(): k for k in known}
-    bad = [n for n in names if n.lower() not in lower]
-    if bad:
-        raise SystemExit(f"fastgnn bench: unknown {what} {', '.join(bad)}; "
-                         f"known: {', '.join(known)}")
-    return list(dict.fromkeys(lower[n.lower()] for n in names))
 
 
 def _settings(args, quick):
