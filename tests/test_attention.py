@@ -1070,6 +1070,8 @@ def test_persistent_grid_plan(monkeypatch):
     monkeypatch.setattr(attn, "ROUNDS", 32)
     monkeypatch.setattr(attn, "TASKS_PER_RANGE", 4)
     assert attn._persistent_grid(None, g, plan, 4, 8)[2] == max(1, min(32, T // (24 * 4)))
+    monkeypatch.setattr(attn, "TASKS_PER_RANGE", 1)
+    assert attn._persistent_grid(None, g, plan, 4, 8)[2] == max(1, min(32, T // 24))
 
 
 def _slot_cuts_by_arrays(work_before, num_slots, rounds):

@@ -150,10 +150,12 @@ PERSISTENT = True
 # than 32 on the clustered graph (12.5 -> 13.4) and no faster on the mesh.
 ROUNDS = 32
 # Tasks a slot's range holds at the least on average: fewer rounds where
-# ROUNDS would leave ranges shorter (a sampled mini-batch's 80 k tasks over
-# 2 k slots), where a range of about one task has no neighbours to share L2
-# with and the cuts cost host time per graph (`slot_cuts`).
-TASKS_PER_RANGE = 4           # (0: always ROUNDS)
+# ROUNDS would leave ranges emptier (a graph of fewer tasks than slots x
+# ROUNDS: most of its ranges would hold no task, and the cuts cost host time
+# per graph, `slot_cuts`). Whether longer ranges pay on graphs that change
+# every step is not measured; 1 keeps every graph with enough tasks at
+# ROUNDS.
+TASKS_PER_RANGE = 1           # (0: always ROUNDS)
 ONE_SLOT_PER_TASK_LIMIT = 1 << 30
 # The resident block count to assume instead of asking the device (tests set
 # a few blocks, so that every group walks many tasks); None: the occupancy.
