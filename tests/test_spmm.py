@@ -572,3 +572,44 @@ def test_column_sum_bad_input_raises(device):
         with pytest.raises(err) as info:
             fastgnn.column_sum(bad)
         assert words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("loops", ["none", "some", "repeated"])
+def test_self_loop_structure_is_the_sorted_build_of_the_loop_edge_list(loops):
+    """self_loop_structure's graph, built in CSR order without a sort, equals
+    Graph.from_edge_index of PyG's add_remaining_self_loops edge list (the
+    non-loop edges in caller order, then loops 0..n-1); kept are the
+    non-loop edges' ids, last each node's last existing loop (or -1)."""
+    from fastgnn.ops.spmm import self_loop_structure
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    for case in range(20):
+        n, E = int(rng.integers(1, 50)), int(rng.integers(0, 250))
+        src, dst = rng.integers(0, n, E), rng.integers(0, n, E)
+        if loops == "none":
+            src = np.where(src == dst, (src + 1) % max(n, 2), src) % n
+            keep = src != dst
+            src, dst = src[keep], dst[keep]
+        elif loops == "repeated":
+            hot = rng.random(src.shape[0]) < 0.3
+            src[hot] = dst[hot] = rng.integers(0, min(n, 3), int(hot.sum()))
+        else:
+            hot = rng.random(src.shape[0]) < 0.15
+            src[hot] = dst[hot]
+        ei = np.stack([src, dst])
+        g = Graph.from_edge_index(ei, num_nodes=n)
+        g2, kept, last = self_loop_structure(g)
+        not_loop = ei[0] != ei[1]
+        want = Graph.from_edge_index(
+            np.concatenate([ei[:, not_loop], np.stack([np.arange(n), np.arange(n)])], axis=1),
+            num_nodes=n)
+        msg = f"seed {seed} case {case}"
+        np.testing.assert_array_equal(g2.indptr, want.indptr, err_msg=msg)
+        np.testing.assert_array_equal(g2.indices, want.indices, err_msg=msg)
+        ids = [np.arange(x.num_edges) if x.edge_ids is None else x.edge_ids for x in (g2, want)]
+        np.testing.assert_array_equal(*ids, err_msg=msg)     # (None: ids are positions)
+        np.testing.assert_array_equal(kept, np.flatnonzero(not_loop), err_msg=msg)
+        want_last = np.full(n, -1)
+        for e in np.flatnonzero(~not_loop):
+            want_last[ei[0, e]] = e
+        np.testing.assert_array_equal(last, want_last, err_msg=msg)

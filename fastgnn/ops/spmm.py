@@ -425,6 +425,8 @@ def self_loop_structure(graph: Graph):
         num_loops = int(loop_csr.sum()) if E else 0                  # (one copy to the host)
         E_kept = E - num_loops
         idx = _index_dtype(E_kept + n, n)
+        if num_loops == 0:
+            return _loops_appended(graph, rows, idx)
         kept = xp.searchsorted(rank, xp.arange(E_kept), side="left")
         # the new CSR: kept edges moved down past the loops before them, a loop per row
         indptr = graph.indptr.astype(np.int64)
@@ -451,6 +453,27 @@ def self_loop_structure(graph: Graph):
         g2 = Graph(new_indptr.astype(idx), indices, edge_ids, graph.num_src, n)
         return g2.with_visit_order_of(graph), kept, last
     return graph.cached("self_loop_structure", build)
+
+
+def _loops_appended(graph, rows, idx):
+    """self_loop_structure of a graph without self-loops: every edge kept, at
+    CSR position p + row, and each row's loop after its edges (ids E + i)."""
+    xp = graph.xp
+    n, E = graph.num_dst, graph.num_edges
+    new_indptr = graph.indptr.astype(np.int64) + xp.arange(n + 1, dtype=np.int64)
+    new_pos = xp.arange(E, dtype=np.int64) + rows
+    indices = xp.empty(E + n, dtype=idx)
+    edge_ids = xp.empty(E + n, dtype=idx)
+    indices[new_pos] = graph.indices
+    edge_ids[new_pos] = (xp.arange(E, dtype=idx) if graph.edge_ids is None
+                         else graph.edge_ids.astype(idx))
+    loops = new_indptr[1:] - 1
+    nodes = xp.arange(n, dtype=idx)
+    indices[loops] = nodes
+    edge_ids[loops] = nodes + idx(E)
+    g2 = Graph(new_indptr.astype(idx), indices, edge_ids, graph.num_src, n)
+    return (g2.with_visit_order_of(graph), xp.arange(E, dtype=np.int64),
+            xp.full(n, -1, dtype=np.int64))
 
 
 def _gcn_norm(graph, w, add_self_loops, improved):
