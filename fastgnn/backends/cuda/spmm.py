@@ -181,17 +181,26 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan
     def build():
         idx = graph.index_dtype
         order = graph.visit_rows() if use else None       # [num_dst] or None
-        deg = cp.diff(graph.indptr).astype(np.int64)
+        deg = cp.diff(graph.indptr)
         if order is not None:
             deg = deg[order]
-        ntask = cp.maximum((deg + chunk - 1) // chunk, 1)      # per visit position
+        # a row's tasks past its first: (deg - 1) // chunk where deg > chunk
+        extra = cp.maximum(deg.astype(np.int64) - 1, 0) // chunk   # per visit position
+        # split rows and extra tasks in one copy to the host (the only synchronisation)
+        num_split, num_extra = (int(v) for v in _to_host(cp.stack(
+            [cp.count_nonzero(extra), cp.sum(extra)])))
+        if num_split == 0:             # a task per row, in the order visited
+            row = (cp.arange(graph.num_dst, dtype=idx) if order is None
+                   else order.astype(idx, copy=False))
+            return TaskPlan(chunk, row, graph.indptr[row] if order is not None
+                            else graph.indptr[:-1], cp.full(graph.num_dst, -1, dtype=idx),
+                            cp.zeros(0, dtype=idx), cp.zeros(1, dtype=idx), 0)
+        num_tasks, num_slots = graph.num_dst + num_extra, num_extra + num_split
+        ntask = extra + 1
         task_ptr = cp.zeros(graph.num_dst + 1, dtype=np.int64)
         cp.cumsum(ntask, out=task_ptr[1:])
-        split = ntask > 1
+        split = extra > 0
         split_ptr = cp.cumsum(split)                           # split rows up to each position
-        # the plan's three sizes in one copy to the host (its only synchronisation)
-        sizes = cp.stack([task_ptr[-1], cp.sum(split), cp.sum(ntask * split)])
-        num_tasks, num_split, num_slots = (int(v) for v in _to_host(sizes))
         t = cp.arange(num_tasks, dtype=np.int64)
         pos = cp.searchsorted(task_ptr[1:], t, side="right")
         row = pos if order is None else order[pos].astype(np.int64)
