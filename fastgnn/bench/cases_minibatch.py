@@ -844,11 +844,5 @@ def run(args, argv, torch, device, cuda, quick):
     finally:
         bar.close()
     add_speedups(records)
-    runinfo.write_json(out_path, records)
-    md_path = os.path.splitext(out_path)[0] + ".md"
-    with open(md_path, "w") as f:
-        f.write(markdown(records, meta))
-    print(table(records) if records else "(no measurements)")
-    print("\n" + "\n".join(summary(records)))
-    print(f"\n{len(records)} records -> {out_path}\nreport -> {md_path}")
-    return 0
+    return runinfo.write_results(out_path, records, markdown(records, meta),
+                                 table(records) if records else "", summary(records))

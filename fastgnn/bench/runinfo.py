@@ -94,3 +94,17 @@ def write_json(path, records):
     with open(tmp, "w") as f:
         json.dump(records, f, indent=1, default=str)
     os.replace(tmp, path)
+
+
+def write_results(path, records, markdown, table, summary):
+    """A suite's end: the records as JSON at `path`, the markdown report
+    beside it (.md), then the table, the summary lines and both paths
+    printed. Returns 0 (the CLI's exit status)."""
+    write_json(path, records)
+    md_path = os.path.splitext(path)[0] + ".md"
+    with open(md_path, "w") as f:
+        f.write(markdown)
+    print(table if records else "(no measurements)")
+    print("\n" + "\n".join(summary))
+    print(f"\n{len(records)} records -> {path}\nreport -> {md_path}")
+    return 0
