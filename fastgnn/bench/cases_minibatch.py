@@ -650,21 +650,13 @@ def table(records):
 def summary(records):
     """Markdown lines: per workload, the geometric-mean fastgnn speedup with a
     new graph every step and with the same graph, over the models."""
-    from .report import _fmt, _geomean
+    from .report import speedup_summary
     per = OrderedDict()
     for (wl, _), fw in _pairs(records).items():
         f = fw.get("fastgnn") or {}
         per.setdefault(wl, []).append((f.get("speedup_new"), f.get("speedup_same")))
-    if not per:
-        return []
-    out = ["| workload | models | geomean x new graph | min x new graph | geomean x same graph |",
-           "|---|---|---|---|---|"]
-    for wl, vals in per.items():
-        new = [a for a, _ in vals if a]
-        out.append(f"| {wl} | {len(vals)} | {_fmt(_geomean(new), '.2f')} | "
-                   f"{_fmt(min(new) if new else None, '.2f')} | "
-                   f"{_fmt(_geomean([b for _, b in vals if b]), '.2f')} |")
-    return out
+    return speedup_summary(per, ("workload", "models", "geomean x new graph",
+                                 "min x new graph", "geomean x same graph"))
 
 
 def _workload_line(r):

@@ -589,21 +589,13 @@ report.README_TABLES["training"] = readme_table
 
 def summary(records):
     """Markdown lines: per mode, the geomean / min fastgnn speedup over the rows."""
-    from .report import _fmt, _geomean
+    from .report import speedup_summary
     modes = OrderedDict()
     for (_, _, mode), fw in _pairs(records).items():
         f = fw.get("fastgnn") or {}
         modes.setdefault(mode, []).append((f.get("speedup"), f.get("speedup_vs_pyg_eager")))
-    if not modes:
-        return []
-    out = ["| mode | rows | geomean x (same mode) | min x | geomean x vs PyG eager |",
-           "|---|---|---|---|---|"]
-    for mode, vals in modes.items():
-        same = [a for a, _ in vals if a]
-        out.append(f"| {mode} | {len(vals)} | {_fmt(_geomean(same), '.2f')} | "
-                   f"{_fmt(min(same) if same else None, '.2f')} | "
-                   f"{_fmt(_geomean([b for _, b in vals if b]), '.2f')} |")
-    return out
+    return speedup_summary(modes, ("mode", "rows", "geomean x (same mode)", "min x",
+                                   "geomean x vs PyG eager"))
 
 
 def markdown(records, meta):

@@ -707,3 +707,20 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def speedup_summary(groups, header):
+    """Markdown lines of a suite's summary: `groups` maps a row label to the
+    (a, b) fastgnn speedups of its rows (None where missing); each line
+    gives the label, the row count, the geometric mean and minimum of the
+    a's and the geometric mean of the b's, under `header` (the column
+    names). No groups, no lines."""
+    if not groups:
+        return []
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, vals in groups.items():
+        a = [x for x, _ in vals if x]
+        out.append(f"| {label} | {len(vals)} | {_fmt(_geomean(a), '.2f')} | "
+                   f"{_fmt(min(a) if a else None, '.2f')} | "
+                   f"{_fmt(_geomean([y for _, y in vals if y]), '.2f')} |")
+    return out
