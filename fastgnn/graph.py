@@ -412,12 +412,11 @@ class Graph:
 
 
 def _stable_argsort(xp, keys, num_edges):
-    """Stable argsort of integer keys on either backend (CuPy's argsort gives
-    no stability promise, so ties are broken by position explicitly)."""
+    """Stable argsort of integer keys on either backend (CuPy's argsort is
+    stable: its documented only kind, a key-value stable sort)."""
     if xp is np:
         return np.argsort(keys, kind="stable")
-    pos = xp.arange(num_edges, dtype=np.int64)
-    return xp.argsort(keys.astype(np.int64) * max(num_edges, 1) + pos)
+    return xp.argsort(keys)
 
 
 def segment_ids(offsets, total):
