@@ -37,6 +37,10 @@ def test_transpose_is_cached_reverse_graph(device, seed):
     vals = np.arange(1, g.num_edges + 1, dtype=float)[to_numpy(t.edge_ids)]
     at = sp.csr_matrix((vals, to_numpy(t.indices), to_numpy(t.indptr)), shape=(77, 120))
     assert abs(a.T - at).max() == 0
+    # stable: within a source node, its edges keep their CSR order
+    t_ptr, t_ids = to_numpy(t.indptr), to_numpy(t.edge_ids)
+    for j in range(77):
+        assert np.all(np.diff(t_ids[t_ptr[j]:t_ptr[j + 1]]) > 0), j
 
 
 def test_index_dtypes_and_scipy_and_csr():
