@@ -651,3 +651,39 @@ def test_task_plan_cuts_rows_into_tasks_in_visit_order(chunk, monkeypatch):
             np.testing.assert_array_equal(got, want, err_msg=msg)
             assert got.dtype == g.index_dtype, msg
         assert plan.num_slots == int(ntask[ntask > 1].sum()), msg
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("add_self_loops", [True, False])
+def test_gcn_norm_keeps_a_bad_weight_in_its_own_rows(bad, add_self_loops):
+    """A NaN or inf edge weight reaches only the normalised weights of edges
+    touching its target's degree (its own row's and the edges leaving that
+    node), as PyG's per-node degree sums give: the path 0 -> 1 -> ... -> 5
+    with the weight of 1 -> 2 bad, and a random graph against a float64
+    per-node reference."""
+    from fastgnn.ops.spmm import self_loop_structure
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    path = np.array([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]])
+    n, E = 40, 160
+    cases = [(path, 6, np.array([1, bad, 1, 1, 1], dtype=np.float32))]
+    w = rng.random(E).astype(np.float32) + 0.5
+    w[rng.integers(0, E, 2)] = bad
+    cases.append((np.stack([rng.integers(0, n, E), rng.integers(0, n, E)]), n, w))
+    for ei, nodes, w in cases:
+        g = Graph.from_edge_index(ei, num_nodes=nodes)
+        g2, got = gcn_norm(g, w, add_self_loops=add_self_loops)
+        if add_self_loops:
+            _, kept, last = self_loop_structure(g)
+            w2 = np.concatenate([w[kept], np.where(last >= 0, w[np.maximum(last, 0)], 1.0)])
+            e2 = np.concatenate([ei[:, kept], np.stack([np.arange(nodes)] * 2)], axis=1)
+        else:
+            w2, e2 = w, ei
+        deg = np.zeros(nodes)
+        np.add.at(deg, e2[1], w2.astype(np.float64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dis = np.where(deg == 0, 0, deg ** -0.5)
+            want = dis[e2[0]] * w2 * dis[e2[1]]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"seed {seed}")
+        ok = np.isfinite(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, err_msg=f"seed {seed}")

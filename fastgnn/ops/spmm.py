@@ -492,11 +492,14 @@ def _gcn_norm(graph, w, add_self_loops, improved):
         g2 = graph
         w2 = xp.ones(graph.num_edges, dtype=wdt) if w is None else w
     ei = g2.edge_index()
-    # deg by segment sums over CSR rows (float64 prefix sums: deterministic, no atomics)
-    prefix = xp.zeros(g2.num_edges + 1, dtype=np.float64)
-    xp.cumsum(g2.to_csr_order(w2).astype(np.float64), out=prefix[1:])
-    deg = (prefix[g2.indptr[1:]] - prefix[g2.indptr[:-1]]).astype(wdt)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # deg by a float64 segment sum over each CSR row (fixed order, no atomics; a
+    # NaN or inf weight stays in its own row, as in PyG)
+    from .segment import segment_reduce
+    rows = Graph(g2.indptr, xp.arange(g2.num_edges, dtype=g2.index_dtype), None,
+                 g2.num_edges, g2.num_dst)          # row i <- its own edges' positions
+    w_csr = g2.to_csr_order(w2).astype(np.float64).reshape(-1, 1)
+    deg = segment_reduce(rows, w_csr, "sum")[:, 0].astype(wdt)
+    with np.errstate(divide="ignore", invalid="ignore"):   # (NaN and inf stay, as in PyG)
         dis = xp.where(deg == 0, 0, deg ** -0.5).astype(wdt)  # negative deg -> NaN, as PyG
-    norm = dis[ei[0]] * w2 * dis[ei[1]]
+        norm = dis[ei[0]] * w2 * dis[ei[1]]
     return g2, norm
