@@ -109,10 +109,12 @@ class Graph:
             raise ValueError("num_nodes/num_src/num_dst must be non-negative")
         if max_src >= num_src:
             raise ValueError(f"edge_index[0] holds source index {max_src}, but there are "
-                             f"only {num_src} source nodes")
+                             f"only {num_src} source nodes (num_nodes / num_src: in a layer, "
+                             "the rows of the source features x)")
         if max_dst >= num_dst:
             raise ValueError(f"edge_index[1] holds target index {max_dst}, but there are "
-                             f"only {num_dst} target nodes")
+                             f"only {num_dst} target nodes (num_nodes / num_dst: in a layer, "
+                             "the rows of the target features)")
         idx = _index_dtype(E, max(num_src, num_dst), index_dtype)
         if descents == 0:
             # already in CSR order (sorted by target, as a sampler's CSC output or

@@ -808,3 +808,29 @@ def test_flow_target_to_source_limits():
         conv.flow = "target_to_source"
         with pytest.raises(NotImplementedError, match="target_to_source"):
             conv(x, ei)
+
+
+_BAD_X = {
+    "one_dimensional": (lambda: torch.randn(3), ValueError, "x must have shape"),
+    "integer": (lambda: torch.randint(0, 3, (3, 4)), TypeError, "floating-point"),
+    "other_device": (lambda: torch.randn(3, 4, device="meta"), ValueError, "one device"),
+    "too_few_rows": (lambda: torch.randn(2, 4), ValueError, "rows of the source features"),
+    "not_a_tensor": (lambda: np.ones((3, 4), dtype=np.float32), TypeError,
+                     "x must be a tensor"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(_BAD_X))
+@pytest.mark.parametrize("layer", ["GCNConv", "SAGEConv", "GINConv", "GATConv", "GATv2Conv",
+                                   "TransformerConv"])
+def test_layers_refuse_bad_features_naming_x(layer, bad):
+    """Every drop-in layer refuses node features of the wrong rank, dtype,
+    device, row count or type with a TypeError / ValueError that says what is
+    wrong with x, before any kernel runs."""
+    import fastgnn.torch as ft
+    make, error, words = _BAD_X[bad]
+    conv = (ft.GINConv(torch.nn.Linear(4, 4)) if layer == "GINConv"
+            else getattr(ft, layer)(4, 4))
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(error, match=words):
+        conv(make(), edge_index)

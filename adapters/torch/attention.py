@@ -58,7 +58,7 @@ from .functional import add_bias, segment_reduce
 from .gemm import tf32_allowed
 from .graph_cache import (_GRAPHS, CompiledGraph, _check_edge_index, _is_edge_index_type, _tkey,
                           graph_input, resolve, to_graph)
-from .nn import (_check_kwargs, _graph_sizes, _is_sparse, _linear, _oriented, _pair,
+from .nn import (_check_features, _check_kwargs, _graph_sizes, _is_sparse, _linear, _oriented, _pair,
                  _pop_deterministic, shared_input_linears)
 
 __all__ = ["edge_softmax", "edge_attention", "GATConv", "GATv2Conv", "TransformerConv",
@@ -606,6 +606,7 @@ class GATConv(torch.nn.Module):
 
     def forward(self, x, edge_index, edge_attr: Tensor | None = None, size=None,
                 return_attention_weights=None):
+        _check_features(self, x, edge_index)
         _oriented(self, edge_index, unsupported=_GAT_FLOW)     # refuses target_to_source
         H, C = self.heads, self.out_channels
         res = None
@@ -721,6 +722,7 @@ class GATv2Conv(torch.nn.Module):
 
     def forward(self, x, edge_index, edge_attr: Tensor | None = None,
                 return_attention_weights=None):
+        _check_features(self, x, edge_index)
         _oriented(self, edge_index, unsupported=_GAT_FLOW)     # refuses target_to_source
         H, C = self.heads, self.out_channels
         res = None
@@ -841,6 +843,7 @@ class TransformerConv(torch.nn.Module):
 
     def forward(self, x, edge_index, edge_attr: Tensor | None = None,
                 return_attention_weights=None):
+        _check_features(self, x, edge_index)
         H, C = self.heads, self.out_channels
         x_src, x_dst = _pair(x)
         if x_dst is None:

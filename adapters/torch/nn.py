@@ -154,6 +154,29 @@ def _oriented(layer, edge_index, size=None, unsupported=None):
     return reversed_input(edge_index), (None if size is None else (size[1], size[0]))
 
 
+def _check_features(layer, x, edge_index=None):
+    """A layer's node features checked once at its entry: x a tensor or a pair
+    (x_src, x_dst) of tensors (None allowed in a pair), each floating-point,
+    at least [num_nodes, in_channels], and on edge_index's device. Raises
+    TypeError / ValueError naming x."""
+    name = type(layer).__name__
+    for t in (x if isinstance(x, (tuple, list)) else (x,)):
+        if t is None and x is not t:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"'{name}': x must be a tensor or a pair (x_src, x_dst) of "
+                            f"tensors, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"'{name}': x must be a floating-point tensor, got {t.dtype} "
+                            "(cast it, e.g. x.float())")
+        if t.dim() < 2:
+            raise ValueError(f"'{name}': x must have shape [num_nodes, in_channels], got "
+                             f"{tuple(t.shape)} (a single feature per node: x.unsqueeze(-1))")
+        if isinstance(edge_index, Tensor) and t.device != edge_index.device:
+            raise ValueError(f"'{name}': x is on {t.device} but edge_index on "
+                             f"{edge_index.device}; move both to one device")
+
+
 def _pair(x):
     """x or (x_src, x_dst) -> (x_src, x_dst)."""
     if isinstance(x, Tensor):
@@ -254,6 +277,7 @@ class GCNConv(torch.nn.Module):
             raise ValueError(f"'{type(self).__name__}' received a tuple of node features as "
                              "input while this layer does not support bipartite message "
                              "passing. Please try other layers such as 'SAGEConv' instead")
+        _check_features(self, x, edge_index)
         edge_index, _ = _oriented(self, edge_index)
         n = int(x.shape[-2])
         if custom_ops.compiling():
@@ -429,6 +453,7 @@ class SAGEConv(torch.nn.Module):
             self.lin_r.reset_parameters()
 
     def forward(self, x, edge_index, size=None) -> Tensor:
+        _check_features(self, x, edge_index)
         edge_index, size = _oriented(
             self, edge_index, size, _PAIR_FLOW if not isinstance(x, Tensor) else
             "with project=True (PyG then aggregates the unprojected x)" if self.project else None)
@@ -628,6 +653,7 @@ class GINConv(torch.nn.Module):
             self.eps.fill_(self.initial_eps)
 
     def forward(self, x, edge_index, size=None) -> Tensor:
+        _check_features(self, x, edge_index)
         edge_index, size = _oriented(self, edge_index, size,
                                      None if isinstance(x, Tensor) else _PAIR_FLOW)
         x_src, x_dst = _pair(x)
