@@ -17,6 +17,7 @@ row here, normalisation weights, GPU plans.
 """
 from __future__ import annotations
 
+import os
 import weakref
 
 import numpy as np
@@ -116,18 +117,20 @@ class Graph:
                              f"only {num_dst} target nodes (num_nodes / num_dst: in a layer, "
                              "the rows of the target features)")
         idx = _index_dtype(E, max(num_src, num_dst), index_dtype)
+        if xp is np:
+            _check_host_memory((num_dst + 1) * np.dtype(idx).itemsize, num_dst)
+        # the offsets of the rows up to the last target; the rows past it are empty
+        used = max_dst + 2
+        indptr = xp.full(num_dst + 1, E, dtype=idx)
         if descents == 0:
             # already in CSR order (sorted by target, as a sampler's CSC output or
             # a PyG EdgeIndex sorted by column): no sort, edge ids are positions
-            indices, edge_ids = src.astype(idx), None
-            indptr = xp.searchsorted(dst, xp.arange(num_dst + 1, dtype=dst.dtype),
-                                     side="left").astype(idx)
-            return cls(indptr, indices, edge_ids, num_src, num_dst)
+            indptr[:used] = xp.searchsorted(dst, xp.arange(used, dtype=dst.dtype), side="left")
+            return cls(indptr, src.astype(idx), None, num_src, num_dst)
         order = _stable_argsort(xp, dst, E)
         indices = src[order].astype(idx)
-        counts = xp.bincount(dst, minlength=num_dst)
-        indptr = xp.zeros(num_dst + 1, dtype=idx)
-        xp.cumsum(counts, out=indptr[1:])
+        indptr[0] = 0
+        xp.cumsum(xp.bincount(dst), out=indptr[1:used])
         edge_ids = order.astype(idx)
         return cls(indptr, indices, edge_ids, num_src, num_dst)
 
@@ -411,6 +414,21 @@ class Graph:
         order = "" if self.visit_order is None else f", visit_order={self.visit_order.method!r}"
         return (f"Graph({shape}, num_edges={self.num_edges}, "
                 f"index={np.dtype(self.index_dtype).name}, device={self.device}{order})")
+
+
+def _check_host_memory(nbytes: int, num_dst: int):
+    """MemoryError at once, with what to do, when the CSR offsets of num_dst
+    targets (nbytes) would not fit the free host memory (Linux; elsewhere
+    the allocation itself decides)."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return
+    if nbytes > free:
+        raise MemoryError(f"a graph of {num_dst} target nodes needs {nbytes / 2**30:.1f} GiB "
+                          f"for its CSR offsets, more than the {free / 2**30:.1f} GiB of free "
+                          "memory; pass the node count the edges use (num_nodes / num_dst = "
+                          "largest index + 1) or relabel the nodes")
 
 
 def _stable_argsort(xp, keys, num_edges):

@@ -113,3 +113,18 @@ def test_graph_and_its_transpose_are_freed_without_the_cycle_collector():
     finally:
         if was:
             gc.enable()
+
+
+def test_a_node_count_past_memory_fails_at_once():
+    """A huge num_nodes over a few edges raises MemoryError at once, saying
+    what to pass, instead of filling the machine's memory; a large but
+    affordable one gives empty rows past the last target."""
+    import time
+    ei = np.array([[0, 1, 2, 3], [1, 2, 3, 0]])
+    t0 = time.perf_counter()
+    with pytest.raises(MemoryError, match="largest index"):
+        Graph.from_edge_index(ei, num_nodes=10**12)
+    assert time.perf_counter() - t0 < 1.0
+    g = Graph.from_edge_index(ei, num_nodes=100_000)
+    assert g.indptr.shape == (100_001,) and int(g.indptr[5]) == 4 and int(g.indptr[-1]) == 4
+    np.testing.assert_array_equal(g.indptr[:5], [0, 1, 2, 3, 4])
