@@ -494,11 +494,11 @@ def _gcn_norm(graph, w, add_self_loops, improved):
     ei = g2.edge_index()
     # deg by a float64 segment sum over each CSR row (fixed order, no atomics; a
     # NaN or inf weight stays in its own row, as in PyG)
-    from .segment import segment_reduce
     rows = Graph(g2.indptr, xp.arange(g2.num_edges, dtype=g2.index_dtype), None,
                  g2.num_edges, g2.num_dst)          # row i <- its own edges' positions
-    w_csr = g2.to_csr_order(w2).astype(np.float64).reshape(-1, 1)
-    deg = segment_reduce(rows, w_csr, "sum")[:, 0].astype(wdt)
+    w_csr = xp.ascontiguousarray(g2.to_csr_order(w2).astype(np.float64).reshape(-1, 1))
+    deg = backend_for(w_csr).segment_fwd(rows, w_csr, ("sum",), "float64",
+                                         residuals=False)[0][:, 0].astype(wdt)
     with np.errstate(divide="ignore", invalid="ignore"):   # (NaN and inf stay, as in PyG)
         dis = xp.where(deg == 0, 0, deg ** -0.5).astype(wdt)  # negative deg -> NaN, as PyG
         norm = dis[ei[0]] * w2 * dis[ei[1]]
