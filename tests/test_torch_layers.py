@@ -834,3 +834,52 @@ def test_layers_refuse_bad_features_naming_x(layer, bad):
     edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
     with pytest.raises(error, match=words):
         conv(make(), edge_index)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("layer", ["GCNConv", "SAGEConv", "SAGEConv-max", "GINConv", "GATConv",
+                                   "TransformerConv"])
+def test_a_bad_feature_reaches_the_rows_pyg_gives(layer, bad):
+    """A NaN or inf in one node's features makes the same output rows
+    non-finite as in PyG from the same weights (no error: the CPU kernels
+    divide by zero as NumPy does), and the other rows equal PyG's (for inf in
+    the attention layers, fewer entries: see `subset`). GCNConv also with a
+    bad edge weight."""
+    import fastgnn.torch as ft
+    # an inf feature can give a head a score of -inf: PyG multiplies its 0 weight
+    # by the inf message (NaN), the fused softmax adds nothing; there fastgnn's
+    # non-finite entries are a subset of PyG's
+    subset = bad == float("inf") and layer in ("GATConv", "TransformerConv")
+
+    def make(lib):
+        if layer == "GINConv":
+            return lib.GINConv(torch.nn.Linear(4, 3))
+        if layer == "SAGEConv-max":
+            return lib.SAGEConv(4, 3, aggr="max")
+        return getattr(lib, layer)(4, 3, **({"heads": 2} if "Conv" in layer and layer in (
+            "GATConv", "TransformerConv") else {}))
+    seed = int(np.random.randint(1 << 30))
+    torch.manual_seed(seed)
+    theirs = make(pyg)
+    ours = make(ft)
+    ours.load_state_dict(theirs.state_dict())
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 5, 2], [1, 2, 3, 4, 5, 0, 5]])
+    x = torch.randn(6, 4)
+    x[2, 1] = bad
+    weight = None
+    inputs = [(x, None)]
+    if layer == "GCNConv":
+        weight = torch.ones(7)
+        weight[1] = bad
+        inputs.append((torch.randn(6, 4), weight))
+    for x, w in inputs:
+        args = (x, edge_index) if w is None else (x, edge_index, w)
+        with torch.no_grad():
+            want, got = theirs(*args), ours(*args)
+        bad_rows = ~torch.isfinite(want)
+        if subset:
+            assert not (~torch.isfinite(got) & ~bad_rows).any(), f"seed {seed}"
+            bad_rows = bad_rows | ~torch.isfinite(got)
+        else:
+            assert torch.equal(bad_rows, ~torch.isfinite(got)), f"seed {seed}"
+        torch.testing.assert_close(got[~bad_rows], want[~bad_rows], msg=f"seed {seed}")

@@ -86,12 +86,12 @@ def _run(kernel, rows, edges, *args):
         f.result()
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def _chunk(c, nchunks, n):
     return c * n // nchunks, (c + 1) * n // nchunks
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def _factor(drop_on, key, offset, threshold, dscale, ce, heads, h):
     """The dropout factor z of weight (ce, h): 0 or 1/(1-p) (1 when off)."""
     if not drop_on:
@@ -102,7 +102,7 @@ def _factor(drop_on, key, offset, threshold, dscale, ce, heads, h):
 
 
 # ------------------------------------------------------------ edge_softmax
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _softmax_fwd_rows(c0, c1, nchunks, indptr, cid, s, drop_on, key, offset, threshold, dscale,
                       out, lse):
     n = indptr.shape[0] - 1
@@ -140,7 +140,7 @@ def _softmax_fwd_rows(c0, c1, nchunks, indptr, cid, s, drop_on, key, offset, thr
                 out[ce, h] = np.exp(np.float64(s[ce, h]) - m[h]) * z
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _softmax_bwd_rows(c0, c1, nchunks, indptr, cid, s, lse, g, drop_on, key, offset, threshold,
                       dscale, grad):
     n = indptr.shape[0] - 1
@@ -209,12 +209,12 @@ def _by_kind(make):
             for has_e in (False, True)}
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def _lrelu(u, slope):
     return u if u > 0 else slope * u
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def _score(kind, S, Dn, Ed, has_e, att, j, i, ce, h, slope, scale):
     """s_e for head h of edge ce = (j -> i), in float64."""
     if kind == GAT:
@@ -238,7 +238,7 @@ def _score(kind, S, Dn, Ed, has_e, att, j, i, ce, h, slope, scale):
     return acc * scale
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def _msg(kind, V, Ed, has_e, j, ce, h, c):
     """Message m_e[h, c]: V[j] (+ the edge term for "dot")."""
     m = np.float64(V[j, h, c])
@@ -249,7 +249,7 @@ def _msg(kind, V, Ed, has_e, j, ce, h, c):
 
 def _make_attn_fwd_rows(kind, has_e):
     """_attn_fwd_rows specialised on the score kind and edge term (see _by_kind)."""
-    @numba.njit(nogil=True, cache=True)
+    @numba.njit(nogil=True, cache=True, error_model="numpy")
     def _attn_fwd_rows(c0, c1, nchunks, indptr, indices, cid, S, Dn, Ed, att, V,
                        slope, scale, drop_on, key, offset, threshold, dscale,
                        out, lse, need_alpha, alpha):
@@ -315,7 +315,7 @@ def _make_attn_fwd_rows(kind, has_e):
 _ATTN_FWD_ROWS = _by_kind(_make_attn_fwd_rows)
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def _edge_terms(kind, V, Ed, has_e, j, i, ce, h, s, drop_on, key, offset, threshold, dscale,
                 lse, g, has_g, ga, has_ga, delta):
     """Backward terms of edge ce, head h, from its recomputed score s:
@@ -335,7 +335,7 @@ def _edge_terms(kind, V, Ed, has_e, j, i, ce, h, s, drop_on, key, offset, thresh
     return pr * z, pr * (dp - delta[i, h])
 
 
-@numba.njit(inline="always")
+@numba.njit(inline="always", error_model="numpy")
 def _score_input_grad(kind, S, Dn, Ed, has_e, att, j, i, ce, h, c, slope, scale, ds):
     """ds times d s_e / d(score input at channel c): the same for the source
     and target inputs of "gat"/"gatv2" (they enter the LeakyReLU argument
@@ -359,7 +359,7 @@ def _score_input_grad(kind, S, Dn, Ed, has_e, att, j, i, ce, h, c, slope, scale,
 
 def _make_attn_bwd_dst_rows(kind, has_e):
     """_attn_bwd_dst_rows specialised on the score kind and edge term (see _by_kind)."""
-    @numba.njit(nogil=True, cache=True)
+    @numba.njit(nogil=True, cache=True, error_model="numpy")
     def _attn_bwd_dst_rows(c0, c1, nchunks, indptr, indices, cid, S, Dn, Ed, att, V,
                            slope, scale, drop_on, key, offset, threshold, dscale,
                            out, lse, g, has_g, ga, has_ga, delta, do_edges,
@@ -431,7 +431,7 @@ _ATTN_BWD_DST_ROWS = _by_kind(_make_attn_bwd_dst_rows)
 
 def _make_attn_bwd_src_rows(kind, has_e):
     """_attn_bwd_src_rows specialised on the score kind and edge term (see _by_kind)."""
-    @numba.njit(nogil=True, cache=True)
+    @numba.njit(nogil=True, cache=True, error_model="numpy")
     def _attn_bwd_src_rows(c0, c1, nchunks, t_indptr, t_indices, t_cid, S, Dn, Ed, att, V,
                            slope, scale, drop_on, key, offset, threshold, dscale,
                            lse, g, has_g, ga, has_ga, delta, gS, need_gS, gV, need_gV):
