@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-from ._array import as_backend_array, device_name, is_cupy, xp_of
+from ._array import as_backend_array, device_name, host_ints, is_cupy, xp_of
 
 INT32_MAX = 2**31 - 1
 _TRANSPOSE_OF = "transpose_of"   # a transpose's cache key: weakref to the graph it reverses
@@ -88,10 +88,8 @@ class Graph:
         if E:
             # what validation and the sort need, in one copy to the host (on a
             # GPU, the build's only synchronisation)
-            stats = xp.stack([ei.min(), src.max(), dst.max(),
-                              (dst[1:] < dst[:-1]).sum() if E > 1 else xp.zeros((), ei.dtype)])
-            lo, max_src, max_dst, descents = (int(v) for v in (
-                stats.get() if hasattr(stats, "get") else stats))
+            lo, max_src, max_dst, descents = host_ints(
+                ei.min(), src.max(), dst.max(), (dst[1:] < dst[:-1]).sum())
             if lo < 0:
                 raise ValueError(f"edge_index holds a negative index ({lo})")
         else:
@@ -127,7 +125,7 @@ class Graph:
             # a PyG EdgeIndex sorted by column): no sort, edge ids are positions
             indptr[:used] = xp.searchsorted(dst, xp.arange(used, dtype=dst.dtype), side="left")
             return cls(indptr, src.astype(idx), None, num_src, num_dst)
-        order = _stable_argsort(xp, dst, E)
+        order = _stable_argsort(xp, dst)
         indices = src[order].astype(idx)
         indptr[0] = 0
         xp.cumsum(xp.bincount(dst), out=indptr[1:used])
@@ -155,12 +153,9 @@ class Graph:
         E = int(indices.shape[0])
         # every check's value in one copy to the host (on a GPU, the only synchronisation)
         zero = xp.zeros((), dtype=np.int64)
-        stats = xp.stack([indptr[0].astype(np.int64), indptr[-1].astype(np.int64),
-                          (xp.diff(indptr) < 0).sum() if indptr.shape[0] > 1 else zero,
-                          indices.max().astype(np.int64) if E else zero - 1,
-                          indices.min().astype(np.int64) if E else zero])
-        first, last, descents, max_src, min_src = (int(v) for v in (
-            stats.get() if hasattr(stats, "get") else stats))
+        first, last, descents, max_src, min_src = host_ints(
+            indptr[0], indptr[-1], (xp.diff(indptr) < 0).sum(),
+            indices.max() if E else zero - 1, indices.min() if E else zero)
         if first != 0 or last != E:
             raise ValueError(f"indptr must start at 0 and end at len(indices)={E}, "
                              f"got {first}..{last}")
@@ -257,8 +252,7 @@ class Graph:
         """
         def build():
             xp = self.xp
-            E = self.num_edges
-            order = _stable_argsort(xp, self.indices, E)
+            order = _stable_argsort(xp, self.indices)
             indices = self.csr_rows[order]
             counts = self.out_degree
             indptr = xp.zeros(self.num_src + 1, dtype=self.index_dtype)
@@ -431,7 +425,7 @@ def _check_host_memory(nbytes: int, num_dst: int):
                           "largest index + 1) or relabel the nodes")
 
 
-def _stable_argsort(xp, keys, num_edges):
+def _stable_argsort(xp, keys):
     """Stable argsort of integer keys on either backend (CuPy's argsort is
     stable: its documented only kind, a key-value stable sort)."""
     if xp is np:

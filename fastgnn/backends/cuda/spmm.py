@@ -27,6 +27,7 @@ import functools
 import cupy as cp
 import numpy as np
 
+from ..._array import host_ints
 from . import decisions
 from .loader import C_INDEX, C_VALUE, VALUE_BYTES, get_function, vec_widths
 from .plan import BLOCK, Launch, LaunchPlan, Slot, layout
@@ -165,11 +166,6 @@ class TaskPlan:
     num_slots: int
 
 
-def _to_host(a):
-    """A device array's values as a NumPy array (NumPy arrays as they are)."""
-    return a.get() if hasattr(a, "get") else a
-
-
 def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan:
     """Tasks in the order the rows are visited: the graph's `visit_rows()`
     (a visit order, `Graph.reorder(..., relabel=False)`) when `visit`, else
@@ -187,8 +183,7 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan
         # a row's tasks past its first: (deg - 1) // chunk where deg > chunk
         extra = cp.maximum(deg.astype(np.int64) - 1, 0) // chunk   # per visit position
         # split rows and extra tasks in one copy to the host (the only synchronisation)
-        num_split, num_extra = (int(v) for v in _to_host(cp.stack(
-            [cp.count_nonzero(extra), cp.sum(extra)])))
+        num_split, num_extra = host_ints(cp.count_nonzero(extra), cp.sum(extra))
         if num_split == 0:             # a task per row, in the order visited
             row = (cp.arange(graph.num_dst, dtype=idx) if order is None
                    else order.astype(idx, copy=False))
