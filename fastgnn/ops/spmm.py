@@ -415,18 +415,17 @@ def self_loop_structure(graph: Graph):
         n, E = graph.num_dst, graph.num_edges
         rows = graph.csr_rows.astype(np.int64)
         loop_csr = graph.indices.astype(np.int64) == rows          # [E] CSR order
-        loops_before = xp.cumsum(loop_csr) - loop_csr               # L(p)
-        ids = (xp.arange(E, dtype=np.int64) if graph.edge_ids is None
-               else graph.edge_ids.astype(np.int64))               # caller id per position
-        loop_caller = xp.zeros(E, dtype=bool)
-        loop_caller[ids] = loop_csr
-        not_loop = ~loop_caller
-        rank = xp.cumsum(not_loop) - 1                               # [E] rank among kept
         num_loops = int(loop_csr.sum()) if E else 0                  # (one copy to the host)
         E_kept = E - num_loops
         idx = _index_dtype(E_kept + n, n)
         if num_loops == 0:
             return _loops_appended(graph, rows, idx)
+        loops_before = xp.cumsum(loop_csr) - loop_csr               # L(p)
+        ids = (xp.arange(E, dtype=np.int64) if graph.edge_ids is None
+               else graph.edge_ids.astype(np.int64))               # caller id per position
+        loop_caller = xp.zeros(E, dtype=bool)
+        loop_caller[ids] = loop_csr
+        rank = xp.cumsum(~loop_caller) - 1                           # [E] rank among kept
         kept = xp.searchsorted(rank, xp.arange(E_kept), side="left")
         # the new CSR: kept edges moved down past the loops before them, a loop per row
         indptr = graph.indptr.astype(np.int64)
