@@ -460,32 +460,6 @@ def master_state(torch, workload, name, features, hidden, classes, heads, seed):
 # ------------------------------------------------------------------ one row
 
 
-def time_steps(torch, step, *, steps, warmup, cuda):
-    """(median ms, min ms) per call of step() over `steps` calls after
-    `warmup` untimed ones: CUDA events around each call on the GPU (as
-    core.time_calls), time.perf_counter around each call on the CPU (a
-    training step takes milliseconds, so one call per measurement)."""
-    for _ in range(warmup):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(steps)]
-        for start, end in ev:
-            start.record()
-            step()
-            end.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in ev]
-    else:
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times)
-
-
 def _loss(torch, model, wl, inputs):
     import torch.nn.functional as F
     if wl.graph_level:
@@ -522,7 +496,8 @@ def run_phase(torch, model, state, wl, *, new, steps, warmup, cuda):
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    med, best = time_steps(torch, step, steps=steps, warmup=warmup, cuda=cuda)
+    med, best = core.time_calls(torch, step, repeats=steps, warmup=warmup, cuda=cuda,
+                                cpu_blocks=False)
     peak = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
     vals = torch.stack(losses).float().cpu().tolist()
     return med, best, vals, peak

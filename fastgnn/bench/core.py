@@ -177,10 +177,13 @@ def cpu_block_calls(first_ms: float) -> int:
     return max(1, min(1000, int(CPU_BLOCK_MS / max(first_ms, 1e-3))))
 
 
-def time_calls(torch, fn, *, repeats: int, warmup: int, cuda: bool):
+def time_calls(torch, fn, *, repeats: int, warmup: int, cuda: bool, cpu_blocks: bool = True):
     """(median ms, min ms) per call of fn over `repeats` measurements after
     `warmup` calls: one call per measurement between CUDA events on the GPU,
-    a block of `cpu_block_calls` calls (about CPU_BLOCK_MS) on the CPU."""
+    a block of `cpu_block_calls` calls (about CPU_BLOCK_MS) on the CPU, or
+    with cpu_blocks=False one call there too (fn then runs exactly warmup +
+    repeats times: a training step of milliseconds that must not be run
+    more often than asked)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -195,9 +198,11 @@ def time_calls(torch, fn, *, repeats: int, warmup: int, cuda: bool):
         torch.cuda.synchronize()
         times = [s.elapsed_time(e) for s, e in ev]
     else:
-        t0 = time.perf_counter()
-        fn()
-        calls = cpu_block_calls((time.perf_counter() - t0) * 1e3)
+        calls = 1
+        if cpu_blocks:
+            t0 = time.perf_counter()
+            fn()
+            calls = cpu_block_calls((time.perf_counter() - t0) * 1e3)
         for _ in range(repeats):
             t0 = time.perf_counter()
             for _ in range(calls):
