@@ -293,3 +293,31 @@ def _fake_native_launches(monkeypatch, native, launches):
     launches.native_fn = fn          # (alive as long as the recorded world)
     monkeypatch.setattr(native.ProgramBuilder, "build", counting_build)
     monkeypatch.setattr(native, "launch_fn", lambda: ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+def assert_float32_results(ours, ref, base, scale, loose=()):
+    """Results of a model run below float64 (`ours`: name -> tensor or None)
+    against the float64 reference run (`ref`): each within 1e-5 of the
+    reference's norm, or twice the reference model's own error in that
+    dtype (`base`, its results from the same weights), or, for a gradient
+    (a name starting "grad"), 1e-6 of the largest gradient's norm `scale` (a
+    gradient summed from terms that cancel, as a trained bias's, loses
+    float32 digits in any summation order). Names matching a regular
+    expression in `loose` (gradients whose terms cancel by construction,
+    e.g. attention vectors) may be off by 1e-4 of their norm or 1e-5 of
+    `scale`. A result the reference lacks must be absent or zero in ours."""
+    import re
+    assert sorted(ours) == sorted(ref), f"{sorted(ours)} != {sorted(ref)}"
+    for k, want in ref.items():
+        if want is None:
+            assert ours[k] is None or not ours[k].any(), \
+                f"{k}: the reference has none, ours is nonzero"
+            continue
+        assert ours[k] is not None and ours[k].shape == want.shape, \
+            f"{k}: missing or of another shape"
+        diff = float((ours[k] - want).norm())
+        bound = max(1e-5 * float(want.norm()), 2 * float((base[k] - want).norm()),
+                    1e-6 * scale if k.startswith("grad") else 0.0)
+        if any(re.search(p, k) for p in loose):
+            bound = max(bound, 1e-4 * float(want.norm()), 1e-5 * scale)
+        assert diff <= bound, f"{k}: difference {diff:.3e} > {bound:.1e} (below float64)"

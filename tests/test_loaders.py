@@ -35,7 +35,8 @@ from torch_geometric.loader import DataLoader
 from torch_geometric.transforms import ToSparseTensor
 
 import fastgnn.torch as ft
-from fastgnn.testing import assert_results_match, awkward_edge_index, fresh_pyg_class
+from fastgnn.testing import (assert_float32_results, assert_results_match, awkward_edge_index,
+                             fresh_pyg_class)
 
 # torch's and PyG's notes on sparse tensors (beta CSR, COO converted to CSR)
 pytestmark = pytest.mark.filterwarnings("ignore:.*[Ss]parse:UserWarning")
@@ -97,24 +98,6 @@ def _run(model, inputs, forward):
     return {k: None if v is None else v.detach().double() for k, v in res.items()}
 
 
-def _assert_float32_match(o, r, base, scale):
-    """Ours (float32) against the float64 reference: each result within 1e-5
-    of the reference's norm, or within twice the reference model's own
-    float32 error, or, for a gradient, within 1e-6 of the largest gradient's
-    norm (a gradient summed from terms that cancel, as a trained bias's, loses
-    float32 digits in any summation order)."""
-    assert sorted(o) == sorted(r), f"{sorted(o)} != {sorted(r)}"
-    for k, ref in r.items():
-        if ref is None:
-            assert o[k] is None or not o[k].any(), f"{k}: the reference has none, ours is nonzero"
-            continue
-        assert o[k] is not None and o[k].shape == ref.shape, f"{k}: missing or of another shape"
-        diff = float((o[k] - ref).norm())
-        bound = max(1e-5 * float(ref.norm()), 2 * float((base[k] - ref).norm()),
-                    1e-6 * scale if k.startswith("grad") else 0.0)
-        assert diff <= bound, f"{k}: difference {diff:.3e} > {bound:.1e} (float32)"
-
-
 def _compare(ref, ours, inputs, forward, what, seed, dtype=torch.float64):
     """Run both models on the same inputs and compare the loss, the output and
     every gradient; a failure names `what` and the seed. In float64 relative
@@ -122,7 +105,7 @@ def _compare(ref, ours, inputs, forward, what, seed, dtype=torch.float64):
     (TransformerConv's key bias: it shifts every score of a target alike)
     hold rounding noise on both sides and are compared against the largest
     gradient's norm. Below float64 ours runs in dtype, PyG's in float64 on
-    ours' weights and inputs rounded to dtype (`_assert_float32_match`)."""
+    ours' weights and inputs rounded to dtype (`fastgnn.testing.assert_float32_results`)."""
     base = None
     if dtype != torch.float64:
         ref.load_state_dict({k: v.double() for k, v in ours.state_dict().items()})
@@ -135,7 +118,7 @@ def _compare(ref, ours, inputs, forward, what, seed, dtype=torch.float64):
         if base is None:
             assert_results_match(o, r, "float64", noise_scale=scale)
         else:
-            _assert_float32_match(o, r, base, scale)
+            assert_float32_results(o, r, base, scale)
     except AssertionError as e:
         raise AssertionError(f"{what}, seed {seed}: {e}") from None
     return o, r
