@@ -58,7 +58,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -755,7 +754,7 @@ def run(args, argv, torch, device, cuda, quick):
         os.makedirs(d, exist_ok=True)
     records = []
     bar = runinfo.progress(sum(len(m) for m in models.values()) * 2, args.no_progress)
-    start, over = time.perf_counter(), False
+    budget = runinfo.Budget(args.budget_minutes, skipped)
     try:
         for wname in workloads:
             bar.set_description_str(f"building {wname}")
@@ -786,12 +785,7 @@ def run(args, argv, torch, device, cuda, quick):
                     state, why = None, exc
                 for framework in ("pyg", "fastgnn"):
                     bar.set_description_str(f"{wname} {model_name} {framework}")
-                    if (args.budget_minutes is not None
-                            and time.perf_counter() - start > 60 * args.budget_minutes):
-                        if not over:
-                            over = True
-                            skipped.append(f"from {wname} {model_name} {framework} on: not run, "
-                                           f"--budget-minutes {args.budget_minutes:g} was spent")
+                    if budget.spent(f"{wname} {model_name} {framework}"):
                         bar.update(1)
                         continue
                     rec = dict(base, case=f"{wname} {model_name}", model=model_name,

@@ -678,7 +678,7 @@ def run(args, argv, torch, device, cuda, quick):
         os.makedirs(d, exist_ok=True)
     records = []
     bar = runinfo.progress(len(dnames) * len(models) * len(modes) * 2, args.no_progress)
-    start, over = time.perf_counter(), False
+    budget = runinfo.Budget(args.budget_minutes, skipped)
     try:
         for dname in dnames:
             bar.set_description_str(f"loading {dname}")
@@ -697,13 +697,7 @@ def run(args, argv, torch, device, cuda, quick):
                             bar.update(1)
                             continue
                         bar.set_description_str(f"{dname} {model_name} {mode} {framework}")
-                        if (args.budget_minutes is not None
-                                and time.perf_counter() - start > 60 * args.budget_minutes):
-                            if not over:
-                                over = True
-                                skipped.append(f"from {dname} {model_name} {mode} {framework} on: "
-                                               f"not run, --budget-minutes "
-                                               f"{args.budget_minutes:g} was spent")
+                        if budget.spent(f"{dname} {model_name} {mode} {framework}"):
                             bar.update(1)
                             continue
                         rec = {"gpu": gpu, "device": str(device), "versions": meta["versions"],

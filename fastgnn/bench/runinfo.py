@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import sys
+import time
 
 OUT_DIR = "fastgnn-bench"        # default results folder, in the working directory
 
@@ -108,3 +109,22 @@ def write_results(path, records, markdown, table, summary):
     print("\n" + "\n".join(summary))
     print(f"\n{len(records)} records -> {path}\nreport -> {md_path}")
     return 0
+
+
+class Budget:
+    """A suite's --budget-minutes (None: no limit), from its creation: `spent(what)`
+    says whether the time is up and, the first time it is, notes in `skipped`
+    that nothing ran from row `what` on."""
+
+    def __init__(self, minutes, skipped):
+        self.minutes, self.skipped = minutes, skipped
+        self.start, self.over = time.perf_counter(), False
+
+    def spent(self, what) -> bool:
+        if self.minutes is None or time.perf_counter() - self.start <= 60 * self.minutes:
+            return False
+        if not self.over:
+            self.over = True
+            self.skipped.append(f"from {what} on: not run, --budget-minutes "
+                                f"{self.minutes:g} was spent")
+        return True
