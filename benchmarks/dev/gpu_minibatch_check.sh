@@ -31,6 +31,7 @@ for flags in "" "--gc-off" "--one-thread"; do
     echo "probe ${flags:-as is}" | tee -a "$OUT/probe.log"
     $probe $flags 2>&1 | tee -a "$OUT/probe.log"
 done
+$probe --phases 2>&1 | tee -a "$OUT/probe.log"
 $probe --profile > "$OUT/profile.log" 2>&1
 
 if [ -z "${SKIP_TESTS:-}" ]; then

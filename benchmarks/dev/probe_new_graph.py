@@ -7,7 +7,13 @@ the median ms per step of both and, with `profile`, cProfile's top functions
 (cumulative) over the new-graph steps, so that what remains of the per-graph
 host work can be read off by name.
 
-    python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [--profile] [--gc-off] [--one-thread]
+    python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [--profile] [--gc-off] [--one-thread] [--phases]
+
+`--phases` also prints the host time (no synchronisation) of the forward,
+the backward call and the optimizer step, new graph against same graph, and
+how long the GPU then takes to drain: host work shows in the first three,
+waiting for the GPU inside a phase shows as a phase that grows while the
+drain shrinks.
 
 MODEL: GCN, SAGE-mean, SAGE-max, GIN, GAT, GATv2, Transformer (default GCN GAT).
 """
@@ -66,6 +72,30 @@ def step(convs, opt, x, ei, y):
     opt.step()
 
 
+def phases(convs, opt, batches):
+    """Median host ms of forward, backward, optimizer step and the drain after them."""
+    rows = []
+    for x, ei, y in batches:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        h = x
+        for i, c in enumerate(convs):
+            h = c(h, ei)
+            if i < len(convs) - 1:
+                h = h.relu()
+        loss = torch.nn.functional.cross_entropy(h, y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        rows.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
+    return [sorted(c)[len(c) // 2] * 1e3 for c in zip(*rows)]
+
+
 def timed(fn, steps):
     times = []
     for _ in range(steps):
@@ -85,6 +115,8 @@ def main():
     p.add_argument("--profile", action="store_true")
     p.add_argument("--gc-off", action="store_true",
                    help="Python's cyclic garbage collector off while timing")
+    p.add_argument("--phases", action="store_true",
+                   help="host ms of forward, backward, optimizer step and the drain")
     p.add_argument("--one-thread", action="store_true",
                    help="autograd's backward on the calling thread (no device thread)")
     a = p.parse_args()
@@ -108,6 +140,11 @@ def main():
         e = sum(b[1].shape[1] for b in pool) / POOL
         print(f"{name:12s} {n:7.0f} nodes {e:7.0f} edges: new {new:7.3f} ms  same {same:7.3f} "
               f"ms  overhead {new - same:+7.3f} ms")
+        if a.phases:
+            for label, bs in (("new", [pool[k % POOL] for k in range(STEPS)]), ("same", [pool[0]] * STEPS)):
+                f, b, o, d = phases(convs, opt, bs)
+                print(f"  {label:4s} host ms: forward {f:6.2f}  backward {b:6.2f}  step {o:6.2f}"
+                      f"  drain {d:6.2f}")
         if a.profile:
             prof = cProfile.Profile()
             torch.cuda.synchronize()
@@ -120,6 +157,7 @@ def main():
             print(f"  profiled {POOL} new-graph steps: {(time.perf_counter() - t0) * 1e3 / POOL:.2f}"
                   " ms each")
             pstats.Stats(prof).sort_stats("cumulative").print_stats(28)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":
