@@ -117,20 +117,14 @@ class Graph:
         idx = _index_dtype(E, max(num_src, num_dst), index_dtype)
         if xp is np:
             _check_host_memory((num_dst + 1) * np.dtype(idx).itemsize, num_dst)
-        # the offsets of the rows up to the last target; the rows past it are empty
-        used = max_dst + 2
-        indptr = xp.full(num_dst + 1, E, dtype=idx)
         if descents == 0:
             # already in CSR order (sorted by target, as a sampler's CSC output or
             # a PyG EdgeIndex sorted by column): no sort, edge ids are positions
-            indptr[:used] = xp.searchsorted(dst, xp.arange(used, dtype=dst.dtype), side="left")
-            return cls(indptr, src.astype(idx), None, num_src, num_dst)
+            return cls(_offsets(xp, dst, max_dst, num_dst, idx), src.astype(idx), None,
+                       num_src, num_dst)
         order = _stable_argsort(xp, dst)
-        indices = src[order].astype(idx)
-        indptr[0] = 0
-        xp.cumsum(xp.bincount(dst), out=indptr[1:used])
-        edge_ids = order.astype(idx)
-        return cls(indptr, indices, edge_ids, num_src, num_dst)
+        return cls(_offsets(xp, dst[order], max_dst, num_dst, idx), src[order].astype(idx),
+                   order.astype(idx), num_src, num_dst)
 
     @classmethod
     def from_csr(cls, indptr, indices, num_src=None, *, index_dtype=None):
@@ -253,13 +247,10 @@ class Graph:
         def build():
             xp = self.xp
             order = _stable_argsort(xp, self.indices)
-            indices = self.csr_rows[order]
-            counts = self.out_degree
-            indptr = xp.zeros(self.num_src + 1, dtype=self.index_dtype)
-            if self.num_src:
-                xp.cumsum(counts, out=indptr[1:])
-            t = Graph(indptr, indices.astype(self.index_dtype), order.astype(self.index_dtype),
-                      self.num_dst, self.num_src)
+            indptr = _offsets(xp, self.indices[order], self.num_src - 1, self.num_src,
+                              self.index_dtype)
+            t = Graph(indptr, self.csr_rows[order].astype(self.index_dtype),
+                      order.astype(self.index_dtype), self.num_dst, self.num_src)
             t.cache[_TRANSPOSE_OF] = weakref.ref(self)
             t.permutation = self.permutation
             t.visit_order = self.visit_order      # square: sources visited in the same order
@@ -423,6 +414,19 @@ def _check_host_memory(nbytes: int, num_dst: int):
                           f"for its CSR offsets, more than the {free / 2**30:.1f} GiB of free "
                           "memory; pass the node count the edges use (num_nodes / num_dst = "
                           "largest index + 1) or relabel the nodes")
+
+
+def _offsets(xp, sorted_keys, max_key: int, num_rows: int, dtype):
+    """[num_rows + 1] CSR offsets of sorted_keys [E] (non-decreasing, all
+    <= max_key < num_rows): row r starts where the first key >= r is. A
+    binary search per row up to max_key + 1, the rows past it empty (E), so
+    no count reaches the host (CuPy's bincount synchronises twice)."""
+    E = int(sorted_keys.shape[0])
+    indptr = xp.full(num_rows + 1, E, dtype=dtype)
+    used = max_key + 2 if E else 1
+    indptr[:used] = xp.searchsorted(sorted_keys, xp.arange(used, dtype=sorted_keys.dtype),
+                                    side="left")
+    return indptr
 
 
 def _stable_argsort(xp, keys):
