@@ -210,15 +210,37 @@ class Graph:
         return self.cached("csr_rows", lambda: segment_ids(self.indptr, self.num_edges))
 
     @property
+    def max_in_degree(self) -> int:
+        """The largest in-degree (0 without targets), built once. It costs one
+        copy to the host, which also brings the transpose's value (this
+        graph's largest out-degree) when the transpose is built: the launch
+        plans of both (`task_plan`: rows longer than a task) then need no
+        further synchronisation."""
+        value = self.cache.get("max_in_degree")
+        if value is None:
+            t = self.cache.get("transpose")
+            if t is None:
+                back = self.cache.get(_TRANSPOSE_OF)
+                t = None if back is None else back()
+            pair = [g for g in (self, t) if g is not None and "max_in_degree" not in g.cache]
+            xp = self.xp
+            zero = xp.zeros((), dtype=self.index_dtype)
+            for g, v in zip(pair, host_ints(*(xp.diff(g.indptr).max() if g.num_dst else zero
+                                              for g in pair))):
+                g.cache["max_in_degree"] = v
+            value = self.cache["max_in_degree"]
+        return value
+
+    @property
     def position_dtype(self):
         """dtype of a position within a target's CSR row (0 .. deg-1, all ones
         = none): the narrowest of uint8 (every in-degree below 256), uint16
         (below 65536) and the index dtype. The max/min arg residuals of the
         reductions use it (1-2 bytes per row and feature instead of 4-8: the
         max backward gathers one such row per edge); chosen once (one device
-        sync)."""
+        sync, `max_in_degree`)."""
         def build():
-            deg = int(self.in_degree.max()) if self.num_dst else 0
+            deg = self.max_in_degree
             for narrow in (np.uint8, np.uint16):
                 if deg <= np.iinfo(narrow).max:     # positions stop at deg - 1 < all ones
                     return np.dtype(narrow)

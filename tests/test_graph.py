@@ -43,6 +43,24 @@ def test_transpose_is_cached_reverse_graph(device, seed):
         assert np.all(np.diff(t_ids[t_ptr[j]:t_ptr[j + 1]]) > 0), j
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("shape", [(120, 77, 900), (40, 40, 0), (0, 30, 0), (30, 0, 0)])
+def test_max_in_degree_of_graph_and_transpose(device, shape, seed):
+    num_dst, num_src, E = shape
+    ei = (awkward_edge_index(num_dst, E, seed=seed, num_src=num_src) if E
+          else np.zeros((2, 0), dtype=np.int64))
+    g = Graph.from_edge_index(to_device(ei, device), num_src=num_src, num_dst=num_dst)
+    t = g.transpose()
+    expect_in = int(np.bincount(ei[1], minlength=num_dst).max()) if num_dst else 0
+    expect_out = int(np.bincount(ei[0], minlength=num_src).max()) if num_src else 0
+    assert g.max_in_degree == expect_in, f"seed {seed}"
+    # the transpose's value came with the same copy
+    assert t.cache["max_in_degree"] == expect_out and t.max_in_degree == expect_out
+    # and the other way round: a transpose asked first brings its graph's
+    g2 = Graph.from_edge_index(to_device(ei, device), num_src=num_src, num_dst=num_dst)
+    assert g2.transpose().max_in_degree == expect_out and g2.cache["max_in_degree"] == expect_in
+
+
 def test_index_dtypes_and_scipy_and_csr():
     ei = awkward_edge_index(50, 300, seed=1)
     g64 = Graph.from_edge_index(ei, num_nodes=50, index_dtype=np.int64)

@@ -177,13 +177,16 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan
     def build():
         idx = graph.index_dtype
         order = graph.visit_rows() if use else None       # [num_dst] or None
-        deg = cp.diff(graph.indptr)
-        if order is not None:
-            deg = deg[order]
-        # a row's tasks past its first: (deg - 1) // chunk where deg > chunk
-        extra = cp.maximum(deg.astype(np.int64) - 1, 0) // chunk   # per visit position
-        # split rows and extra tasks in one copy to the host (the only synchronisation)
-        num_split, num_extra = host_ints(cp.count_nonzero(extra), cp.sum(extra))
+        if graph.max_in_degree <= chunk:
+            num_split = 0              # (a count the graph keeps: no synchronisation here)
+        else:
+            deg = cp.diff(graph.indptr)
+            if order is not None:
+                deg = deg[order]
+            # a row's tasks past its first: (deg - 1) // chunk where deg > chunk
+            extra = cp.maximum(deg.astype(np.int64) - 1, 0) // chunk   # per visit position
+            # split rows and extra tasks in one copy to the host
+            num_split, num_extra = host_ints(cp.count_nonzero(extra), cp.sum(extra))
         if num_split == 0:             # a task per row, in the order visited
             row = (cp.arange(graph.num_dst, dtype=idx) if order is None
                    else order.astype(idx, copy=False))
