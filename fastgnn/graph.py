@@ -88,13 +88,13 @@ class Graph:
         if E:
             # what validation and the sort need, in one copy to the host (on a
             # GPU, the build's only synchronisation)
-            lo, max_src, max_dst, descents = host_ints(
-                ei.min(), src.max(), dst.max(), (dst[1:] < dst[:-1]).sum())
+            lo, max_src, max_dst, descents, loops = host_ints(
+                ei.min(), src.max(), dst.max(), (dst[1:] < dst[:-1]).sum(), (src == dst).sum())
             if lo < 0:
                 raise ValueError(f"edge_index holds a negative index ({lo})")
         else:
             max_src = max_dst = -1
-            descents = 0
+            descents = loops = 0
         if num_nodes is not None:
             if num_src is not None or num_dst is not None:
                 raise ValueError("give either num_nodes or num_src/num_dst, not both")
@@ -120,11 +120,14 @@ class Graph:
         if descents == 0:
             # already in CSR order (sorted by target, as a sampler's CSC output or
             # a PyG EdgeIndex sorted by column): no sort, edge ids are positions
-            return cls(_offsets(xp, dst, max_dst, num_dst, idx), src.astype(idx), None,
-                       num_src, num_dst)
-        order = _stable_argsort(xp, dst)
-        return cls(_offsets(xp, dst[order], max_dst, num_dst, idx), src[order].astype(idx),
-                   order.astype(idx), num_src, num_dst)
+            g = cls(_offsets(xp, dst, max_dst, num_dst, idx), src.astype(idx), None,
+                    num_src, num_dst)
+        else:
+            order = _stable_argsort(xp, dst)
+            g = cls(_offsets(xp, dst[order], max_dst, num_dst, idx), src[order].astype(idx),
+                    order.astype(idx), num_src, num_dst)
+        g.cache["num_self_loops"] = loops      # (edges i -> i; the copy brought it)
+        return g
 
     @classmethod
     def from_csr(cls, indptr, indices, num_src=None, *, index_dtype=None):
@@ -208,6 +211,16 @@ class Graph:
     def csr_rows(self):
         """[E] target node of each CSR position (index dtype)."""
         return self.cached("csr_rows", lambda: segment_ids(self.indptr, self.num_edges))
+
+    @property
+    def num_self_loops(self) -> int:
+        """Edges i -> i (index equality, also in a bipartite graph), counted
+        once: `from_edge_index` brings the count with its validation copy."""
+        def build():
+            if not self.num_edges:
+                return 0
+            return host_ints((self.indices == self.csr_rows).sum())[0]
+        return self.cached("num_self_loops", build)
 
     @property
     def max_in_degree(self) -> int:

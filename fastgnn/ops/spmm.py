@@ -414,12 +414,12 @@ def self_loop_structure(graph: Graph):
         xp = graph.xp
         n, E = graph.num_dst, graph.num_edges
         rows = graph.csr_rows.astype(np.int64)
-        loop_csr = graph.indices.astype(np.int64) == rows          # [E] CSR order
-        num_loops = int(loop_csr.sum()) if E else 0                  # (one copy to the host)
+        num_loops = graph.num_self_loops
         E_kept = E - num_loops
         idx = _index_dtype(E_kept + n, n)
         if num_loops == 0:
             return _loops_appended(graph, rows, idx)
+        loop_csr = graph.indices.astype(np.int64) == rows          # [E] CSR order
         loops_before = xp.cumsum(loop_csr) - loop_csr               # L(p)
         ids = (xp.arange(E, dtype=np.int64) if graph.edge_ids is None
                else graph.edge_ids.astype(np.int64))               # caller id per position
