@@ -257,6 +257,8 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
     monkeypatch.setattr(cuda_spmm, "_column_sum_plans", {})
     monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
     monkeypatch.setattr(plan, "ensure_context", lambda device: None)
+    monkeypatch.setattr(plan, "current_device", lambda: 0)
+    monkeypatch.setattr(plan, "current_stream", lambda: 0xabc)
     monkeypatch.setattr(plans, "_device_index", lambda graph, t: 0)
     monkeypatch.setattr(plans, "_torch_stream_ptr", lambda idx: 0xabc)
     monkeypatch.setattr(_autograd, "_torch_stream_ptr", lambda idx: 0xabc)

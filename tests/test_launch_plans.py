@@ -177,6 +177,27 @@ def test_launch_params_point_at_the_slots_and_fill_writes_addresses():
     assert launch.values.view(np.uint8)[16:20].view(np.int32)[0] == 5
 
 
+def test_launch_now_launches_fixed_arguments_on_the_current_stream(monkeypatch):
+    made = []
+
+    def launch_kernel(func, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        # (read at once: the parameter block lives as long as the call)
+        made.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, _read_params(params, 3)))
+
+    monkeypatch.setattr(plan, "_launch_kernel", launch_kernel)
+    monkeypatch.setattr(plan, "ensure_context", lambda device: made.append(("context", device)))
+    monkeypatch.setattr(plan, "current_device", lambda: 2)
+    monkeypatch.setattr(plan, "current_stream", lambda: 0xabc)
+    built = plan.built
+    arr = np.arange(3, dtype=np.int64)
+    plan.launch_now(0x1234, (5, 2), (arr, np.int32(7), None), block=(64,), smem=128)
+    assert made == [("context", 2),
+                    (0x1234, (5, 2, 1), (64, 1, 1), 128, 0xabc, [arr.ctypes.data, 7, 0])]
+    assert plan.built == built             # not a plan: what JAX's replay learns ignores it
+    with pytest.raises(TypeError, match="fixed arguments"):
+        plan.launch_now(0x1234, (1,), (plan.Slot(0),))
+
+
 # --------------------------------------------------- recorded and replayed
 def _recording_launcher(monkeypatch, nparams):
     """plan's cuLaunchKernel replaced by one that notes (func, stream, the

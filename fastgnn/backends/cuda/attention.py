@@ -37,7 +37,7 @@ from cupy_backends.cuda.api import driver
 from ...graph import Graph
 from ..attention_spec import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
-from .plan import Launch, LaunchPlan, Slot, Word, layout, word
+from .plan import Launch, LaunchPlan, Slot, Word, current_stream, launch_now, layout, word
 from .segment import _cached_plan, graph_device
 from .loader import (ATTENTION_SCORES, C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES,
                      attention_groups, attention_nchs, attention_vecs, get_function)
@@ -354,10 +354,6 @@ def drop_values(drop):
             1 if drop.active else 0)
 
 
-def _stream() -> int:
-    return cp.cuda.get_current_stream().ptr
-
-
 # ------------------------------------------------------------ edge_softmax
 # the call values of a SoftmaxPlan, in `run`'s order (forward / backward)
 SM_SCORES, SM_OUT, SM_LSE, SM_DROP = 0, 1, 2, 3
@@ -400,7 +396,7 @@ def edge_softmax_fwd(graph, scores, drop, vtype):
     if graph.num_dst == 0 or H == 0:
         return out, lse
     softmax_plan(graph, H, vtype, False).run(
-        _stream(), (scores.data.ptr, out.data.ptr, lse.data.ptr, *drop_values(drop)))
+        current_stream(), (scores.data.ptr, out.data.ptr, lse.data.ptr, *drop_values(drop)))
     return out, lse
 
 
@@ -411,7 +407,7 @@ def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
     if graph.num_dst == 0 or H == 0 or E == 0:
         return out
     softmax_plan(graph, H, vtype, True).run(
-        _stream(), (scores.data.ptr, lse.data.ptr, grad.data.ptr, out.data.ptr,
+        current_stream(), (scores.data.ptr, lse.data.ptr, grad.data.ptr, out.data.ptr,
                     *drop_values(drop)))
     return out
 
@@ -530,7 +526,7 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
                     params, shape, mma)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.run(_stream(), (*(_ptr(a) for a in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha,
+    plan.run(current_stream(), (*(_ptr(a) for a in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha,
                                              ws)), *drop_values(params.drop)))
     return out, lse, alpha, out_b
 
@@ -558,9 +554,9 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
             itype = _ITYPE[np.dtype(graph.index_dtype)]
             fn = get_function("attention", vtype, itype, f"attn_delta<{C_VALUE[vtype]}>")
             group = lane_group(C)
-            fn(_grid(graph.num_dst * H, group), (BLOCK,),
-               (grad_out, out, d, np.int64(graph.num_dst), np.int32(H), np.int32(C),
-                np.int32(group)))
+            launch_now(fn, _grid(graph.num_dst * H, group),
+                       (grad_out, out, d, np.int64(graph.num_dst), np.int32(H), np.int32(C),
+                        np.int32(group)))
     else:
         d = cp.zeros((graph.num_dst, H), dtype=acc)
     if grad_alpha is not None and graph.num_edges:
@@ -582,9 +578,9 @@ def _combine(plan, partial, out, width, vtype, itype):
         return
     fn = get_function("spmm", vtype, itype, f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>")
     group = lane_group(width)
-    fn(_grid(num_split, group), (BLOCK,),
-       (plan.split_row, plan.slot_ptr, partial, NULL, NULL, out, np.int64(num_split),
-        np.int32(width), np.int32(group)))
+    launch_now(fn, _grid(num_split, group),
+               (plan.split_row, plan.slot_ptr, partial, NULL, NULL, out, np.int64(num_split),
+                np.int32(width), np.int32(group)))
 
 
 def _gatt_slots_bytes(group, C, acc):
@@ -791,7 +787,7 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                 for want, like in zip(wants, (S, Dn, Ed, V))]
         gatt = cp.empty(H * C, dtype=acc) if need_gatt else None
         ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-        plan.run(_stream(), (*(_ptr(x) for x in (S, Dn, Ed, att, V, lse, g, out, *made, gatt,
+        plan.run(current_stream(), (*(_ptr(x) for x in (S, Dn, Ed, att, V, lse, g, out, *made, gatt,
                                                  ws)), *drop_values(params.drop)))
         for name, grad in zip((s_name, d_name, e_name, v_name), made):
             if grad is not None:
@@ -852,15 +848,15 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
     # pass's, one per block
     src_rows = sgrid[0] if need_gatt and src_pass else 0
     gatt_part = cp.empty((dst_rows + src_rows, H * C), dtype=acc) if need_gatt else None
-    kern(grid, (BLOCK,),
-         (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
-          graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g),
-          _arg(ga),
-          out if fused else NULL, _arg(delta), _arg(wds), _arg(gDn), _arg(p_dn), _arg(gEd),
-          _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask))
-         + _layout_words(H, C, nch, group, phases, rounds, acc, params.negative_slope,
-                         params.scale) + _drop_args(params.drop),
-         shared_mem=smem)
+    launch_now(kern, grid,
+               (plan.task_row, plan.task_begin, plan.task_slot, slot_begin, graph.indptr,
+                graph.indices, caller_ids(graph), S, Dn, _arg(Ed), _arg(att), V, lse, _arg(g),
+                _arg(ga),
+                out if fused else NULL, _arg(delta), _arg(wds), _arg(gDn), _arg(p_dn), _arg(gEd),
+                _arg(gatt_part), _arg(aS), _arg(aV), np.int64(ntask))
+               + _layout_words(H, C, nch, group, phases, rounds, acc, params.negative_slope,
+                               params.scale) + _drop_args(params.drop),
+               smem=smem)
     if aS is not None:
         grads[s_name] = from_acc(aS, S.dtype, "attention", vtype, itype)
     if aV is not None:
@@ -881,13 +877,14 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                if need_gS and plan.num_slots else None)
         p_v = (cp.empty((plan.num_slots, H * C), dtype=acc)
                if need_gV and plan.num_slots else None)
-        skern(sgrid, (BLOCK,),
-              (plan.task_row, plan.task_begin, plan.task_slot, sslot_begin, t.indptr, t.indices,
-               transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), wds, _arg(g),
-               _arg(gS), _arg(p_s), _arg(gV), _arg(p_v),
-               gatt_part[dst_rows:] if src_rows else NULL, np.int64(ntask))
-              + _layout_words(H, C, nch, group, phases, srounds, acc, params.negative_slope),
-              shared_mem=ssmem)
+        launch_now(skern, sgrid,
+                   (plan.task_row, plan.task_begin, plan.task_slot, sslot_begin, t.indptr,
+                    t.indices, transpose_caller_ids(graph), S, Dn, _arg(Ed), _arg(att), wds,
+                    _arg(g), _arg(gS), _arg(p_s), _arg(gV), _arg(p_v),
+                    gatt_part[dst_rows:] if src_rows else NULL, np.int64(ntask))
+                   + _layout_words(H, C, nch, group, phases, srounds, acc,
+                                   params.negative_slope),
+                   smem=ssmem)
         _combine(plan, p_s, gS, H * Cs, vtype, itype)
         _combine(plan, p_v, gV, H * C, vtype, itype)
         if need_gS:

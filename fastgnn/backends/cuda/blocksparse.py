@@ -18,6 +18,7 @@ import numpy as np
 from ..blocksparse import TILE, WINDOW, BlockSparse, check_size, fill_stats, num_windows
 from .loader import (BLOCKSPARSE_CHUNKS, BLOCKSPARSE_HEADS, BLOCKSPARSE_VTYPES, C_INDEX,
                      C_VALUE, blocksparse_src_split, get_function)
+from .plan import launch_now
 from .spmm import _ITYPE, NULL, _arg, column_sums, from_acc
 
 BUILD_BLOCK = 256
@@ -183,7 +184,7 @@ def attention_fwd(graph, arrays, params, vtype):
         return out, lse, out_b
     fn, grid, block = _launch(f"bsr_attn_fwd<{C_VALUE[vtype]}, {C}>", vtype, _itype(graph),
                               nwin * H)
-    fn(grid, block, (bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, _arg(bias), out,
+    launch_now(fn, grid, block=block, args=(bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, _arg(bias), out,
                      _arg(out_b), lse, np.int64(nwin), np.int32(graph.num_dst), np.int32(H),
                      np.float32(params.scale * np.log2(np.e))))
     return out, lse, out_b
@@ -216,7 +217,7 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
     gq = cp.empty_like(q)
     delta = cp.empty((graph.num_dst, H), dtype=np.float32)
     fn, grid, block = _launch(f"bsr_attn_bwd_dst<{T}, {C}>", vtype, itype, bs.num_windows * H)
-    fn(grid, block, (bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, out, g, lse, gq,
+    launch_now(fn, grid, block=block, args=(bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, out, g, lse, gq,
                      delta, np.int64(bs.num_windows), np.int32(graph.num_dst), np.int32(H), sl2,
                      scale))
     if want_q:
@@ -229,7 +230,7 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
             split = blocksparse_src_split(vtype, C)
             fn, grid, block = _launch(f"bsr_attn_bwd_src<{T}, {C}, {split}>", vtype, itype,
                                       bt.num_windows * H * split)
-            fn(grid, block, (bt.window_ptr, bt.tile_cols, _mask_words(bt), q, k, v, g, lse,
+            launch_now(fn, grid, block=block, args=(bt.window_ptr, bt.tile_cols, _mask_words(bt), q, k, v, g, lse,
                              delta, gk, gv, np.int64(bt.num_windows), np.int32(graph.num_src),
                              np.int32(H), sl2, scale))
         grads["k"] = gk if want_k else None
@@ -289,7 +290,7 @@ def spmm(graph, x, vtype, weight_csr=None, row_scale=None, col_scale=None, bias=
     cs = None if col_scale is None else col_scale.astype(np.float32, copy=False)
     fn, grid, block = _launch(f"bsr_spmm<{C_VALUE[vtype]}, {fc}, {str(weighted).lower()}>", vtype,
                               _itype(graph), bs.num_windows * (F // fc))
-    fn(grid, block, (bs.window_ptr, bs.tile_cols, _mask_words(bs), _arg(tile_vals), _arg(rs),
+    launch_now(fn, grid, block=block, args=(bs.window_ptr, bs.tile_cols, _mask_words(bs), _arg(tile_vals), _arg(rs),
                      _arg(cs), _arg(_aligned(bias)), _aligned(x), out, np.int64(bs.num_windows),
                      np.int32(graph.num_dst), np.int32(F // fc)))
     return out

@@ -240,6 +240,35 @@ class LaunchPlan:
         return f"LaunchPlan({list(self.launches)})"
 
 
+def current_stream() -> int:
+    """CuPy's current stream on its current device, as a cudaStream_t int."""
+    import cupy
+    return cupy.cuda.get_current_stream().ptr
+
+
+def current_device() -> int:
+    """CuPy's current device."""
+    import cupy
+    return cupy.cuda.runtime.getDevice()
+
+
+def launch_now(kernel, grid, args, block=(BLOCK,), smem=0):
+    """Launch `kernel` once, now, on CuPy's current stream and device: the
+    launchers' one-off launches (the 16-bit casts, the arg scatter, the
+    attention backward's passes, the block-sparse kernels), packed and
+    launched as a plan's are (args as a `Launch`'s, all fixed: no `Slot`),
+    so that every kernel launch of the package goes through this module.
+    Not a LaunchPlan: `built` and `recording()` do not see it."""
+    l = Launch(kernel, grid, args, block, smem)
+    if l.dynamic:
+        raise TypeError("launch_now takes fixed arguments only (a Slot is a plan's)")
+    launch = _launch_kernel or _driver()
+    ensure_context(current_device())
+    gx, gy, gz = l.grid
+    bx, by, bz = l.block
+    launch(l.func, gx, gy, gz, bx, by, bz, l.smem, current_stream(), l.params_ptr, 0)
+
+
 # ------------------------------------------------------------ recorded calls
 built = 0     # LaunchPlans built so far (a call that builds one is tuning or warming up)
 

@@ -39,7 +39,7 @@ from .loader import (C_INDEX, C_POSITION, C_VALUE, NARROW_POSITIONS, SEGMENT_MAX
                      SEGMENT_STATS, SEGMENT_TERMS, STAT_NOARG, VALUE_BYTES, WIDE_UNROLL,
                      WIDE_WALK_TERMS, get_function, segment_bwd_kernel, segment_position_type,
                      segment_widest_vec)
-from .plan import Launch, LaunchPlan, Slot, address, layout
+from .plan import Launch, LaunchPlan, Slot, address, current_stream, launch_now, layout
 from .spmm import (_ITYPE, BLOCK, BURST, DEFAULT_CHUNK, _acc_dtype, _arg, _grid, from_acc,
                    lane_group, median_ms, sliced_grid, spmm_vec, task_plan, to_acc)
 
@@ -105,10 +105,6 @@ def _spans(*arrays):
 
 def _ptr(a) -> int:
     return 0 if a is None else a.data.ptr
-
-
-def _stream() -> int:
-    return cp.cuda.get_current_stream().ptr
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,7 +232,7 @@ def segment_fwd(graph, x, codes, vtype, residuals=True, chunk=DEFAULT_CHUNK):
     plan = fwd_plan(graph, codes, F, vtype, residuals, vec_for(vtype, F, *_spans(x, out)), chunk)
     resid = [None if d is None else cp.empty((n, F), dtype=d) for d in plan.residual_dtypes]
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.run(_stream(), (x.data.ptr, out.data.ptr, *(_ptr(r) for r in resid), _ptr(ws)))
+    plan.run(current_stream(), (x.data.ptr, out.data.ptr, *(_ptr(r) for r in resid), _ptr(ws)))
     argmax, argmin, mean, std, mul_out, mul_zero = resid
     return out, argmax, argmin, mean, std, None if mul_out is None else (mul_out, mul_zero)
 
@@ -259,9 +255,10 @@ def _arg_scatter(graph, args, acc, vtype, itype, ldg):
     P = C_POSITION[args[0][0].dtype.name]
     vec = vec_for(vtype, F, *_spans(acc, *(a for pair in args for a in pair)))
     kern = get_function("segment", vtype, itype, f"segment_arg_scatter<{T}, {I}, {vec}, {P}>")
-    kern(_grid(n * (F // vec), 1), (BLOCK,),
-         (graph.indptr, graph.indices, _arg(pairs[0][0]), _arg(pairs[0][1]),
-          _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F), np.int64(ldg)))
+    launch_now(kern, _grid(n * (F // vec), 1),
+               (graph.indptr, graph.indices, _arg(pairs[0][0]), _arg(pairs[0][1]),
+                _arg(pairs[1][0]), _arg(pairs[1][1]), acc, np.int64(n), np.int32(F),
+                np.int64(ldg)))
 
 
 # the call buffers of a BwdPlan, in `run`'s order
@@ -457,7 +454,7 @@ def segment_bwd(graph, x, g, codes, mean, std, argmax, argmin, vtype, mul=None,
         return (_ptr(x) if plan.needs_x else 0, g.data.ptr, _ptr(mean), _ptr(std),
                 _ptr(mul_out), _ptr(mul_zero), _ptr(args[0]), _ptr(args[1]), _ptr(addend),
                 grad.data.ptr, _ptr(ws)), ws
-    stream = _stream()
+    stream = current_stream()
     plan = bwd_plan(graph, codes, F, vtype, walk_args, vec, chunk, stream=stream,
                     buffers=buffers)
     ptrs, ws = buffers(plan)

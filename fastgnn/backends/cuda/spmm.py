@@ -30,7 +30,7 @@ import numpy as np
 from ..._array import host_ints
 from . import decisions
 from .loader import C_INDEX, C_VALUE, VALUE_BYTES, get_function, vec_widths
-from .plan import BLOCK, Launch, LaunchPlan, Slot, layout
+from .plan import BLOCK, Launch, LaunchPlan, Slot, current_stream, launch_now, layout
 
 CHUNKS = (64, 256, 1024)     # custom-kernel task sizes tried by "auto"
 DEFAULT_CHUNK = 256
@@ -53,7 +53,7 @@ def from_acc(a, dtype, family, vtype, itype, out=None):
         return out
     out = cp.empty(a.shape, dtype=dtype) if out is None else out
     fn = get_function(family, vtype, itype, f"cast_from_acc<{C_VALUE[vtype]}>")
-    fn((max(1, -(-a.size // BLOCK)),), (BLOCK,), (a, out, np.int64(a.size)))
+    launch_now(fn, (max(1, -(-a.size // BLOCK)),), (a, out, np.int64(a.size)))
     return out
 
 
@@ -86,7 +86,7 @@ def column_sum(a, family, vtype, itype, rows_per_block=COLUMN_SUM_ROWS):
                            rows_per_block)
     out = cp.empty(cols, dtype=acc)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.run(cp.cuda.get_current_stream().ptr, (a.data.ptr, out.data.ptr, _ptr(ws)))
+    plan.run(current_stream(), (a.data.ptr, out.data.ptr, _ptr(ws)))
     return out
 
 
@@ -364,7 +364,7 @@ def spmm_custom(graph, x, weight_csr, vtype, chunk=DEFAULT_CHUNK, out=None, row_
     vec = spmm_vec(vtype, F, *((a.data.ptr, a.itemsize) for a in (x, out, bias) if a is not None))
     plan = spmm_plan(graph, F, vtype, w is not None, chunk, vec)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.run(cp.cuda.get_current_stream().ptr,
+    plan.run(current_stream(),
              (x.data.ptr, _ptr(w), _ptr(r), _ptr(c), _ptr(bias), out.data.ptr, _ptr(ws)))
     return out
 
@@ -384,9 +384,9 @@ def sddmm(graph, a, b, vtype):
     vec, group = _launch_shape(vtype, F, a, b)
     kern = get_function("spmm", vtype, itype, f"sddmm<{C_VALUE[vtype]}, {C_INDEX[itype]}, {vec}>")
     num_tasks = int(plan.task_row.shape[0])
-    kern(_grid(num_tasks, group), (BLOCK,),
-         (plan.task_row, plan.task_begin, graph.indptr, graph.indices, a, b, out,
-          np.int64(num_tasks), np.int32(F), np.int32(DEFAULT_CHUNK), np.int32(group)))
+    launch_now(kern, _grid(num_tasks, group),
+               (plan.task_row, plan.task_begin, graph.indptr, graph.indices, a, b, out,
+                np.int64(num_tasks), np.int32(F), np.int32(DEFAULT_CHUNK), np.int32(group)))
     return out
 
 
@@ -433,7 +433,7 @@ class CusparsePlan:
     def __call__(self, graph, x, weight_csr, out):
         cs = self.cs
         handle = cp.cuda.device.get_cusparse_handle()
-        cs.setStream(handle, cp.cuda.get_current_stream().ptr)
+        cs.setStream(handle, current_stream())
         vals = self.ones if weight_csr is None else weight_csr
         cs.spMatSetValues(self.mat, vals.data.ptr)
         cs.dnMatSetValues(self.dx, x.data.ptr)
@@ -510,7 +510,7 @@ def _launcher(graph, x, w, vtype, path, option, out, bias):
     plan = spmm_plan(graph, F, vtype, w is not None, option, vec)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
     ptrs = (x.data.ptr, _ptr(w), 0, 0, _ptr(bias), out.data.ptr, _ptr(ws))
-    stream = cp.cuda.get_current_stream().ptr
+    stream = current_stream()
     # (the defaults keep the workspace and the converted weights allocated
     # for as long as the launcher is timed)
     return lambda keep=(ws, w): plan.run(stream, ptrs)
@@ -630,5 +630,5 @@ def column_sums(x, vtype, index_dtype=np.int32):
                            x.dtype != _acc_dtype(vtype))
     out = cp.empty(cols, dtype=x.dtype)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.run(cp.cuda.get_current_stream().ptr, (x.data.ptr, out.data.ptr, _ptr(ws)))
+    plan.run(current_stream(), (x.data.ptr, out.data.ptr, _ptr(ws)))
     return out
