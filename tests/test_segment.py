@@ -554,7 +554,7 @@ def test_gpu_max_backward_walk_forms_agree_bitwise(device, hub, width, monkeypat
     edges in flight), each made the timed winner in turn, give bitwise the
     same gradient (the same additions in the same order) on rows whose
     degrees are no multiple of 4 and a split hub row, equal to the reference."""
-    from fastgnn.backends.cuda import loader
+    from fastgnn.backends.cuda import decisions, loader
     from fastgnn.backends.cuda import segment as cuda_segment
     ei, _, x, go = _case(device, width, hub=hub, reduce="max")
     n = x.shape[0]
@@ -564,7 +564,9 @@ def test_gpu_max_backward_walk_forms_agree_bitwise(device, hub, width, monkeypat
     for wide_wins in (False, True):
         clock = iter([2.0, 1.0] if wide_wins else [1.0, 2.0])
         monkeypatch.setattr(cuda_segment, "median_ms", lambda fn, **kw: next(clock))
-        g = Graph.from_edge_index(to_device(ei, device), num_nodes=n)    # fresh plan cache
+        # a fresh plan cache, and no walk decided for the graph's size class yet
+        monkeypatch.setattr(decisions, "_decided", {})
+        g = Graph.from_edge_index(to_device(ei, device), num_nodes=n)
         _, argmax, argmin, mean, std, _ = cuda_segment.segment_fwd(g, xd, ("max",), "float32")
         gx = cuda_segment.segment_bwd(g, xd, god, ("max",), mean, std, argmax, argmin, "float32")
         plan, = [v for k, v in g.cache.items()

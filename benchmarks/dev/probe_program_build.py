@@ -63,11 +63,19 @@ def run(label):
     med = {k: statistics.median(v) if v else 0.0 for k, v in parts.items()}
     print(f"{label:12s} step {step:6.2f} ms  builds {len(parts['total'])}  median ms: "
           + "  ".join(f"{k} {v:.3f}" for k, v in med.items())
-          + f"  max total {max(parts['total'] or [0]):.3f}", flush=True)
+          + f"  max total {max(parts['total'] or [0]):.3f}"
+          + f"  over 0.5 ms {sum(t > 0.5 for t in parts['total'])}", flush=True)
 
 
 native.ProgramBuilder.build = timed_build
 run("as is")
+import os  # noqa: E402
+import threading  # noqa: E402
+print("python threads:", [t.name for t in threading.enumerate()],
+      " OS threads:", len(os.listdir("/proc/self/task")), flush=True)
+sys.setswitchinterval(1e-4)
+run("switch 0.1ms")
+sys.setswitchinterval(5e-3)
 gc.disable()
 run("gc off")
 gc.enable()
