@@ -146,6 +146,10 @@ def main():
                 print(f"  {label:4s} host ms: forward {f:6.2f}  backward {b:6.2f}  step {o:6.2f}"
                       f"  drain {d:6.2f}")
         if a.profile:
+            # (autograd's backward on this thread: from Python 3.12 cProfile
+            # sees every thread's calls in one profile and misattributes them)
+            threaded = torch.autograd.is_multithreading_enabled()
+            torch.autograd.set_multithreading_enabled(False)
             prof = cProfile.Profile()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -158,6 +162,7 @@ def main():
                   " ms each")
             pstats.Stats(prof).sort_stats("cumulative").print_stats(28)
             pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+            torch.autograd.set_multithreading_enabled(threaded)
 
 
 if __name__ == "__main__":
