@@ -56,7 +56,7 @@ def host_ints(*values):
     """The values of 0-d integer arrays of one backend as Python ints, in one
     copy to the host (on a GPU, one synchronisation for all of them)."""
     xp = next((xp_of(v) for v in values if is_cupy(v)), np)
-    stacked = xp.stack([xp.asarray(v).astype(np.int64) for v in values])
+    stacked = xp.stack([xp.asarray(v).astype(np.int64, copy=False) for v in values])
     return tuple(int(v) for v in (stacked.get() if is_cupy(stacked) else stacked))
 
 
