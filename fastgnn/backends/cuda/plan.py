@@ -32,6 +32,8 @@ BLOCK = 256           # threads per block of every family's kernels
 # int, long long / i64, unsigned long long, float, double)
 _SCALAR_BYTES = {np.dtype(np.int32): 4, np.dtype(np.int64): 8, np.dtype(np.uint64): 8,
                  np.dtype(np.float32): 4, np.dtype(np.float64): 8}
+# their names, looked up once (NumPy computes dtype.name in Python on every read)
+_SCALAR_NAMES = {d: d.name for d in _SCALAR_BYTES}
 
 
 ALIGN = 256           # byte alignment of each buffer carved out of one allocation
@@ -122,7 +124,7 @@ def pack(args):
             if size is None:
                 raise TypeError(f"kernel parameter {i}: unsupported scalar type {a.dtype}")
             raw[8 * i:8 * i + size] = np.frombuffer(a.tobytes(), dtype=np.uint8)
-            kinds[-1] = a.dtype.name
+            kinds[-1] = _SCALAR_NAMES[a.dtype]
         elif isinstance(a, (bool, int, float)):
             raise TypeError(f"kernel parameter {i}: a Python {type(a).__name__} has no C width; "
                             "pass a NumPy scalar (np.int32, np.int64, np.float32, ...)")
