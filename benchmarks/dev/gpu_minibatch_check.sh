@@ -10,23 +10,16 @@
 #   bash benchmarks/dev/gpu_minibatch_check.sh
 #   PROBE_FLAGS="--gc-off --profile" bash benchmarks/dev/gpu_minibatch_check.sh
 #   SKIP_SUITE=1 / SKIP_TESTS=1 ...                  # leave a part out
-#
-# The compiled kernels and the native extension are kept in .gpucache/
-# (ignored by git) and packed into $OUT/gpucache.tar; a later run on a fresh
-# machine of the same kind finds .gpucache.tar (carried) and skips compiling.
 set -u
 OUT=${OUT:-/tmp/fastgnn-out}
-mkdir -p "$OUT" .gpucache
-[ -f .gpucache.tar ] && tar xf .gpucache.tar
+mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-export CUPY_CACHE_DIR=$PWD/.gpucache/cupy TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_ext
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1
 timeout 90 python3 -m fastgnn.torch.native > "$OUT/native.log" 2>&1
 tail -1 "$OUT/native.log"
 timeout 120 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
 tail -1 "$OUT/prewarm.log"
-tar cf "$OUT/gpucache.tar" .gpucache
 
 timeout ${PROBE_S:-60} python3 benchmarks/dev/probe_new_graph.py GCN SAGE-max GAT --phases \
     ${PROBE_FLAGS:-} > "$OUT/probe.log" 2>&1
