@@ -60,15 +60,19 @@ def model(name):
                                 conv(HIDDEN, CLASSES, True)])
 
 
-def step(convs, opt, x, ei, y):
+def loss_of(convs, opt, x, ei, y):
+    """The forward: gradients zeroed, the layers with ReLU between, the loss."""
     opt.zero_grad()
     h = x
     for i, c in enumerate(convs):
         h = c(h, ei)
         if i < len(convs) - 1:
             h = h.relu()
-    loss = torch.nn.functional.cross_entropy(h, y)
-    loss.backward()
+    return torch.nn.functional.cross_entropy(h, y)
+
+
+def step(convs, opt, x, ei, y):
+    loss_of(convs, opt, x, ei, y).backward()
     opt.step()
 
 
@@ -78,13 +82,7 @@ def phases(convs, opt, batches):
     for x, ei, y in batches:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        opt.zero_grad()
-        h = x
-        for i, c in enumerate(convs):
-            h = c(h, ei)
-            if i < len(convs) - 1:
-                h = h.relu()
-        loss = torch.nn.functional.cross_entropy(h, y)
+        loss = loss_of(convs, opt, x, ei, y)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
