@@ -33,7 +33,7 @@ fi
 
 if [ -z "${SKIP_TESTS:-}" ]; then
     par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-    FASTGNN_PROPERTY_EXAMPLES=100 timeout ${TESTS_S:-170} python3 -m pytest -q $par -m gpu -p no:cacheprovider -rf \
+    FASTGNN_PROPERTY_EXAMPLES=300 timeout ${TESTS_S:-170} python3 -m pytest -q $par -m gpu -p no:cacheprovider -rf \
         --maxfail=30 tests > "$OUT/gpu_tests.log" 2>&1
     grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | head -30
     tail -1 "$OUT/gpu_tests.log"
