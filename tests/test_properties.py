@@ -199,3 +199,52 @@ def test_edge_attention_against_reference(device, case, score, heads, channels, 
                       * amplified)
         err = rel_err(o, r)
         assert err <= tol, f"{score} {name}: relative error {err:.3e} > {tol:.1e} ({vtype})"
+
+
+def _layers():
+    """(name, PyG layer, ours, takes an edge weight) makers, in_channels 5."""
+    import torch
+    import torch_geometric.nn as pyg
+
+    import fastgnn.torch as ft
+    from fastgnn.testing import fresh_pyg_class
+
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    return {
+        "gcn": (lambda: pyg.GCNConv(5, 4), lambda: ft.GCNConv(5, 4), True),
+        "sage_mean": (lambda: fresh_pyg_class(pyg.SAGEConv)(5, 4),
+                      lambda: ft.SAGEConv(5, 4), False),
+        "sage_max": (lambda: fresh_pyg_class(pyg.SAGEConv)(5, 4, aggr="max"),
+                     lambda: ft.SAGEConv(5, 4, aggr="max"), False),
+        "gin": (lambda: pyg.GINConv(mlp(), train_eps=True),
+                lambda: ft.GINConv(mlp(), train_eps=True), False),
+        "gat": (lambda: pyg.GATConv(5, 3, heads=2), lambda: ft.GATConv(5, 3, heads=2), False),
+        "gatv2": (lambda: pyg.GATv2Conv(5, 3, heads=2), lambda: ft.GATv2Conv(5, 3, heads=2),
+                  False),
+        "transformer": (lambda: pyg.TransformerConv(5, 3, heads=2),
+                        lambda: ft.TransformerConv(5, 3, heads=2), False),
+    }
+
+
+@PROPERTY
+@given(case=graphs().filter(lambda c: c[1] == c[2] and c[1] > 0),
+       layer=st.sampled_from(["gcn", "sage_mean", "sage_max", "gin", "gat", "gatv2",
+                              "transformer"]),
+       weighted=st.booleans())
+def test_layers_against_pyg(case, layer, weighted):
+    """The drop-in layers on drawn square graphs against PyG (float64, CPU):
+    output and every gradient (input, edge weight, parameters) under a random
+    cotangent (tests/test_torch_layers.py's comparison)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch_geometric")
+    from test_torch_layers import _overwritten_loops, run_and_compare
+    ei, n, _, _, seed = case
+    make_ref, make_ours, takes_weight = _layers()[layer]
+    rng = np.random.default_rng(seed + 5)
+    ei_t = torch.from_numpy(ei)
+    x = torch.from_numpy(rng.standard_normal((n, 5)))
+    w = torch.from_numpy(rng.random(ei.shape[1]) + 0.1) if weighted and takes_weight else None
+    torch.manual_seed(seed)
+    run_and_compare(make_ref(), make_ours(), x, ei_t, w, seed=seed, exact_zeros=True,
+                    overwritten_loops=_overwritten_loops(ei_t) if layer == "gcn" else None)

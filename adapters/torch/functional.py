@@ -590,7 +590,10 @@ def gcn_norm(edge_index_or_adj, edge_weight=None, num_nodes=None, *, improved=Fa
             else:
                 g2, kept, last = self_loop_structure(graph)
                 kept, last = _torch(kept).long(), _torch(last).long()
-                loop_w = torch.where(last >= 0, w[last.clamp(min=0)], w.new_tensor(fill))
+                # a node's weight is its last existing loop's, else the fill
+                # (no edges: nothing to gather from)
+                loop_w = (torch.where(last >= 0, w[last.clamp(min=0)], w.new_tensor(fill))
+                          if w.numel() else w.new_full((graph.num_dst,), fill))
                 w2 = torch.cat([w[kept], loop_w])
             return g2, _sym_norm(_cached_edge_index(g2), w2, g2.num_dst)
 
