@@ -115,3 +115,29 @@ def test_roc_auc_and_split():
     assert not (tr & va).any() and not (tr & te).any() and not (va & te).any()
     assert ((tr | va | te) == labelled).all() and tr.sum() == 540 and va.sum() == 180
     assert (ct.random_split(labelled, 0)[0] == tr).all()
+
+
+def test_row_gate_closes_on_budget_and_on_a_lost_cuda_context():
+    """A spent --budget-minutes and a CUDA context lost in a failed row both
+    stop the later rows, noted once with the row they stopped at."""
+    import types
+
+    from fastgnn.bench import runinfo
+    skipped = []
+    gate = runinfo.RowGate(None, skipped)
+    assert not gate.closed("a") and not skipped
+    cpu = types.SimpleNamespace(type="cpu")
+    gate.after_failure(None, cpu, "a", "RuntimeError: x")     # the CPU: nothing to check
+    assert not gate.closed("b")
+
+    class LostContext:                     # a torch whose every CUDA call raises
+        def ones(self, *a, **k):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    cuda = types.SimpleNamespace(type="cuda")
+    gate.after_failure(LostContext(), cuda, "Cora GAT capture pyg", "AcceleratorError: boom")
+    assert gate.closed("Cora GAT capture fastgnn") and gate.closed("Cora GCN eager pyg")
+    assert len(skipped) == 1
+    assert skipped[0].startswith("from Cora GAT capture fastgnn on: not run, the CUDA context "
+                                 "was lost when Cora GAT capture pyg failed (AcceleratorError")
+    spent = []
+    assert runinfo.RowGate(0, spent).closed("x") and "--budget-minutes 0 was spent" in spent[0]

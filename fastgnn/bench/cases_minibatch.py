@@ -754,7 +754,7 @@ def run(args, argv, torch, device, cuda, quick):
         os.makedirs(d, exist_ok=True)
     records = []
     bar = runinfo.progress(sum(len(m) for m in models.values()) * 2, args.no_progress)
-    budget = runinfo.Budget(args.budget_minutes, skipped)
+    gate = runinfo.RowGate(args.budget_minutes, skipped)
     try:
         for wname in workloads:
             bar.set_description_str(f"building {wname}")
@@ -785,7 +785,8 @@ def run(args, argv, torch, device, cuda, quick):
                     state, why = None, exc
                 for framework in ("pyg", "fastgnn"):
                     bar.set_description_str(f"{wname} {model_name} {framework}")
-                    if budget.spent(f"{wname} {model_name} {framework}"):
+                    row = f"{wname} {model_name} {framework}"
+                    if gate.closed(row):
                         bar.update(1)
                         continue
                     rec = dict(base, case=f"{wname} {model_name}", model=model_name,
@@ -797,6 +798,8 @@ def run(args, argv, torch, device, cuda, quick):
                     else:
                         rec.update(run_row(torch, wl, model_name, framework, state, heads=heads,
                                            steps=pre.steps, warmup=pre.warmup, cuda=cuda))
+                        if rec["error"]:
+                            gate.after_failure(torch, device, row, rec["error"])
                     records.append(rec)
                     bar.update(1)
                 runinfo.write_json(out_path, records)      # a run cut short keeps what it measured

@@ -678,7 +678,7 @@ def run(args, argv, torch, device, cuda, quick):
         os.makedirs(d, exist_ok=True)
     records = []
     bar = runinfo.progress(len(dnames) * len(models) * len(modes) * 2, args.no_progress)
-    budget = runinfo.Budget(args.budget_minutes, skipped)
+    gate = runinfo.RowGate(args.budget_minutes, skipped)
     try:
         for dname in dnames:
             bar.set_description_str(f"loading {dname}")
@@ -697,7 +697,8 @@ def run(args, argv, torch, device, cuda, quick):
                             bar.update(1)
                             continue
                         bar.set_description_str(f"{dname} {model_name} {mode} {framework}")
-                        if budget.spent(f"{dname} {model_name} {mode} {framework}"):
+                        row = f"{dname} {model_name} {mode} {framework}"
+                        if gate.closed(row):
                             bar.update(1)
                             continue
                         rec = {"gpu": gpu, "device": str(device), "versions": meta["versions"],
@@ -713,6 +714,8 @@ def run(args, argv, torch, device, cuda, quick):
                         rec.update(run_row(torch, data, model_name, framework, mode, state,
                                            hidden=hidden, heads=heads, epochs=epochs,
                                            warmup=steps[mode], seed=args.seed, cuda=cuda))
+                        if rec["error"]:
+                            gate.after_failure(torch, device, row, rec["error"])
                         records.append(rec)
                         bar.update(1)
                 runinfo.write_json(out_path, records)      # a run cut short keeps what it measured

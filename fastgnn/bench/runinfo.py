@@ -111,20 +111,41 @@ def write_results(path, records, markdown, table, summary):
     return 0
 
 
-class Budget:
-    """A suite's --budget-minutes (None: no limit), from its creation: `spent(what)`
-    says whether the time is up and, the first time it is, notes in `skipped`
-    that nothing ran from row `what` on."""
+class RowGate:
+    """Whether a suite starts its next row: not once its --budget-minutes
+    (None: no limit) is spent, nor once a failed row has left the device's
+    CUDA context unusable (`after_failure`). `closed(what)` says so before
+    row `what` and, the first time, notes in `skipped` that nothing ran
+    from that row on, and why."""
 
     def __init__(self, minutes, skipped):
         self.minutes, self.skipped = minutes, skipped
         self.start, self.over = time.perf_counter(), False
+        self.lost = None            # (the failed row, its error) once the context is lost
 
-    def spent(self, what) -> bool:
-        if self.minutes is None or time.perf_counter() - self.start <= 60 * self.minutes:
+    def closed(self, what) -> bool:
+        if self.lost is not None:
+            why = (f"the CUDA context was lost when {self.lost[0]} failed ({self.lost[1]}): a "
+                   "sticky CUDA error leaves the process unusable; run the remaining rows "
+                   "in a new process")
+        elif self.minutes is not None and time.perf_counter() - self.start > 60 * self.minutes:
+            why = f"--budget-minutes {self.minutes:g} was spent"
+        else:
             return False
         if not self.over:
             self.over = True
-            self.skipped.append(f"from {what} on: not run, --budget-minutes "
-                                f"{self.minutes:g} was spent")
+            self.skipped.append(f"from {what} on: not run, {why}")
+            print(f"fastgnn bench: stopping before {what}: {why}", file=sys.stderr)
         return True
+
+    def after_failure(self, torch, device, what, error):
+        """After row `what` failed with `error` (its description): on CUDA,
+        whether the context still runs a kernel and synchronises; if not,
+        later rows would all fail for that reason, so the gate closes."""
+        if device.type != "cuda" or self.lost is not None:
+            return
+        try:
+            torch.ones(1, device=device).add_(1).cpu()
+            torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 - any failure here means the context is gone
+            self.lost = (what, error)
