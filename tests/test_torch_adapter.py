@@ -536,3 +536,26 @@ def test_no_grad_calls_run_the_inference_forward(monkeypatch, device):
     assert y_grad.grad_fn is not None and y_inf.grad_fn is None and y_detached.grad_fn is None
     torch.testing.assert_close(y_inf, y_grad.detach(), rtol=0, atol=0)
     torch.testing.assert_close(y_detached, y_grad.detach(), rtol=0, atol=0)
+
+
+def test_device_allocation_failures_surface_as_torch_oom():
+    """Inside a CUDA scope, Thrust's `MemoryError: std::bad_alloc` and CuPy's
+    OutOfMemoryError leave as torch.OutOfMemoryError (chained); torch's own
+    OOM and a host MemoryError pass unchanged."""
+    from fastgnn.torch import _autograd
+
+    def exit_with(exc):
+        scope = _autograd._Scope("cuda:0")
+        scope.entered, scope.prev = [], None        # as after entering on a GPU
+        return scope.__exit__(type(exc), exc, None)
+
+    bad_alloc = MemoryError("std::bad_alloc: cudaErrorMemoryAllocation: out of memory")
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory in fastgnn") as info:
+        exit_with(bad_alloc)
+    assert info.value.__cause__ is bad_alloc
+    CupyOOM = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
+    with pytest.raises(torch.OutOfMemoryError):
+        exit_with(CupyOOM("Out of memory allocating 1,024 bytes"))
+    assert exit_with(torch.OutOfMemoryError("CUDA out of memory.")) is False
+    assert exit_with(MemoryError("host")) is False
+    assert exit_with(ValueError("x")) is False

@@ -199,7 +199,28 @@ class _Scope:
         if entered is not None:
             _local.device = self.prev
             _unwind(entered, exc_type, exc, tb)
+            oom = _device_oom(exc, self.device)
+            if oom is not None:
+                raise oom from exc
         return False
+
+
+def _device_oom(exc, device):
+    """torch's OutOfMemoryError for a device allocation that failed inside a
+    CUDA scope but reached here as another library's error: Thrust's
+    temporary storage (CuPy's sorts, scans) turns the allocator's failure into
+    `MemoryError: std::bad_alloc`, and CuPy's own pool raises its
+    OutOfMemoryError. None for any other exception (torch's own OOM passes as
+    it is)."""
+    if exc is None or isinstance(exc, torch.OutOfMemoryError):
+        return None
+    cupy_oom = type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("cupy")
+    if not (cupy_oom or (isinstance(exc, MemoryError) and "bad_alloc" in str(exc))):
+        return None
+    return torch.OutOfMemoryError(
+        f"CUDA out of memory in fastgnn on {device} ({type(exc).__name__}: {exc}). Free memory "
+        "(smaller batches, fewer cached graphs: fastgnn.torch.clear_graph_cache()) or use a "
+        "device with more memory.")
 
 
 def _enter(entered: list, cm):
