@@ -94,6 +94,51 @@ def test_spmm_against_reference(device, case, width, vtype, reduce, weighted):
     np.testing.assert_array_equal(x, x_before)
 
 
+@pytest.mark.parametrize("device", devices())
+@PROPERTY
+@given(case=graphs().filter(lambda c: c[1] == c[2]), width=WIDTHS, weighted=st.booleans(),
+       loops=st.booleans(), improved=st.booleans())
+def test_gcn_norm_against_reference(device, case, width, weighted, loops, improved):
+    """gcn_norm's graph and weights (PyG's semantics: a node's last existing
+    loop keeps its weight) applied by spmm, against the reference's edge list."""
+    from fastgnn import gcn_norm, spmm
+    ei, n, _, _, seed = case
+    rng = np.random.default_rng(seed + 6)
+    w = rng.uniform(0.5, 2.0, ei.shape[1]) if weighted else None
+    g2, w2 = gcn_norm(_graph(case, device), to_device(w, device), add_self_loops=loops,
+                      improved=improved)
+    rei, rw = ref.gcn_norm(ei, n, w, add_self_loops=loops, improved=improved)
+    x = rng.standard_normal((n, width))
+    out = spmm(g2, to_device(x, device), w2)
+    # (unweighted, the normalisation is stored in float32)
+    assert_close(to_numpy(out), ref.spmm(rei, x, rw, "sum", n),
+                 "float64" if weighted else "float32", "out")
+
+
+@pytest.mark.parametrize("device", devices())
+@PROPERTY
+@given(case=graphs(), width=WIDTHS, vtype=VTYPES, reduce=st.sampled_from(["sum", "mean"]))
+def test_spmm_bias_against_reference(device, case, width, vtype, reduce):
+    """The bias fused into spmm's store: every row gets it (empty ones too),
+    its gradient is the cotangent's column sum."""
+    ei, num_src, num_dst, _, seed = case
+    rng = np.random.default_rng(seed + 7)
+    g = _graph(case, device)
+    x = rng.standard_normal((num_src, width)).astype(vtype)
+    b = rng.standard_normal(width).astype(vtype)
+    go = rng.standard_normal((num_dst, width)).astype(vtype)
+    out, res = spmm_fwd(g, to_device(x, device), None, reduce, bias=to_device(b, device))
+    assert_close(to_numpy(out), ref.spmm(ei, x, None, reduce, num_dst, bias=b), vtype, "out")
+    gx, _, gb = spmm_bwd(g, res, to_device(go, device))
+    assert_close(to_numpy(gx), ref.spmm_vjp(ei, x, None, reduce, go)[0], vtype, "grad_x")
+    # a column sum can nearly cancel: its rounding scales with sum |g|, not |sum g|
+    want = ref.column_sum(go)
+    cond = (np.linalg.norm(np.abs(go).sum(0)) / max(np.linalg.norm(want), 1e-300)
+            if num_dst else 1.0)
+    assert_close(to_numpy(gb), want, vtype, "grad_bias",
+                 tol=1e-5 * max(1.0, cond) if vtype == "float32" else None)
+
+
 # var and std cancel (E[x^2] - E[x]^2, as PyG): their float32 error follows
 # each row's conditioning, which random rows do not bound, so they are drawn
 # in float64 here (tests/test_segment.py bounds their float32 error)
