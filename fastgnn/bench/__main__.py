@@ -47,7 +47,8 @@ from . import core
 from ..datasets import ENV_VAR as DATASETS_ENV
 from .core import CASES
 from .graphs import GRAPH_NAMES
-from .runinfo import OUT_DIR, device_label, progress, results_path, versions, write_json
+from .runinfo import (OUT_DIR, RowGate, device_label, progress, results_path, versions,
+                      write_json)
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "fp16": "float16", "float16": "float16"}
@@ -381,13 +382,16 @@ def _run(args, argv, torch, device, cuda, quick):
             print(f"fastgnn bench: {note}", file=sys.stderr)
         return True
 
+    # (the time budget is noted per graph above; the gate stops the run once a
+    # failed case lost the CUDA context)
+    gate = RowGate(None, skipped)
     d = os.path.dirname(out_path)
     if d:
         os.makedirs(d, exist_ok=True)
     try:
         for spec in graph_specs:
             bar.set_description_str(f"building {spec}")
-            if over_budget(f"graph {spec}"):
+            if gate.closed(f"graph {spec}") or over_budget(f"graph {spec}"):
                 bar.update(len(widths) * len(cases) * sum(est[spec]))
                 continue
             try:
@@ -406,10 +410,13 @@ def _run(args, argv, torch, device, cuda, quick):
             for width in widths:
                 for dname, case_s in zip(dtype_names, est[spec]):
                     for case in cases:
-                        bar.set_description_str(f"{g.name} {case.name} {SHORT[dname]} F={width}")
-                        if over_budget(f"graph {g.name} (from {case.name} {SHORT[dname]} F={width} on)"):
+                        row = f"{g.name} {case.name} {SHORT[dname]} F={width}"
+                        bar.set_description_str(row)
+                        if gate.closed(row) or over_budget(
+                                f"graph {g.name} (from {case.name} {SHORT[dname]} F={width} on)"):
                             bar.update(case_s)
                             continue
+                        before = len(records)
                         try:
                             records += run_case(torch, device, g, case, dname, width, args,
                                                 repeats, warmup, bandwidth, meta, skipped)
@@ -418,6 +425,10 @@ def _run(args, argv, torch, device, cuda, quick):
                                                           g=g, case=case, dtype=SHORT[dname],
                                                           width=width))
                             core.free_memory(torch, full=True)
+                        errors = [core.reason(r.get("errors")) for r in records[before:]
+                                  if "error" in (r.get("status") or {}).values()]
+                        if errors:
+                            gate.after_failure(torch, device, row, errors[0])
                         bar.update(case_s)
             del g
             core.free_memory(torch)
