@@ -311,6 +311,17 @@ def _readme_tested_blocks():
     return blocks
 
 
+def test_every_readme_python_block_is_tested():
+    """No README python example escapes test_readme_examples_run: each has the
+    `<!-- test: ... -->` marker on the line above it."""
+    text = README.read_text()
+    for info, body, start in _fenced_blocks(text):
+        if info == "python":
+            above = text[:start].rstrip("\n").rsplit("\n", 1)[-1]
+            assert above.startswith("<!-- test:"), \
+                f"README python block at line {text[:start].count(chr(10)) + 1} is not marked tested"
+
+
 def test_readme_examples_run():
     """Every marked README example runs as written: the arrays one, the PyG
     swap and the torch.compile one (the last two need torch and PyG), the
