@@ -141,3 +141,17 @@ def test_row_gate_closes_on_budget_and_on_a_lost_cuda_context():
                                  "was lost when Cora GAT capture pyg failed (AcceleratorError")
     spent = []
     assert runinfo.RowGate(0, spent).closed("x") and "--budget-minutes 0 was spent" in spent[0]
+
+
+def test_suites_that_measure_nothing_exit_1_saying_why(tmp_path, monkeypatch, capsys):
+    """The training suite without its data sets, and the mini-batch suite
+    with no time to run, measure nothing: exit status 1 and the reasons."""
+    monkeypatch.setenv("FASTGNN_DATASETS", str(tmp_path / "none"))
+    rc = bench.main(["--suite", "training", "--device", "cpu", "--datasets-names", "Cora",
+                     "--no-progress", "--out", str(tmp_path / "t.json")])
+    assert rc == 1
+    assert "nothing was measured" in capsys.readouterr().err
+    rc = bench.main(["--suite", "minibatch", "--quick", "--device", "cpu", "--budget-minutes",
+                     "0", "--no-progress", "--out", str(tmp_path / "m.json")])
+    assert rc == 1
+    assert "--budget-minutes 0 was spent" in capsys.readouterr().err

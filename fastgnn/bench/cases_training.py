@@ -725,5 +725,6 @@ def run(args, argv, torch, device, cuda, quick):
         bar.close()
     add_speedups(records)
     return runinfo.write_results(out_path, records, markdown(records, meta),
-                                 table(records) if records else "", summary(records))
+                                 table(records) if records else "", summary(records),
+                                 skipped=skipped)
 

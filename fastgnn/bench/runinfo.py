@@ -97,10 +97,11 @@ def write_json(path, records):
     os.replace(tmp, path)
 
 
-def write_results(path, records, markdown, table, summary):
+def write_results(path, records, markdown, table, summary, skipped=()):
     """A suite's end: the records as JSON at `path`, the markdown report
     beside it (.md), then the table, the summary lines and both paths
-    printed. Returns 0 (the CLI's exit status)."""
+    printed. Returns the CLI's exit status: 0, or 1 when no record measured
+    anything (status "ok"), after saying why (`skipped`, the failures)."""
     write_json(path, records)
     md_path = os.path.splitext(path)[0] + ".md"
     with open(md_path, "w") as f:
@@ -108,7 +109,14 @@ def write_results(path, records, markdown, table, summary):
     print(table if records else "(no measurements)")
     print("\n" + "\n".join(summary))
     print(f"\n{len(records)} records -> {path}\nreport -> {md_path}")
-    return 0
+    if any(r.get("status") == "ok" for r in records):
+        return 0
+    why = list(skipped) + list(dict.fromkeys(
+        f"{r.get('case', '?')} {r.get('framework') or ''}: {r.get('status')}".replace("  ", " ")
+        for r in records))
+    print("fastgnn bench: nothing was measured:\n" + "\n".join(f"  {w}" for w in why[:20]),
+          file=sys.stderr)
+    return 1
 
 
 class RowGate:
