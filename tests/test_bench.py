@@ -691,3 +691,29 @@ def test_datasets_option_finds_graphs_by_name(tmp_path, monkeypatch):
     assert os.environ["FASTGNN_DATASETS"] == str(tmp_path / "elsewhere")   # restored
     monkeypatch.setenv("FASTGNN_DATASETS", str(data))
     assert main(["--device", "cpu", "--graphs", "file:tiny_het", "--out", str(out)] + TINY) == 0
+
+
+def test_terminal_summary_per_family_and_layer():
+    """The run's last lines: per op family and layer, rows, geomean x and the
+    worst forward+backward row, what x means, and where the report is."""
+    from fastgnn.bench import report
+
+    def rec(graph, case, impl, fwd, fwd_bwd, **kw):
+        return dict(graph=graph, case=case, dtype="fp32", width=32, impl=impl,
+                    fastgnn=impl.startswith("fastgnn"), fwd_ms=fwd, fwd_bwd_ms=fwd_bwd, **kw)
+    op = dict(kind="op", family="spmm", layer=None)
+    layer = dict(kind="layer", family="layer", layer="GCNConv")
+    records = [rec("a", "spmm_sum", "pyg", 2.0, 8.0, **op),
+               rec("a", "spmm_sum", "fastgnn[auto]", 1.0, 2.0, **op),
+               rec("b", "spmm_sum", "pyg", 1.0, 1.0, **op),
+               rec("b", "spmm_sum", "fastgnn[auto]", 1.0, 2.0, **op),
+               rec("a", "GCNConv", "pyg", 3.0, 3.0, **layer),
+               rec("a", "GCNConv", "fastgnn", 1.0, 1.0, **layer)]
+    report.add_speedups(records)
+    lines = report.terminal_summary(records, "out.md", "out_plots")
+    assert "x = baseline ms / fastgnn ms" in lines[1]
+    spmm = next(ln for ln in lines if ln.strip().startswith("ops spmm"))
+    # geomean fwd of 2 and 1, fwd+bwd of 4 and 0.5; the worst row is graph b
+    assert spmm.split()[2:5] == ["2", "1.41", "1.41"] and "0.50 (spmm_sum on b, fp32, F=32)" in spmm
+    assert any(ln.strip().startswith("layer GCNConv") and "3.00" in ln for ln in lines)
+    assert lines[-1] == "full report: out.md (plots in out_plots)"

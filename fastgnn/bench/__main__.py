@@ -442,8 +442,9 @@ def _run(args, argv, torch, device, cuda, quick):
     md_path = os.path.splitext(out_path)[0] + ".md"
     report.render(records, md_path, meta, with_plots=not args.no_plots)
     print(report.table(records, compact=True) if records else "(no measurements)")
-    plots = "" if args.no_plots else f" (plots in {report.plots_dir(md_path)})"
-    print(f"\n{len(records)} records -> {out_path}\nreport -> {md_path}{plots}")
+    print(f"\n{len(records)} records -> {out_path}")
+    print("\n".join(report.terminal_summary(
+        records, md_path, None if args.no_plots else report.plots_dir(md_path))))
     if not any(r.get("fwd_ms") is not None or r.get("fwd_bwd_ms") is not None for r in records):
         print(nothing_measured(skipped, records, md_path), file=sys.stderr)
         return 1

@@ -181,6 +181,37 @@ def headline(records):
             "width (details in the headline tables below).", ""] + summary + [""], out
 
 
+def terminal_summary(records, md_path, plots=None):
+    """The lines a run ends with in the terminal: per op family and per
+    layer, fastgnn's default implementation against the fastest baseline of
+    each row (graph, case, dtype, width): rows, geometric-mean speedup
+    forward and forward+backward, and the worst forward+backward row; what
+    x means; where the full report (and the plots) are."""
+    per = OrderedDict()
+    for (graph, case, dtype, width), fg, _ in headline_rows(records):
+        name = fg.get("layer") or fg.get("family") or case
+        what = "layer" if fg.get("kind") == "layer" else "ops"
+        per.setdefault((what, name), []).append(((graph, case, dtype, width), fg))
+    lines = ["", "fastgnn against the fastest baseline, per row (x = baseline ms / fastgnn ms; "
+             "> 1: fastgnn is faster):"]
+    if not per:
+        lines.append("  (no row has both fastgnn and a baseline)")
+    else:
+        lines.append(f"  {'':26s} {'rows':>4s} {'x fwd':>7s} {'x fwd+bwd':>9s}   worst x fwd+bwd")
+    for (what, name), rows in per.items():
+        sf = [fg.get("speedup_fwd") for _, fg in rows]
+        sb = [(fg.get("speedup_fwd_bwd"), key) for key, fg in rows if fg.get("speedup_fwd_bwd")]
+        worst = "-"
+        if sb:
+            x, (graph, case, dtype, width) = min(sb, key=lambda t: t[0])
+            worst = f"{x:.2f} ({case} on {graph}, {dtype}, F={width})"
+        gb = _geomean([x for x, _ in sb])
+        lines.append(f"  {what + ' ' + str(name):26s} {len(rows):4d} {_fmt(_geomean(sf), '.2f'):>7s} "
+                     f"{_fmt(gb, '.2f'):>9s}   {worst}")
+    lines.append(f"full report: {md_path}" + (f" (plots in {plots})" if plots else ""))
+    return lines
+
+
 # ------------------------------------------------------------------ README table
 
 # baseline columns of the README table: label -> implementation name prefixes
