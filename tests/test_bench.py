@@ -717,3 +717,24 @@ def test_terminal_summary_per_family_and_layer():
     assert spmm.split()[2:5] == ["2", "1.41", "1.41"] and "0.50 (spmm_sum on b, fp32, F=32)" in spmm
     assert any(ln.strip().startswith("layer GCNConv") and "3.00" in ln for ln in lines)
     assert lines[-1] == "full report: out.md (plots in out_plots)"
+
+
+def test_contradicting_measurements_are_flagged():
+    """A forward+backward faster than its forward, and repeats whose median is
+    far above their best, are flagged in the report and counted at the end."""
+    from fastgnn.bench import report
+    base = dict(graph="g", case="spmm_sum", dtype="fp32", width=8, kind="op", family="spmm")
+    fine = dict(base, impl="fastgnn[auto]", fastgnn=True, fwd_ms=1.0, fwd_ms_min=0.9,
+                fwd_bwd_ms=3.0, fwd_bwd_ms_min=2.9)
+    inverted = dict(base, impl="pyg", fastgnn=False, fwd_ms=2.0, fwd_ms_min=1.9,
+                    fwd_bwd_ms=1.0, fwd_bwd_ms_min=1.0)
+    noisy = dict(base, graph="h", impl="pyg", fastgnn=False, fwd_ms=3.0, fwd_ms_min=1.0,
+                 fwd_bwd_ms=4.0, fwd_bwd_ms_min=3.9)
+    assert report.row_flags(fine) == []
+    assert report.row_flags(inverted) == ["fwd+bwd 1 ms < fwd 2 ms"]
+    assert report.row_flags(noisy) == ["fwd repeats disagree (median 3 ms, best 1 ms)"]
+    section = "\n".join(report.flagged_section([fine, inverted, noisy]))
+    assert "## Flagged measurements" in section and section.count("| pyg |") == 2
+    report.add_speedups([fine, inverted, noisy])
+    assert any("2 measurement(s) flagged" in ln
+               for ln in report.terminal_summary([fine, inverted, noisy], "r.md"))

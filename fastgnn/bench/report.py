@@ -181,6 +181,40 @@ def headline(records):
             "width (details in the headline tables below).", ""] + summary + [""], out
 
 
+# a row's repeats disagree when its median is this many times its best
+NOISY_MEDIAN_OVER_BEST = 1.5
+
+
+def row_flags(rec):
+    """Why a measurement looks wrong (empty when it does not): a forward+
+    backward faster than the forward alone (it contains the forward), or
+    repeats whose median is over NOISY_MEDIAN_OVER_BEST times their best
+    (warm-up, another process, clock changes)."""
+    flags = []
+    fwd, both = rec.get("fwd_ms"), rec.get("fwd_bwd_ms")
+    if fwd and both and both < 0.95 * fwd:
+        flags.append(f"fwd+bwd {both:.3g} ms < fwd {fwd:.3g} ms")
+    for key, label in (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd+bwd")):
+        med, best = rec.get(key), rec.get(f"{key}_min")
+        if med and best and med > NOISY_MEDIAN_OVER_BEST * best:
+            flags.append(f"{label} repeats disagree (median {med:.3g} ms, best {best:.3g} ms)")
+    return flags
+
+
+def flagged_section(records):
+    """Markdown lines listing the flagged measurements (`row_flags`)."""
+    rows = [(r, row_flags(r)) for r in measured(records)]
+    rows = [(r, f) for r, f in rows if f]
+    if not rows:
+        return []
+    out = ["## Flagged measurements", "",
+           "Rows whose timings contradict themselves; rerun them before trusting their x.", "",
+           "| graph | case | dtype | F | impl | why |", "|---|---|---|---|---|---|"]
+    out += [f"| {r['graph']} | {r['case']} | {r.get('dtype')} | {r.get('width')} | {r['impl']} | "
+            f"{'; '.join(f)} |" for r, f in rows]
+    return out + [""]
+
+
 def terminal_summary(records, md_path, plots=None):
     """The lines a run ends with in the terminal: per op family and per
     layer, fastgnn's default implementation against the fastest baseline of
@@ -208,6 +242,10 @@ def terminal_summary(records, md_path, plots=None):
         gb = _geomean([x for x, _ in sb])
         lines.append(f"  {what + ' ' + str(name):26s} {len(rows):4d} {_fmt(_geomean(sf), '.2f'):>7s} "
                      f"{_fmt(gb, '.2f'):>9s}   {worst}")
+    flagged = sum(1 for r in measured(records) if row_flags(r))
+    if flagged:
+        lines.append(f"{flagged} measurement(s) flagged as contradicting themselves: see "
+                     "\"Flagged measurements\" in the report")
     lines.append(f"full report: {md_path}" + (f" (plots in {plots})" if plots else ""))
     return lines
 
@@ -581,6 +619,7 @@ def markdown(records, meta, plot_links=None, plot_notes=None):
         out += ["(no measurements)", ""]
     summary, details = headline(records)
     out += summary
+    out += flagged_section(records)
     if plot_links or plot_notes:
         out += ["## Plots", ""]
         for caption, rel in plot_links or []:
