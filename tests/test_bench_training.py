@@ -155,3 +155,27 @@ def test_suites_that_measure_nothing_exit_1_saying_why(tmp_path, monkeypatch, ca
                      "0", "--no-progress", "--out", str(tmp_path / "m.json")])
     assert rc == 1
     assert "--budget-minutes 0 was spent" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_writes_its_report(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the middle of the suite: the rows measured so far still get
+    their JSON and report, the report says it was interrupted, exit 130; on
+    the CPU the suite says up front what it will run and its time limit."""
+    from fastgnn.bench import cases_training
+    real, calls = cases_training.run_row, []
+
+    def run_row(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(cases_training, "run_row", run_row)
+    out = tmp_path / "train.json"
+    rc = bench.main(["--suite", "training", "--device", "cpu", "--datasets-names", "rmat8",
+                     "--models", "GCN", "--epochs", "3", "--warmup", "1", "--width", "16",
+                     "--threads", "1", "--no-progress", "--out", str(out)])
+    assert rc == 130
+    assert len(json.loads(out.read_text())) == 1
+    assert "interrupted (Ctrl-C)" in out.with_suffix(".md").read_text()
+    assert f"stops starting rows after {cases_training.CPU_BUDGET_MINUTES:g} minutes" in \
+        capsys.readouterr().err

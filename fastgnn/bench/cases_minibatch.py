@@ -754,6 +754,7 @@ def run(args, argv, torch, device, cuda, quick):
         os.makedirs(d, exist_ok=True)
     records = []
     bar = runinfo.progress(sum(len(m) for m in models.values()) * 2, args.no_progress)
+    interrupted = False
     gate = runinfo.RowGate(args.budget_minutes, skipped)
     try:
         for wname in workloads:
@@ -805,9 +806,13 @@ def run(args, argv, torch, device, cuda, quick):
                 runinfo.write_json(out_path, records)      # a run cut short keeps what it measured
             del wl
             core.free_memory(torch)
+    except KeyboardInterrupt:
+        interrupted = True
+        skipped.append("interrupted (Ctrl-C): the rows after the last one measured did not run")
     finally:
         bar.close()
     add_speedups(records)
-    return runinfo.write_results(out_path, records, markdown(records, meta),
-                                 table(records) if records else "", summary(records),
-                                 skipped=skipped)
+    rc = runinfo.write_results(out_path, records, markdown(records, meta),
+                               table(records) if records else "", summary(records),
+                               skipped=skipped)
+    return 130 if interrupted else rc

@@ -84,6 +84,9 @@ CUDA_ONLY = ("cudagraph", "capture")
 
 HIDDEN, EPOCHS, WARMUP = 64, 100, 5
 QUICK_EPOCHS, QUICK_WARMUP = 8, 2
+# --budget-minutes on the CPU when none is given (not with --quick): the full
+# data sets train for over 30 minutes on a 2-core machine
+CPU_BUDGET_MINUTES = 8
 LR, WEIGHT_DECAY, DROPOUT = 0.01, 5e-4, 0.5
 SPLIT_FRACTIONS = (0.6, 0.2)   # train, val; the rest is test (rows say "random 60/20/20")
 
@@ -663,6 +666,15 @@ def run(args, argv, torch, device, cuda, quick):
         raise SystemExit(f"fastgnn bench: --epochs {epochs} leaves no timed epoch after "
                          f"{max(steps.values())} warm-up epochs")
 
+    budget = args.budget_minutes
+    if budget is None and not cuda and not quick:
+        # the full data sets train for over 30 minutes on a small CPU machine
+        budget = CPU_BUDGET_MINUTES
+        print(f"fastgnn bench: the training suite on the CPU runs {len(dnames)} data sets x "
+              f"{len(models)} models x {len(modes)} modes x 2 frameworks for {epochs} epochs "
+              f"each; it stops starting rows after {budget:g} minutes (--budget-minutes N "
+              "changes that; --quick runs Cora and minesweeper, eager, in about 20 s)",
+              file=sys.stderr)
     gpu = runinfo.device_label(torch, device)
     out_path = runinfo.results_path(args.out, "training-quick" if quick else "training", gpu)
     command = "python -m fastgnn.bench " + shlex.join(argv)
@@ -678,7 +690,8 @@ def run(args, argv, torch, device, cuda, quick):
         os.makedirs(d, exist_ok=True)
     records = []
     bar = runinfo.progress(len(dnames) * len(models) * len(modes) * 2, args.no_progress)
-    gate = runinfo.RowGate(args.budget_minutes, skipped)
+    interrupted = False
+    gate = runinfo.RowGate(budget, skipped)
     try:
         for dname in dnames:
             bar.set_description_str(f"loading {dname}")
@@ -721,10 +734,14 @@ def run(args, argv, torch, device, cuda, quick):
                 runinfo.write_json(out_path, records)      # a run cut short keeps what it measured
             del data
             core.free_memory(torch)
+    except KeyboardInterrupt:
+        interrupted = True
+        skipped.append("interrupted (Ctrl-C): the rows after the last one measured did not run")
     finally:
         bar.close()
     add_speedups(records)
-    return runinfo.write_results(out_path, records, markdown(records, meta),
-                                 table(records) if records else "", summary(records),
-                                 skipped=skipped)
+    rc = runinfo.write_results(out_path, records, markdown(records, meta),
+                               table(records) if records else "", summary(records),
+                               skipped=skipped)
+    return 130 if interrupted else rc
 
