@@ -7,6 +7,7 @@ import importlib.resources
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -320,6 +321,20 @@ def test_every_readme_python_block_is_tested():
             above = text[:start].rstrip("\n").rsplit("\n", 1)[-1]
             assert above.startswith("<!-- test:"), \
                 f"README python block at line {text[:start].count(chr(10)) + 1} is not marked tested"
+
+
+def test_readme_report_commands_run():
+    """README's commands that rebuild its tables from the committed results
+    (`python -m fastgnn.bench.report ...`) run as written and print a table."""
+    text = README.read_text()
+    commands = [body.replace("\\\n", " ") for info, body, _ in _fenced_blocks(text)
+                if info == "bash" and body.startswith("python -m fastgnn.bench.report")]
+    assert commands, "README lost its report commands"
+    for cmd in commands:
+        run = subprocess.run([sys.executable, *shlex.split(cmd)[1:]], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, f"{cmd}: {run.stderr[-2000:]}"
+        assert "\n|---|" in run.stdout, f"{cmd}: no table printed"
 
 
 def test_readme_examples_run():
