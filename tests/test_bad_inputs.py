@@ -48,6 +48,8 @@ def _catalogue(d):
                                      ValueError, "indptr must be non-decreasing"),
         "segment_csr indptr end": (lambda: f.segment_csr(d(np.array([0, 1, 5])), x),
                                    ValueError, "indptr ends at 5"),
+        "segment_csr indptr start": (lambda: f.segment_csr(d(np.array([1, 2, 3])), x),
+                                     ValueError, "indptr must start at 0, got 1"),
         "segment_csr indptr float": (lambda: f.segment_csr(d(np.array([0., 1., 3.])), x),
                                      TypeError, "indptr must hold integers"),
         "segment_csr indptr 2-D": (lambda: f.segment_csr(d(np.array([[0, 1, 3]])), x),

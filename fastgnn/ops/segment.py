@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._array import as_backend_array, check_deterministic, data_ptr, same_device, xp_of
+from .._array import as_backend_array, check_deterministic, data_ptr, host_ints, same_device, xp_of
 from ..backends import backend_for
 from ..graph import Graph, as_graph
 from .spmm import validate_features
@@ -239,8 +239,11 @@ def _csr_graph(indptr, values):
     if indptr.dtype.kind not in "iu":
         raise TypeError(f"indptr must hold integers, got dtype {indptr.dtype}")
     e = int(values.shape[0])
-    if int(indptr[-1]) != e:
-        raise ValueError(f"values has {e} rows but indptr ends at {int(indptr[-1])}")
+    first, last = host_ints(indptr[0], indptr[-1])         # (one copy to the host)
+    if first != 0:
+        raise ValueError(f"indptr must start at 0, got {first}")
+    if last != e:
+        raise ValueError(f"values has {e} rows but indptr ends at {last}")
     xp = xp_of(indptr)
     return Graph.from_csr(indptr, xp.arange(e, dtype=np.int64), num_src=e), values
 
