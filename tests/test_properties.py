@@ -1,12 +1,15 @@
-"""Property tests: the ops on random graphs against the float64 reference.
+"""Property tests: the ops on random graphs against the float64 reference,
+and the drop-in layers against PyG.
 
 Hypothesis draws the graph (square or bipartite, zero to 200 edges, empty
-rows, a hub target, self-loops, duplicate edges, int32 or int64 indices),
-the feature width (1-257), the heads (1-8), the value type and a random
-cotangent; each example checks outputs and gradients against
-`fastgnn.backends.reference` and that two backward runs are bitwise equal
-(edge_attention: gat, gatv2 and dot scores, with and without an edge term
-and the attention weights).
+rows, a hub target, self-loops, duplicate edges, int32 or int64 indices;
+segment_csr: the segment sizes), the feature width (1-257), the heads
+(1-8), the value type and a random cotangent; each example checks outputs
+and gradients against `fastgnn.backends.reference` and that two backward
+runs are bitwise equal (spmm with and without its bias, gcn_norm, the
+reductions, edge_softmax, edge_attention with gat, gatv2 and dot scores,
+with and without an edge term and the attention weights); the layers are
+compared with PyG's from the same weights in float64.
 Runs are derandomised (the same examples every run); a failure prints the
 drawn example, whose `seed` rebuilds the arrays. FASTGNN_PROPERTY_EXAMPLES
 sets the examples per test (default 100).
@@ -163,6 +166,28 @@ def test_segment_reduce_against_reference(device, case, width, vtype, reduce):
     assert_close(to_numpy(gx), ref.segment_reduce_vjp(ei, x, reduce, num_dst, go), vtype,
                  "grad_x")
     _bitwise_equal(gx, segment_reduce_bwd(g, res, to_device(go, device)), "grad_x")
+
+
+@pytest.mark.parametrize("device", devices())
+@PROPERTY
+@given(sizes=st.lists(st.integers(0, 12), min_size=1, max_size=30), width=WIDTHS, vtype=VTYPES,
+       reduce=st.sampled_from(["sum", "mean", "max", "min", "mul"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_segment_csr_against_reference(device, sizes, width, vtype, reduce, seed):
+    """segment_csr over drawn segment sizes (empty ones included): value e in
+    segment i is the edge e -> i of the reference."""
+    from fastgnn import segment_csr_bwd, segment_csr_fwd
+    indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    E, n = int(indptr[-1]), len(sizes)
+    ei = np.stack([np.arange(E), np.repeat(np.arange(n), sizes)])
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((E, width)).astype(vtype)
+    go = rng.standard_normal((n, width)).astype(vtype)
+    out, res = segment_csr_fwd(to_device(indptr, device), to_device(values, device), reduce)
+    assert_close(to_numpy(out), ref.segment_reduce(ei, values, reduce, n), vtype, "out")
+    gv = segment_csr_bwd(to_device(indptr, device), res, to_device(go, device))
+    assert_close(to_numpy(gv), ref.segment_reduce_vjp(ei, values, reduce, n, go), vtype,
+                 "grad_values")
 
 
 @pytest.mark.parametrize("device", devices())
