@@ -323,3 +323,18 @@ def assert_float32_results(ours, ref, base, scale, loose=()):
         if any(re.search(p, k) for p in loose):
             bound = max(bound, 1e-4 * float(want.norm()), 1e-5 * scale)
         assert diff <= bound, f"{k}: difference {diff:.3e} > {bound:.1e} (below float64)"
+
+
+def clipped_sgd_step(*models, lr=0.05):
+    """One SGD step on each torch model with the gradients its last backward
+    left, clipped to a total norm of 1: the weights change between the steps
+    of a multi-step comparison while the training stays bounded."""
+    import torch
+    with torch.no_grad():
+        for model in models:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+            scale = lr / max(1.0, float(norm))
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.sub_(scale * p.grad)

@@ -30,7 +30,7 @@ from dgl.nn.functional import edge_softmax as dgl_edge_softmax  # noqa: E402
 import fastgnn.dgl as fd                      # noqa: E402
 import fastgnn.torch as ft                    # noqa: E402
 from fastgnn.testing import (assert_float32_results, assert_results_match,  # noqa: E402
-                             awkward_edge_index)
+                             awkward_edge_index, clipped_sgd_step)
 
 warnings.filterwarnings("ignore", module="dgl")
 
@@ -750,18 +750,6 @@ def _stack_results(model, blocks, x, weights, labels):
     return {k: None if v is None else v.detach().double() for k, v in res.items()}
 
 
-def _sgd_step(*models, lr=0.05):
-    """One SGD step per model, its gradients clipped to a total norm of 1."""
-    with torch.no_grad():
-        for model in models:
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
-            scale = lr / max(1.0, float(norm))
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.sub_(scale * p.grad)
-
-
 def _match_stacks(ref, ours, run, what, dtype):
     """run(model, dtype) -> results; DGL's model in float64 against ours in
     dtype. Gradients that are zero in exact arithmetic hold rounding noise on
@@ -821,7 +809,7 @@ def _sampled_blocks(kind, form, weighted, rng, seed, dtype=torch.float64):
             return _stack_results(model, blocks, cast(x),
                                   [None if w is None else cast(w) for w in weights], labels)
         _match_stacks(ref, ours, run, f"{kind}, {form}, batch {batches}, seed {seed}", dtype)
-        _sgd_step(ref, ours)
+        clipped_sgd_step(ref, ours)
         batches += 1
     assert batches >= 4 and zero_in_degree
 
@@ -917,7 +905,7 @@ def test_edge_prediction_blocks_match_dgl(aggr, rng, seed):
             return {k: None if v is None else v.detach().double() for k, v in res.items()}
         _match_stacks(ref, ours, run, f"link {aggr}, batch {batches}, seed {seed}",
                       torch.float64)
-        _sgd_step(ref, ours)
+        clipped_sgd_step(ref, ours)
         batches += 1
     assert batches == 3
 

@@ -36,7 +36,7 @@ from torch_geometric.transforms import ToSparseTensor
 
 import fastgnn.torch as ft
 from fastgnn.testing import (assert_float32_results, assert_results_match, awkward_edge_index,
-                             fresh_pyg_class)
+                             clipped_sgd_step, fresh_pyg_class)
 
 # torch's and PyG's notes on sparse tensors (beta CSR, COO converted to CSR)
 pytestmark = pytest.mark.filterwarnings("ignore:.*[Ss]parse:UserWarning")
@@ -122,20 +122,6 @@ def _compare(ref, ours, inputs, forward, what, seed, dtype=torch.float64):
     except AssertionError as e:
         raise AssertionError(f"{what}, seed {seed}: {e}") from None
     return o, r
-
-
-def _step(*models, lr=0.05):
-    """One SGD step on each model with the gradients its last run left,
-    clipped to a total norm of 1 (the weights change, the training stays
-    bounded)."""
-    with torch.no_grad():
-        for model in models:
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
-            scale = lr / max(1.0, float(norm))
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.sub_(scale * p.grad)
 
 
 # ===================================================== graph batches (DataLoader)
@@ -237,7 +223,7 @@ def _graph_batches(kind, seed, dtype=torch.float64, layout=None, weighted=False)
             out = model(x, **fixed)
             return out, F.mse_loss(out, y)
         _compare(ref, ours, dict(x=batch.x, y=batch.y), forward, f"{kind}: {what}", seed, dtype)
-        _step(ref, ours)
+        clipped_sgd_step(ref, ours)
     it = iter(loader)
     for step in range(len(loader)):
         batch = next(it)
@@ -354,7 +340,7 @@ def test_graph_batches_int32_edge_index(kind, seed):
             out = model(x, ei, b.batch, b.num_graphs)
             return out, F.mse_loss(out, y)
         _compare(ref, ours, dict(x=b.x, y=b.y), forward, f"{kind}: int32, batch {step}", seed)
-        _step(ref, ours)
+        clipped_sgd_step(ref, ours)
 
 
 # attention layers with edge features: name -> (make(module, in, out), forward takes size=)
@@ -412,7 +398,7 @@ def test_graph_batches_edge_attr(kind, seed):
             return out, F.mse_loss(out, y)
         _compare(ref, ours, dict(x=b.x, edge_attr=b.edge_attr, y=b.y), forward,
                  f"{kind}: edge_attr, batch {step}", seed)
-        _step(ref, ours)
+        clipped_sgd_step(ref, ours)
         del b, fixed
 
 
@@ -516,7 +502,7 @@ def _subgraph_batches(kind, seed, form="tensor"):
             out = model(x, edge_index)[:bs]
             return out, F.cross_entropy(out, y)
         _compare(ref, ours, dict(x=x_all[nodes]), forward, f"{kind}: {form}, batch {step}", seed)
-        _step(ref, ours)
+        clipped_sgd_step(ref, ours)
 
 
 @pytest.mark.parametrize("kind", ["sage_mean", "gat", "transformer", "gcn", "gin", "sage_max",
@@ -596,7 +582,7 @@ def _trimmed_batches(kind, seed, form="tensor", dtype=torch.float64):
             return out, F.cross_entropy(out, y)
         _compare(ref, ours, dict(x=x_all[nodes]), forward,
                  f"{kind}: trimmed bipartite, {form}, batch {step}", seed, dtype)
-        _step(ref, ours)
+        clipped_sgd_step(ref, ours)
 
 
 @pytest.mark.parametrize("kind", list(BIPARTITE))
@@ -654,7 +640,7 @@ def test_neighbour_batches_trimmed_edge_attr(kind, seed):
             return out, F.cross_entropy(out, y)
         _compare(ref, ours, dict(x=x_all[nodes], edge_attr=attr_all[e_id]), forward,
                  f"{kind}: trimmed with edge_attr, batch {step}", seed)
-        _step(ref, ours)
+        clipped_sgd_step(ref, ours)
 
 
 @pytest.mark.parametrize("kind", ["sage_max", "gat_loops", "transformer", "sage_mean", "gin",
@@ -756,4 +742,4 @@ def test_link_batches_dot_product_bce(aggr, seed):
             score = model(x, ei, label_index)
             return score, F.binary_cross_entropy_with_logits(score, label)
         _compare(ref, ours, dict(x=x_all[nodes]), forward, f"link {aggr}: batch {step}", seed)
-        _step(ref, ours)
+        clipped_sgd_step(ref, ours)
