@@ -41,7 +41,6 @@ import os
 import shlex
 import sys
 import textwrap
-import time
 
 from . import core
 from ..datasets import ENV_VAR as DATASETS_ENV
@@ -370,28 +369,16 @@ def _run(args, argv, torch, device, cuda, quick):
               f"{total_s / 60:.1f} min (docs/benchmarks.md, 'Run time')", file=sys.stderr)
     bar = progress(sum(len(widths) * len(cases) * sum(v) for v in est.values()),
                     args.no_progress)
-    start = time.perf_counter()
-
-    def over_budget(what):
-        """True (and noted once per graph) once --budget-minutes has passed."""
-        if args.budget_minutes is None or time.perf_counter() - start < 60 * args.budget_minutes:
-            return False
-        note = f"{what}: not run, the time budget (--budget-minutes {args.budget_minutes:g}) was spent"
-        if note not in skipped:
-            skipped.append(note)
-            print(f"fastgnn bench: {note}", file=sys.stderr)
-        return True
-
-    # (the time budget is noted per graph above; the gate stops the run once a
-    # failed case lost the CUDA context)
-    gate = RowGate(None, skipped)
+    # (no graph or case starts once --budget-minutes is spent or a failed case
+    # lost the CUDA context)
+    gate = RowGate(args.budget_minutes, skipped)
     d = os.path.dirname(out_path)
     if d:
         os.makedirs(d, exist_ok=True)
     try:
         for spec in graph_specs:
             bar.set_description_str(f"building {spec}")
-            if gate.closed(f"graph {spec}") or over_budget(f"graph {spec}"):
+            if gate.closed(f"graph {spec}"):
                 bar.update(len(widths) * len(cases) * sum(est[spec]))
                 continue
             try:
@@ -412,8 +399,7 @@ def _run(args, argv, torch, device, cuda, quick):
                     for case in cases:
                         row = f"{g.name} {case.name} {SHORT[dname]} F={width}"
                         bar.set_description_str(row)
-                        if gate.closed(row) or over_budget(
-                                f"graph {g.name} (from {case.name} {SHORT[dname]} F={width} on)"):
+                        if gate.closed(row):
                             bar.update(case_s)
                             continue
                         before = len(records)

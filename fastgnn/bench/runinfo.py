@@ -137,7 +137,7 @@ class RowGate:
                    "sticky CUDA error leaves the process unusable; run the remaining rows "
                    "in a new process")
         elif self.minutes is not None and time.perf_counter() - self.start > 60 * self.minutes:
-            why = f"--budget-minutes {self.minutes:g} was spent"
+            why = f"time budget used up: --budget-minutes {self.minutes:g} was spent"
         else:
             return False
         if not self.over:
