@@ -150,14 +150,9 @@ class Graph:
         E = int(indices.shape[0])
         # every check's value in one copy to the host (on a GPU, the only synchronisation)
         zero = xp.zeros((), dtype=np.int64)
-        first, last, descents, max_src, min_src = host_ints(
-            indptr[0], indptr[-1], (xp.diff(indptr) < 0).sum(),
-            indices.max() if E else zero - 1, indices.min() if E else zero)
-        if first != 0 or last != E:
-            raise ValueError(f"indptr must start at 0 and end at len(indices)={E}, "
-                             f"got {first}..{last}")
-        if descents:
-            raise ValueError("indptr must be non-decreasing")
+        max_src, min_src = check_offsets(indptr, "indices", E, "entries",
+                                         indices.max() if E else zero - 1,
+                                         indices.min() if E else zero)
         if min_src < 0:
             raise ValueError("indices holds a negative index")
         num_src = max_src + 1 if num_src is None else int(num_src)
@@ -434,6 +429,24 @@ class Graph:
         order = "" if self.visit_order is None else f", visit_order={self.visit_order.method!r}"
         return (f"Graph({shape}, num_edges={self.num_edges}, "
                 f"index={np.dtype(self.index_dtype).name}, device={self.device}{order})")
+
+
+def check_offsets(indptr, name: str, length: int, unit: str, *more):
+    """Check CSR offsets indptr [n + 1] into `length` items of array `name`
+    (`unit`: what they are, for the message): from 0 to `length`, never
+    decreasing. The checks and the 0-d integer arrays `more` reach the host
+    in one copy (on a GPU, one synchronisation); returns the values of `more`."""
+    xp = xp_of(indptr)
+    first, last, descents, *rest = host_ints(indptr[0], indptr[-1],
+                                             (xp.diff(indptr) < 0).sum(), *more)
+    if first != 0:
+        raise ValueError(f"indptr must start at 0, got {first}")
+    if last != length:
+        raise ValueError(f"{name} has {length} {unit} but indptr ends at {last}: indptr must "
+                         f"end at len({name})")
+    if descents:
+        raise ValueError("indptr must be non-decreasing")
+    return rest
 
 
 def _check_host_memory(nbytes: int, num_dst: int):

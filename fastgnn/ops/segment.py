@@ -65,11 +65,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from .._array import as_backend_array, check_deterministic, data_ptr, host_ints, same_device, xp_of
+from .._array import as_backend_array, check_deterministic, data_ptr, same_device, xp_of
 from ..backends import backend_for
-from ..graph import Graph, as_graph
+from ..graph import Graph, _index_dtype, as_graph, check_offsets
 from .spmm import validate_features
 
 REDUCES = ("sum", "mean", "max", "min", "var", "std", "mul")
@@ -226,8 +224,9 @@ class SegmentCsrResiduals:
 
 
 def _csr_graph(indptr, values):
-    """Graph.from_csr(indptr, arange(E)): edge e carries values[e], so the
-    graph ops reduce per-edge values over CSR segments."""
+    """The graph of Graph.from_csr(indptr, arange(E)), built after one check
+    of indptr: edge e carries values[e], so the graph ops reduce per-edge
+    values over CSR segments."""
     if values is None:
         raise TypeError("values must be an array of shape [E, F], got None")
     values = as_backend_array(values, "values")
@@ -238,14 +237,12 @@ def _csr_graph(indptr, values):
         raise ValueError(f"values must have shape [E, F], got {tuple(values.shape)}")
     if indptr.dtype.kind not in "iu":
         raise TypeError(f"indptr must hold integers, got dtype {indptr.dtype}")
-    e = int(values.shape[0])
-    first, last = host_ints(indptr[0], indptr[-1])         # (one copy to the host)
-    if first != 0:
-        raise ValueError(f"indptr must start at 0, got {first}")
-    if last != e:
-        raise ValueError(f"values has {e} rows but indptr ends at {last}")
+    e, n = int(values.shape[0]), int(indptr.shape[0]) - 1
+    check_offsets(indptr, "values", e, "rows")               # (one copy to the host)
+    # (source e of edge e: valid by construction, so no from_csr check of it)
+    idx = _index_dtype(e, n)
     xp = xp_of(indptr)
-    return Graph.from_csr(indptr, xp.arange(e, dtype=np.int64), num_src=e), values
+    return Graph(indptr.astype(idx), xp.arange(e, dtype=idx), None, e, n), values
 
 
 def segment_csr_fwd(indptr, values, reduce="sum", *, vtype=None, needs_x_grad=True,
