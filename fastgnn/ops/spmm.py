@@ -420,7 +420,7 @@ def self_loop_structure(graph: Graph):
         if num_loops == 0:
             return _loops_appended(graph, rows, idx)
         loop_csr = graph.indices.astype(np.int64) == rows          # [E] CSR order
-        loops_before = xp.cumsum(loop_csr) - loop_csr               # L(p)
+        loops_upto = xp.cumsum(loop_csr)                            # loops at or before p
         ids = (xp.arange(E, dtype=np.int64) if graph.edge_ids is None
                else graph.edge_ids.astype(np.int64))               # caller id per position
         loop_caller = xp.zeros(E, dtype=bool)
@@ -429,12 +429,15 @@ def self_loop_structure(graph: Graph):
         kept = xp.searchsorted(rank, xp.arange(E_kept), side="left")
         # the new CSR: kept edges moved down past the loops before them, a loop per row
         indptr = graph.indptr.astype(np.int64)
-        L_row = xp.concatenate([xp.zeros(1, dtype=np.int64), xp.cumsum(loop_csr)])[indptr]
+        L_row = xp.concatenate([xp.zeros(1, dtype=np.int64), loops_upto])[indptr]
         new_indptr = indptr - L_row + xp.arange(n + 1, dtype=np.int64)
-        # the CSR positions of the kept edges (index arrays, not boolean masks: a
-        # mask's result size would cost a copy to the host per use)
-        kept_pos = xp.searchsorted(xp.cumsum(~loop_csr), xp.arange(1, E_kept + 1), side="left")
-        new_pos = kept_pos - loops_before[kept_pos] + rows[kept_pos]
+        # the CSR positions of the kept edges, where the count of kept edges up to
+        # p (p + 1 - loops_upto) steps (index arrays, not boolean masks: a mask's
+        # result size would cost a copy to the host per use); a kept edge has
+        # L(p) = loops_upto[p]
+        kept_upto = xp.arange(1, E + 1, dtype=np.int64) - loops_upto
+        kept_pos = xp.searchsorted(kept_upto, xp.arange(1, E_kept + 1), side="left")
+        new_pos = kept_pos - loops_upto[kept_pos] + rows[kept_pos]
         indices = xp.empty(E_kept + n, dtype=idx)
         edge_ids = xp.empty(E_kept + n, dtype=idx)
         indices[new_pos] = graph.indices[kept_pos]
@@ -446,7 +449,7 @@ def self_loop_structure(graph: Graph):
         # loops keep their caller order in CSR order, so its last is the position
         # where the running loop count reaches the count at the row's end
         has_loop = L_row[1:] > L_row[:-1]
-        q = xp.minimum(xp.searchsorted(loops_before + loop_csr, L_row[1:], side="left"),
+        q = xp.minimum(xp.searchsorted(loops_upto, L_row[1:], side="left"),
                        max(E - 1, 0))
         last = xp.where(has_loop, ids[q] if E else 0, -1).astype(np.int64)
         g2 = Graph(new_indptr.astype(idx), indices, edge_ids, graph.num_src, n)
