@@ -226,10 +226,7 @@ class Graph:
         further synchronisation."""
         value = self.cache.get("max_in_degree")
         if value is None:
-            t = self.cache.get("transpose")
-            if t is None:
-                back = self.cache.get(_TRANSPOSE_OF)
-                t = None if back is None else back()
+            t = self._built_transpose()
             pair = [g for g in (self, t) if g is not None and "max_in_degree" not in g.cache]
             xp = self.xp
             zero = xp.zeros((), dtype=self.index_dtype)
@@ -285,11 +282,17 @@ class Graph:
             t.permutation = self.permutation
             t.visit_order = self.visit_order      # square: sources visited in the same order
             return t
+        t = self._built_transpose()
+        return t if t is not None else self.cached("transpose", build)
+
+    def _built_transpose(self):
+        """The transpose if it exists already (built from this graph, or this
+        graph being a transpose whose graph still lives), else None."""
         t = self.cache.get("transpose")
         if t is None:
             back = self.cache.get(_TRANSPOSE_OF)
             t = None if back is None else back()
-        return t if t is not None else self.cached("transpose", build)
+        return t
 
     def to_csr_order(self, edge_values):
         """Per-edge values in caller order -> CSR order (a gather; no copy of
