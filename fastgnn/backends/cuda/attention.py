@@ -37,7 +37,8 @@ from cupy_backends.cuda.api import driver
 from ...graph import Graph
 from ..attention_spec import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
-from .plan import Launch, LaunchPlan, Slot, Word, current_stream, launch_now, layout, word
+from .plan import (Launch, LaunchPlan, Slot, Word, current_stream, launch_fixed, launch_now,
+                   layout, word)
 from .segment import _cached_plan, graph_device
 from .loader import (ATTENTION_SCORES, C_INDEX, C_VALUE, ON_CLEAR, VALUE_BYTES,
                      attention_groups, attention_nchs, attention_vecs, get_function)
@@ -572,15 +573,10 @@ def _delta(graph, score, arrays, out, lse, grad_out, grad_alpha, params, vtype):
 
 
 def _combine(plan, partial, out, width, vtype, itype):
-    """Sum the split rows' partial rows (slot order) into out rows of `width` values."""
-    num_split = int(plan.split_row.shape[0])
-    if not num_split or partial is None or out is None:
-        return
-    fn = get_function("spmm", vtype, itype, f"spmm_combine<{C_VALUE[vtype]}, {C_INDEX[itype]}, 1>")
-    group = lane_group(width)
-    launch_now(fn, _grid(num_split, group),
-               (plan.split_row, plan.slot_ptr, partial, NULL, NULL, out, np.int64(num_split),
-                np.int32(width), np.int32(group)))
+    """Sum the split rows' partial rows (slot order) into out rows of `width`
+    values, now (`_combine_launches` on these arrays)."""
+    if out is not None:
+        launch_fixed(_combine_launches(plan, partial, out, width, vtype, itype))
 
 
 def _gatt_slots_bytes(group, C, acc):
@@ -711,7 +707,9 @@ class AttnBwdPlan(LaunchPlan):
 
 
 def _combine_launches(plan, partial, out, width, vtype, itype):
-    """`_combine`'s launch as a plan's (none without split rows)."""
+    """The spmm_combine launch that sums the split rows' partial rows (slot
+    order) into out rows of `width` values: a plan's with Slots, `_combine`'s
+    with arrays; none without split rows or partial rows."""
     num_split = int(plan.split_row.shape[0])
     if not num_split or partial is None:
         return []

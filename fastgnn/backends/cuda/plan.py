@@ -261,14 +261,23 @@ def launch_now(kernel, grid, args, block=(BLOCK,), smem=0):
     launched as a plan's are (args as a `Launch`'s, all fixed: no `Slot`),
     so that every kernel launch of the package goes through this module.
     Not a LaunchPlan: `built` and `recording()` do not see it."""
-    l = Launch(kernel, grid, args, block, smem)
-    if l.dynamic:
+    launch_fixed([Launch(kernel, grid, args, block, smem)])
+
+
+def launch_fixed(launches):
+    """Launch prepared `Launch`es whose arguments are all fixed, in order,
+    now, on CuPy's current stream and device (see `launch_now`)."""
+    if any(l.dynamic for l in launches):
         raise TypeError("launch_now takes fixed arguments only (a Slot is a plan's)")
+    if not launches:
+        return
     launch = _launch_kernel or _driver()
     ensure_context(current_device())
-    gx, gy, gz = l.grid
-    bx, by, bz = l.block
-    launch(l.func, gx, gy, gz, bx, by, bz, l.smem, current_stream(), l.params_ptr, 0)
+    stream = current_stream()
+    for l in launches:
+        gx, gy, gz = l.grid
+        bx, by, bz = l.block
+        launch(l.func, gx, gy, gz, bx, by, bz, l.smem, stream, l.params_ptr, 0)
 
 
 # ------------------------------------------------------------ recorded calls
