@@ -58,8 +58,8 @@ from .functional import add_bias, segment_reduce
 from .gemm import tf32_allowed
 from .graph_cache import (_GRAPHS, CompiledGraph, _check_edge_index, _is_edge_index_type, _tkey,
                           graph_input, resolve, to_graph)
-from .nn import (_check_features, _check_kwargs, _graph_sizes, _is_sparse, _linear, _oriented, _pair,
-                 _pop_deterministic, shared_input_linears)
+from .nn import (_check_features, _check_kwargs, _graph_sizes, _is_sparse, _linear, _oriented,
+                 _pair, _pop_deterministic, shared_input_linears)
 
 __all__ = ["edge_softmax", "edge_attention", "GATConv", "GATv2Conv", "TransformerConv",
            "EDGE_SOFTMAX", "EDGE_ATTENTION"]

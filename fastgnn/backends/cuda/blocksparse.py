@@ -184,9 +184,9 @@ def attention_fwd(graph, arrays, params, vtype):
         return out, lse, out_b
     fn, grid, block = _launch(f"bsr_attn_fwd<{C_VALUE[vtype]}, {C}>", vtype, _itype(graph),
                               nwin * H)
-    launch_now(fn, grid, block=block, args=(bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, _arg(bias), out,
-                     _arg(out_b), lse, np.int64(nwin), np.int32(graph.num_dst), np.int32(H),
-                     np.float32(params.scale * np.log2(np.e))))
+    launch_now(fn, grid, (bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, _arg(bias), out,
+                          _arg(out_b), lse, np.int64(nwin), np.int32(graph.num_dst), np.int32(H),
+                          np.float32(params.scale * np.log2(np.e))), block=block)
     return out, lse, out_b
 
 
@@ -217,9 +217,9 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
     gq = cp.empty_like(q)
     delta = cp.empty((graph.num_dst, H), dtype=np.float32)
     fn, grid, block = _launch(f"bsr_attn_bwd_dst<{T}, {C}>", vtype, itype, bs.num_windows * H)
-    launch_now(fn, grid, block=block, args=(bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, out, g, lse, gq,
-                     delta, np.int64(bs.num_windows), np.int32(graph.num_dst), np.int32(H), sl2,
-                     scale))
+    launch_now(fn, grid, (bs.window_ptr, bs.tile_cols, _mask_words(bs), q, k, v, out, g, lse, gq,
+                          delta, np.int64(bs.num_windows), np.int32(graph.num_dst), np.int32(H),
+                          sl2, scale), block=block)
     if want_q:
         grads["q"] = gq
     if want_k or want_v:
@@ -230,9 +230,9 @@ def attention_bwd(graph, arrays, out, lse, grad_out, params, needs, vtype):
             split = blocksparse_src_split(vtype, C)
             fn, grid, block = _launch(f"bsr_attn_bwd_src<{T}, {C}, {split}>", vtype, itype,
                                       bt.num_windows * H * split)
-            launch_now(fn, grid, block=block, args=(bt.window_ptr, bt.tile_cols, _mask_words(bt), q, k, v, g, lse,
-                             delta, gk, gv, np.int64(bt.num_windows), np.int32(graph.num_src),
-                             np.int32(H), sl2, scale))
+            launch_now(fn, grid, (bt.window_ptr, bt.tile_cols, _mask_words(bt), q, k, v, g, lse,
+                                  delta, gk, gv, np.int64(bt.num_windows),
+                                  np.int32(graph.num_src), np.int32(H), sl2, scale), block=block)
         grads["k"] = gk if want_k else None
         grads["v"] = gv if want_v else None
     return grads
@@ -290,7 +290,8 @@ def spmm(graph, x, vtype, weight_csr=None, row_scale=None, col_scale=None, bias=
     cs = None if col_scale is None else col_scale.astype(np.float32, copy=False)
     fn, grid, block = _launch(f"bsr_spmm<{C_VALUE[vtype]}, {fc}, {str(weighted).lower()}>", vtype,
                               _itype(graph), bs.num_windows * (F // fc))
-    launch_now(fn, grid, block=block, args=(bs.window_ptr, bs.tile_cols, _mask_words(bs), _arg(tile_vals), _arg(rs),
-                     _arg(cs), _arg(_aligned(bias)), _aligned(x), out, np.int64(bs.num_windows),
-                     np.int32(graph.num_dst), np.int32(F // fc)))
+    launch_now(fn, grid, (bs.window_ptr, bs.tile_cols, _mask_words(bs), _arg(tile_vals), _arg(rs),
+                          _arg(cs), _arg(_aligned(bias)), _aligned(x), out,
+                          np.int64(bs.num_windows), np.int32(graph.num_dst), np.int32(F // fc)),
+               block=block)
     return out
