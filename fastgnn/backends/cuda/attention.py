@@ -409,7 +409,7 @@ def edge_softmax_bwd(graph, scores, lse, grad, drop, vtype):
         return out
     softmax_plan(graph, H, vtype, True).run(
         current_stream(), (scores.data.ptr, lse.data.ptr, grad.data.ptr, out.data.ptr,
-                    *drop_values(drop)))
+                           *drop_values(drop)))
     return out
 
 
@@ -527,8 +527,8 @@ def edge_attention_fwd(graph, score, arrays, params, need_alpha):
     plan = fwd_plan(graph, score, vtype, H, C, Ed is not None, bias is not None, need_alpha,
                     params, shape, mma)
     ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-    plan.run(current_stream(), (*(_ptr(a) for a in (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha,
-                                             ws)), *drop_values(params.drop)))
+    bufs = (S, Dn, Ed, att, V, bias, out, out_b, lse, alpha, ws)
+    plan.run(current_stream(), (*(_ptr(a) for a in bufs), *drop_values(params.drop)))
     return out, lse, alpha, out_b
 
 
@@ -785,8 +785,8 @@ def edge_attention_bwd(graph, score, arrays, out, lse, grad_out, grad_alpha, par
                 for want, like in zip(wants, (S, Dn, Ed, V))]
         gatt = cp.empty(H * C, dtype=acc) if need_gatt else None
         ws = cp.empty(plan.workspace_bytes, dtype=np.uint8) if plan.workspace_bytes else None
-        plan.run(current_stream(), (*(_ptr(x) for x in (S, Dn, Ed, att, V, lse, g, out, *made, gatt,
-                                                 ws)), *drop_values(params.drop)))
+        bufs = (S, Dn, Ed, att, V, lse, g, out, *made, gatt, ws)
+        plan.run(current_stream(), (*(_ptr(x) for x in bufs), *drop_values(params.drop)))
         for name, grad in zip((s_name, d_name, e_name, v_name), made):
             if grad is not None:
                 grads[name] = grad
