@@ -3,7 +3,7 @@
 # installed, in one call of at most 10 minutes: install the tree without
 # dependencies, build the native backward node and compile every kernel
 # module first (so nothing timed compiles), then the new-graph probe (with
-# its per-phase host times), the mini-batch suite and the GPU tests, each
+# its per-phase host times) on small graphs and on sampled batches, the mini-batch suite and the GPU tests, each
 # under its own time limit. Logs and JSON go under $OUT (default
 # /tmp/fastgnn-out).
 #
@@ -16,6 +16,8 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2>&1
+# test-only wheels carried in .whl/ (hypothesis, pytest-xdist) when the image lacks them
+ls .whl/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps .whl/*.whl >> "$OUT/pip.log" 2>&1
 timeout 90 python3 -m fastgnn.torch.native > "$OUT/native.log" 2>&1
 tail -1 "$OUT/native.log"
 timeout 120 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
@@ -24,6 +26,9 @@ tail -1 "$OUT/prewarm.log"
 timeout ${PROBE_S:-60} python3 benchmarks/dev/probe_new_graph.py GCN SAGE-max GAT --phases \
     ${PROBE_FLAGS:-} > "$OUT/probe.log" 2>&1
 grep -v "^ \{4,\}" "$OUT/probe.log" | grep -E "nodes|host ms|profiled" | head -20
+timeout ${PROBE_S:-60} python3 benchmarks/dev/probe_new_graph.py GCN SAGE-max GAT --phases \
+    --sampled ${PROBE_GRAPH:-rmat20e50} ${PROBE_FLAGS:-} > "$OUT/probe_sampled.log" 2>&1
+grep -v "^ \{4,\}" "$OUT/probe_sampled.log" | grep -E "nodes|host ms|profiled|Error" | head -20
 
 if [ -z "${SKIP_SUITE:-}" ]; then
     timeout ${SUITE_S:-200} python3 -m fastgnn.bench --suite minibatch --no-progress \

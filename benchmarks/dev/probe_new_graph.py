@@ -8,6 +8,12 @@ the median ms per step of both and, with `profile`, cProfile's top functions
 host work can be read off by name.
 
     python benchmarks/dev/probe_new_graph.py [MODEL ...] [--graphs 128] [--profile] [--gc-off] [--one-thread] [--phases]
+    python benchmarks/dev/probe_new_graph.py GCN --sampled rmat19e50   # sampled batches instead
+
+`--sampled GRAPH` trains on neighbour-sampled batches of a bench graph
+(fastgnn.bench.graphs names; the mini-batch suite's fanouts 15, 10, 5 and
+1024 seeds, F = 128, hidden 256) instead of small graphs, the loss on the
+seeds only, as the mini-batch suite does.
 
 `--phases` also prints the host time (no synchronisation) of the forward,
 the backward call and the optimizer step, new graph against same graph, and
@@ -28,6 +34,7 @@ import torch
 import fastgnn.torch as ft
 
 HIDDEN, F_IN, CLASSES, STEPS, POOL = 128, 64, 8, 30, 16
+F_IN_SAMPLED = 128
 
 
 def batch(rng_seed, graphs, device):
@@ -45,7 +52,24 @@ def batch(rng_seed, graphs, device):
             torch.randint(0, CLASSES, (n,), generator=g).to(device))
 
 
-def model(name):
+def sampled_pool(graph, device):
+    """POOL (x, EdgeIndex, y) of neighbour-sampled batches of the bench graph,
+    y [n] with the seeds' labels in front and -100 (ignored) elsewhere."""
+    from fastgnn.bench import cases_minibatch as mb
+    wl = mb.sampled_workload(torch, device, graph=graph, features=F_IN_SAMPLED,
+                             hidden=HIDDEN, fanouts=(15, 10, 5), batch_size=1024, pool=POOL)
+    out = []
+    for b in wl.pool:
+        x, ei, y_seeds, bs = b.inputs()
+        y = torch.full((x.shape[0],), -100, dtype=torch.int64, device=device)
+        y[:bs] = y_seeds % CLASSES
+        out.append((x, ei, y))
+    return out
+
+
+def model(name, f_in=None):
+    f_in = F_IN if f_in is None else f_in
+
     def conv(i, o, last):
         if name == "GCN":
             return ft.GCNConv(i, o)
@@ -56,7 +80,7 @@ def model(name):
                                                   torch.nn.Linear(o, o)))
         cls = {"GAT": ft.GATConv, "GATv2": ft.GATv2Conv, "Transformer": ft.TransformerConv}[name]
         return cls(i, o, heads=1) if last else cls(i, o // 4, heads=4)
-    return torch.nn.ModuleList([conv(F_IN, HIDDEN, False), conv(HIDDEN, HIDDEN, False),
+    return torch.nn.ModuleList([conv(f_in, HIDDEN, False), conv(HIDDEN, HIDDEN, False),
                                 conv(HIDDEN, CLASSES, True)])
 
 
@@ -110,6 +134,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("models", nargs="*", default=["GCN", "GAT"])
     p.add_argument("--graphs", type=int, default=128)
+    p.add_argument("--sampled", metavar="GRAPH", default=None,
+                   help="neighbour-sampled batches of this bench graph instead of small graphs")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--gc-off", action="store_true",
                    help="Python's cyclic garbage collector off while timing")
@@ -124,10 +150,14 @@ def main():
         gc.collect()
         gc.disable()
     dev = torch.device("cuda")
-    pool = [batch(s, a.graphs, dev) for s in range(POOL)]
+    if a.sampled:
+        pool = sampled_pool(a.sampled, dev)
+    else:
+        pool = [batch(s, a.graphs, dev) for s in range(POOL)]
+    f_in = pool[0][0].shape[1]
     for name in a.models:
         torch.manual_seed(0)
-        convs = model(name).to(dev)
+        convs = model(name, f_in).to(dev)
         opt = torch.optim.Adam(convs.parameters(), lr=1e-3)
         it = iter(range(10**9))
         for b in pool[:3]:
