@@ -85,11 +85,16 @@ class Graph:
         xp = xp_of(ei)
         src, dst = ei[0], ei[1]
         E = int(src.shape[0])
+        cuda = _cuda_build(ei)
         if E:
             # what validation and the sort need, in one copy to the host (on a
             # GPU, the build's only synchronisation)
-            lo, max_src, max_dst, descents, loops = host_ints(
-                ei.min(), src.max(), dst.max(), (dst[1:] < dst[:-1]).sum(), (src == dst).sum())
+            if cuda is not None:
+                lo, max_src, max_dst, descents, loops = cuda.edge_stats(src, dst)
+            else:
+                lo, max_src, max_dst, descents, loops = host_ints(
+                    ei.min(), src.max(), dst.max(), (dst[1:] < dst[:-1]).sum(),
+                    (src == dst).sum())
             if lo < 0:
                 raise ValueError(f"edge_index holds a negative index ({lo})")
         else:
@@ -117,9 +122,14 @@ class Graph:
         idx = _index_dtype(E, max(num_src, num_dst), index_dtype)
         if xp is np:
             _check_host_memory((num_dst + 1) * np.dtype(idx).itemsize, num_dst)
-        if descents == 0:
-            # already in CSR order (sorted by target, as a sampler's CSC output or
-            # a PyG EdgeIndex sorted by column): no sort, edge ids are positions
+        if cuda is not None:
+            # one pass writes offsets, sources and ids; edges already sorted by
+            # target (a sampler's CSC output, a PyG EdgeIndex sorted by column)
+            # are read as they are: no sort, edge ids are positions
+            order = None if descents == 0 else _stable_argsort(xp, dst)
+            g = cls(*cuda.csr_from_order(dst, num_dst, idx, vals=src, order=order),
+                    num_src, num_dst)
+        elif descents == 0:
             g = cls(_offsets(xp, dst, max_dst, num_dst, idx), src.astype(idx), None,
                     num_src, num_dst)
         else:
@@ -274,10 +284,16 @@ class Graph:
         def build():
             xp = self.xp
             order = _stable_argsort(xp, self.indices)
-            indptr = _offsets(xp, self.indices[order], self.num_src - 1, self.num_src,
-                              self.index_dtype)
-            t = Graph(indptr, self.csr_rows[order].astype(self.index_dtype),
-                      order.astype(self.index_dtype), self.num_dst, self.num_src)
+            cuda = _cuda_build(self.indices)
+            if cuda is not None:
+                t = Graph(*cuda.csr_from_order(self.indices, self.num_src, self.index_dtype,
+                                               rows_of=self.indptr, order=order),
+                          self.num_dst, self.num_src)
+            else:
+                indptr = _offsets(xp, self.indices[order], self.num_src - 1, self.num_src,
+                                  self.index_dtype)
+                t = Graph(indptr, self.csr_rows[order].astype(self.index_dtype),
+                          order.astype(self.index_dtype), self.num_dst, self.num_src)
             t.cache[_TRANSPOSE_OF] = weakref.ref(self)
             t.permutation = self.permutation
             t.visit_order = self.visit_order      # square: sources visited in the same order
@@ -478,6 +494,16 @@ def _offsets(xp, sorted_keys, max_key: int, num_rows: int, dtype):
     indptr[:used] = xp.searchsorted(sorted_keys, xp.arange(used, dtype=sorted_keys.dtype),
                                     side="left")
     return indptr
+
+
+def _cuda_build(a):
+    """The CUDA graph build launchers (fastgnn.backends.cuda.graph_build)
+    when `a` is a CuPy array of int32 or int64, else None (the array code
+    below builds)."""
+    if not is_cupy(a) or a.dtype not in (np.int32, np.int64):
+        return None
+    from .backends.cuda import graph_build
+    return graph_build
 
 
 def _stable_argsort(xp, keys):

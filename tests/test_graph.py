@@ -61,6 +61,51 @@ def test_max_in_degree_of_graph_and_transpose(device, shape, seed):
     assert g2.transpose().max_in_degree == expect_out and g2.cache["max_in_degree"] == expect_in
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("layout", ["unsorted", "sorted", "strided", "int32", "int64 graph",
+                                    "bipartite", "empty", "isolated rows"])
+def test_every_input_layout_builds_the_cpu_graph(device, layout, seed):
+    """Graph.from_edge_index and transpose() give the same arrays, dtypes and
+    self-loop count on every device (the GPU builds with graph.cu's kernels,
+    the CPU with array code): unsorted and target-sorted edges (no sort, ids
+    = positions), a strided [2, E] view, int32 input, a forced int64 graph, a
+    bipartite graph, no edges, and targets past the largest index."""
+    rng = np.random.default_rng(seed)
+    num_src = num_dst = 60
+    kw = {}
+    E = 0 if layout == "empty" else 500
+    ei = np.stack([rng.integers(0, num_src, E), rng.integers(0, num_dst, E)])
+    ei[:, :40] = ei[0, :40]                       # some self-loops
+    if layout == "sorted":
+        ei = ei[:, np.argsort(ei[1], kind="stable")]
+    elif layout == "int32":
+        ei = ei.astype(np.int32)
+    elif layout == "int64 graph":
+        kw["index_dtype"] = np.int64
+    elif layout == "bipartite":
+        num_src, ei[0] = 90, rng.integers(0, 90, E)
+    elif layout == "isolated rows":
+        num_dst = 1000
+    if layout == "strided":
+        # rows of an [E, 2] array: element stride 2
+        dev_ei = to_device(np.ascontiguousarray(ei.T), device).T
+    else:
+        dev_ei = to_device(ei, device)
+    g = Graph.from_edge_index(dev_ei, num_src=num_src, num_dst=num_dst, **kw)
+    want = Graph.from_edge_index(ei, num_src=num_src, num_dst=num_dst, **kw)
+    msg = f"seed {seed} {layout}"
+    for got, exp in ((g, want), (g.transpose(), want.transpose())):
+        for name in ("indptr", "indices", "edge_ids"):
+            a, b = to_numpy(getattr(got, name)), getattr(exp, name)
+            assert (a is None) == (b is None), f"{msg}: {name}"
+            if b is not None:
+                np.testing.assert_array_equal(a, b, err_msg=f"{msg}: {name}")
+                assert a.dtype == b.dtype, f"{msg}: {name}"
+        assert (got.num_src, got.num_dst) == (exp.num_src, exp.num_dst), msg
+    assert g.num_self_loops == want.num_self_loops == int((ei[0] == ei[1]).sum()), msg
+    np.testing.assert_array_equal(to_numpy(dev_ei), ei, err_msg=f"{msg}: input changed")
+
+
 def test_index_dtypes_and_scipy_and_csr():
     ei = awkward_edge_index(50, 300, seed=1)
     g64 = Graph.from_edge_index(ei, num_nodes=50, index_dtype=np.int64)

@@ -574,12 +574,15 @@ def test_column_sum_bad_input_raises(device):
         assert words in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("loops", ["none", "some", "repeated"])
-def test_self_loop_structure_is_the_sorted_build_of_the_loop_edge_list(loops):
-    """self_loop_structure's graph, built in CSR order without a sort, equals
+def test_self_loop_structure_is_the_sorted_build_of_the_loop_edge_list(loops, device):
+    """self_loop_structure's graph, built in CSR order without a sort (on a
+    GPU by graph.cu's self_loop kernels), equals the NumPy
     Graph.from_edge_index of PyG's add_remaining_self_loops edge list (the
     non-loop edges in caller order, then loops 0..n-1); kept are the
-    non-loop edges' ids, last each node's last existing loop (or -1)."""
+    non-loop edges' ids, last each node's last existing loop (or -1). Every
+    other case gives the edges sorted by target (edge ids = positions)."""
     from fastgnn.ops.spmm import self_loop_structure
     seed = _seed()
     rng = np.random.default_rng(seed)
@@ -597,8 +600,12 @@ def test_self_loop_structure_is_the_sorted_build_of_the_loop_edge_list(loops):
             hot = rng.random(src.shape[0]) < 0.15
             src[hot] = dst[hot]
         ei = np.stack([src, dst])
-        g = Graph.from_edge_index(ei, num_nodes=n)
+        if case % 2:
+            ei = ei[:, np.argsort(ei[1], kind="stable")]
+        g = Graph.from_edge_index(to_device(ei, device), num_nodes=n)
         g2, kept, last = self_loop_structure(g)
+        g2 = Graph(*map(to_numpy, (g2.indptr, g2.indices, g2.edge_ids)), n, n)
+        kept, last = to_numpy(kept), to_numpy(last)
         not_loop = ei[0] != ei[1]
         want = Graph.from_edge_index(
             np.concatenate([ei[:, not_loop], np.stack([np.arange(n), np.arange(n)])], axis=1),

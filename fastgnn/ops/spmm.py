@@ -413,10 +413,16 @@ def self_loop_structure(graph: Graph):
     def build():
         xp = graph.xp
         n, E = graph.num_dst, graph.num_edges
-        rows = graph.csr_rows.astype(np.int64)
         num_loops = graph.num_self_loops
         E_kept = E - num_loops
         idx = _index_dtype(E_kept + n, n)
+        if is_cupy(graph.indptr) and np.dtype(idx) == np.dtype(graph.index_dtype):
+            from ..backends.cuda import graph_build
+            indptr, indices, ids, kept, last = graph_build.self_loop_structure(
+                graph.indptr, graph.indices, graph.edge_ids, num_loops)
+            g2 = Graph(indptr, indices, ids, graph.num_src, n)
+            return g2.with_visit_order_of(graph), kept, last
+        rows = graph.csr_rows.astype(np.int64)
         if num_loops == 0:
             return _loops_appended(graph, rows, idx)
         loop_csr = graph.indices.astype(np.int64) == rows          # [E] CSR order

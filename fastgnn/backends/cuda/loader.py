@@ -234,9 +234,22 @@ def _blocksparse_names(vt, it):
     return names
 
 
+# The graph build kernels have no value type: their module is compiled under
+# this one (an index type alone picks their instantiations).
+GRAPH_VTYPE = "float32"
+
+
+def _graph_names(vt, it):
+    if vt != GRAPH_VTYPE:
+        return []
+    I = C_INDEX[it]
+    return ([f"edge_stats<{I}>", f"self_loop_mark<{I}>", f"self_loop_fill<{I}>"]
+            + [f"csr_from_order<{K}, {I}>" for K in C_INDEX.values()])
+
+
 # family -> function (value type, index type) -> name expressions
 KERNELS = {"spmm": _spmm_names, "segment": _segment_names, "attention": _attention_names,
-           "blocksparse": _blocksparse_names}
+           "blocksparse": _blocksparse_names, "graph": _graph_names}
 
 
 @functools.lru_cache(maxsize=None)
@@ -268,7 +281,7 @@ def instantiations():
     """[(family, vtype, itype, [name expressions])] for every launchable kernel."""
     return [(fam, vt, it, names(vt, it))
             for fam, names in KERNELS.items()
-            for vt, it in itertools.product(C_VALUE, C_INDEX)]
+            for vt, it in itertools.product(C_VALUE, C_INDEX) if names(vt, it)]
 
 
 _modules: dict = {}

@@ -33,7 +33,7 @@ def modules(families=None, vtypes=None, itypes=None):
         if bad:
             raise ValueError(f"unknown {what} {bad}; choose from {sorted(known)}")
     return [(f, v, i) for f in (families or KERNELS)
-            for v in (vtypes or C_VALUE) for i in (itypes or C_INDEX)]
+            for v in (vtypes or C_VALUE) for i in (itypes or C_INDEX) if KERNELS[f](v, i)]
 
 
 def compile_module(job):

@@ -1,0 +1,182 @@
+// Graph build kernels: the device side of fastgnn.Graph's construction
+// (fastgnn/backends/cuda/graph_build.py launches them). Each replaces a run
+// of array operations of the NumPy build (fastgnn/graph.py,
+// fastgnn/ops/spmm.py: the float64-free reference of every one) by one pass,
+// so a new graph costs a few launches, not dozens.
+//
+//   edge_stats       min index, largest source, largest target, descents
+//                    (dst[e+1] < dst[e]) and self-loops of an edge index
+//   csr_from_order   CSR arrays of edges given in target order (or an order
+//                    that sorts them): offsets, sources, edge ids
+//   self_loop_mark   which CSR positions are self-loops (also in caller order)
+//   self_loop_fill   the graph with one self-loop per node (PyG's
+//                    add_remaining_self_loops), without a sort
+//
+// K is the index type of the input edges, I the graph's index type.
+// Mapping: one thread per edge, per row, or per both (index t < max(E, n + 1)
+// covers edge t and row t). The row of CSR position p is found by a binary
+// search of the offsets (log2(n) reads of an L2-resident array), so no
+// [E] row array is materialised.
+//
+// Memory traffic per edge: edge_stats reads the two indices once (and the
+// next target); csr_from_order reads the order, gathers the key and value
+// through it and writes two indices; the self-loop pair reads the CSR index,
+// its id and its running loop count and writes index, id and kept id.
+
+#include "common.cuh"
+
+#define I64_MAX 0x7fffffffffffffffLL
+
+__device__ __forceinline__ i64 thread_index() {
+    return (i64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// the row r of CSR position p: indptr[r] <= p < indptr[r + 1] (p < E)
+template <typename I>
+__device__ __forceinline__ i64 row_of(const I* __restrict__ indptr, i64 n, i64 p) {
+    i64 lo = 0, hi = n - 1;            // the largest r with indptr[r] <= p
+    while (lo < hi) {
+        const i64 mid = (lo + hi + 1) >> 1;
+        if ((i64)indptr[mid] <= p) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// stats [5] int64, set by the caller to {I64_MAX, -1, -1, 0, 0}:
+// min over both rows, max source, max target, descents, loops.
+// Grid-stride over edges; a warp reduces its lanes' values, lane 0 adds
+// them with one atomic each.
+template <typename K>
+__global__ void edge_stats(const K* __restrict__ src,   // [E], element stride src_stride
+                           const K* __restrict__ dst,   // [E], element stride dst_stride
+                           i64 src_stride, i64 dst_stride, i64 E,
+                           long long* __restrict__ stats) {
+    i64 lo = I64_MAX, max_src = -1, max_dst = -1;
+    unsigned long long descents = 0, loops = 0;
+    for (i64 e = thread_index(); e < E; e += (i64)gridDim.x * blockDim.x) {
+        const i64 s = (i64)src[e * src_stride], d = (i64)dst[e * dst_stride];
+        lo = min(lo, min(s, d));
+        max_src = max(max_src, s);
+        max_dst = max(max_dst, d);
+        if (e + 1 < E && (i64)dst[(e + 1) * dst_stride] < d) ++descents;
+        if (s == d) ++loops;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, (i64)__shfl_down_sync(0xffffffffu, lo, o));
+        max_src = max(max_src, (i64)__shfl_down_sync(0xffffffffu, max_src, o));
+        max_dst = max(max_dst, (i64)__shfl_down_sync(0xffffffffu, max_dst, o));
+        descents += __shfl_down_sync(0xffffffffu, descents, o);
+        loops += __shfl_down_sync(0xffffffffu, loops, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMin(&stats[0], (long long)lo);
+        atomicMax(&stats[1], (long long)max_src);
+        atomicMax(&stats[2], (long long)max_dst);
+        if (descents) atomicAdd((unsigned long long*)&stats[3], descents);
+        if (loops) atomicAdd((unsigned long long*)&stats[4], loops);
+    }
+}
+
+// CSR of E edges read in the order `order` (null: as they are), whose keys
+// (targets) are then non-decreasing, all < num_rows:
+//   thread t < E:         indices[t] = value of edge order[t] (its source:
+//                         vals[e * val_stride], or, when vals is null, the row
+//                         of CSR position e in val_indptr [val_rows + 1]: the
+//                         transpose's targets), edge_ids[t] = order[t] (if
+//                         edge_ids is given)
+//   thread t <= num_rows: indptr[t] = the first k with key(order[k]) >= t
+//                         (a binary search; rows past the last key get E)
+template <typename K, typename I>
+__global__ void csr_from_order(const K* __restrict__ keys, i64 key_stride,
+                               const K* __restrict__ vals, i64 val_stride,
+                               const I* __restrict__ val_indptr, i64 val_rows,
+                               const long long* __restrict__ order,   // [E] or null
+                               i64 E, i64 num_rows,
+                               I* __restrict__ indptr,      // [num_rows + 1]
+                               I* __restrict__ indices,     // [E]
+                               I* __restrict__ edge_ids) {  // [E] or null
+    const i64 t = thread_index();
+    if (t < E) {
+        const i64 e = order ? (i64)order[t] : t;
+        indices[t] = (I)(vals ? (i64)vals[e * val_stride] : row_of(val_indptr, val_rows, e));
+        if (edge_ids) edge_ids[t] = (I)e;
+    }
+    if (t <= num_rows) {
+        i64 lo = 0, hi = E;            // the first k in [0, E] with key(k) >= t
+        while (lo < hi) {
+            const i64 mid = (lo + hi) >> 1;
+            const i64 e = order ? (i64)order[mid] : mid;
+            if ((i64)keys[e * key_stride] < t) lo = mid + 1; else hi = mid;
+        }
+        indptr[t] = (I)lo;
+    }
+}
+
+// flags[p] = 1 where CSR position p is a self-loop (indices[p] == its row),
+// and, when edge_ids is given, loop_caller[edge_ids[p]] = the same flag (the
+// flags in caller order; edge_ids is a permutation, so every entry is set).
+template <typename I>
+__global__ void self_loop_mark(const I* __restrict__ indptr,     // [n + 1]
+                               const I* __restrict__ indices,    // [E]
+                               const I* __restrict__ edge_ids,   // [E] or null
+                               i64 n, i64 E,
+                               int* __restrict__ flags,          // [E]
+                               int* __restrict__ loop_caller) {  // [E] or null
+    const i64 p = thread_index();
+    if (p >= E) return;
+    const int loop = (i64)indices[p] == row_of(indptr, n, p);
+    flags[p] = loop;
+    if (loop_caller) loop_caller[(i64)edge_ids[p]] = loop;
+}
+
+// The graph with one self-loop per node: row i holds its non-loop edges in
+// CSR order, then the loop (i -> i). With L(p) = loops_upto[p] (inclusive
+// running count of loops over CSR positions; null: no loops), a non-loop
+// edge at position p of row i moves to p - L(p) + i; its new id is its rank
+// among the non-loop edges in caller order (c - loops among caller ids <= c,
+// from loops_caller_upto, the inclusive running count in caller order; null
+// when the ids are positions or there are no loops), and kept[rank] = c, its
+// caller id. Loop i sits at new_indptr[i + 1] - 1 with id E_kept + i.
+// last[i] = the caller id of row i's last existing loop, or -1.
+template <typename I>
+__global__ void self_loop_fill(const I* __restrict__ indptr,     // [n + 1]
+                               const I* __restrict__ indices,    // [E]
+                               const I* __restrict__ edge_ids,   // [E] or null (positions)
+                               const long long* __restrict__ loops_upto,         // [E] or null
+                               const long long* __restrict__ loops_caller_upto,  // [E] or null
+                               i64 n, i64 E, i64 E_kept,
+                               I* __restrict__ new_indptr,       // [n + 1]
+                               I* __restrict__ new_indices,      // [E_kept + n]
+                               I* __restrict__ new_ids,          // [E_kept + n]
+                               long long* __restrict__ kept,     // [E_kept]
+                               long long* __restrict__ last) {   // [n]
+    const i64 t = thread_index();
+    if (t < E) {
+        const i64 p = t, i = row_of(indptr, n, p);
+        const i64 c = edge_ids ? (i64)edge_ids[p] : p;
+        const i64 L = loops_upto ? (i64)loops_upto[p] : 0;
+        if ((i64)indices[p] != i) {
+            const i64 at = p - L + i;
+            const i64 rank = c - (edge_ids ? (loops_caller_upto ? (i64)loops_caller_upto[c] : 0)
+                                           : L);
+            new_indices[at] = indices[p];
+            new_ids[at] = (I)rank;
+            kept[rank] = c;
+        } else if ((i64)loops_upto[(i64)indptr[i + 1] - 1] == L) {
+            last[i] = c;                 // no loop after p in its row
+        }
+    }
+    if (t <= n) {
+        const i64 q = (i64)indptr[t];
+        const i64 Lq = (loops_upto && q > 0) ? (i64)loops_upto[q - 1] : 0;
+        new_indptr[t] = (I)(q - Lq + t);
+        if (t < n) {
+            const i64 q1 = (i64)indptr[t + 1];
+            const i64 Lq1 = (loops_upto && q1 > 0) ? (i64)loops_upto[q1 - 1] : 0;
+            const i64 at = q1 - Lq1 + t;  // new_indptr[t + 1] - 1
+            new_indices[at] = (I)t;
+            new_ids[at] = (I)(E_kept + t);
+            if (Lq1 == Lq) last[t] = -1;
+        }
+    }
+}
