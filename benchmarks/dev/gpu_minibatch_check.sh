@@ -10,6 +10,7 @@
 #   bash benchmarks/dev/gpu_minibatch_check.sh
 #   PROBE_FLAGS="--gc-off --profile" bash benchmarks/dev/gpu_minibatch_check.sh
 #   SKIP_SUITE=1 / SKIP_TESTS=1 ...                  # leave a part out
+#   FIRST_TESTS="tests/test_graph.py" ...            # these tests before the timings
 set -u
 OUT=${OUT:-/tmp/fastgnn-out}
 mkdir -p "$OUT"
@@ -22,6 +23,14 @@ timeout 90 python3 -m fastgnn.torch.native > "$OUT/native.log" 2>&1
 tail -1 "$OUT/native.log"
 timeout 120 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
 tail -1 "$OUT/prewarm.log"
+
+if [ -n "${FIRST_TESTS:-}" ]; then
+    # a few test files first (what the change at hand touches), before anything is timed
+    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rf $FIRST_TESTS \
+        > "$OUT/first_tests.log" 2>&1
+    grep -E "^FAILED|^ERROR" "$OUT/first_tests.log" | head -20
+    tail -1 "$OUT/first_tests.log"
+fi
 
 timeout ${PROBE_S:-60} python3 benchmarks/dev/probe_new_graph.py GCN SAGE-max GAT --phases \
     ${PROBE_FLAGS:-} > "$OUT/probe.log" 2>&1
