@@ -95,11 +95,11 @@ _AGGRS = {"add": "sum", "sum": "sum", "mean": "mean"}
 
 
 def _aggr(aggr, layer, supported=("sum", "mean")):
-    reduce = _AGGRS.get(aggr) if isinstance(aggr, str) else None
+    reduce = _AGGRS.get(aggr, aggr) if isinstance(aggr, str) else None
     if reduce not in supported:
         raise NotImplementedError(
             f"{layer}: aggr={aggr!r} is not supported by fastgnn.torch yet "
-            f"(supported: {', '.join(supported)}; max/min/std come with the segment ops)")
+            f"(supported: {', '.join(supported)})")
     return reduce
 
 
@@ -130,6 +130,25 @@ def _check_kwargs(layer, kwargs):
     if kwargs:
         raise TypeError(f"{layer} got unexpected keyword arguments {sorted(kwargs)}")
     return flow
+
+
+def _message_passing_options(layer, kwargs, supported=("sum", "mean")):
+    """A layer's MessagePassing keywords, validated once at construction:
+    sets layer.aggr (PyG's string, "add" by default), layer._reduce (the
+    SpMM's reduction: one of `supported`) and layer.flow (`_check_kwargs`)."""
+    name = type(layer).__name__
+    layer.aggr = kwargs.pop("aggr", "add")
+    layer._reduce = _aggr(layer.aggr, name, supported)
+    layer.flow = _check_kwargs(name, kwargs)
+
+
+def _register_bias(layer, size, bias):
+    """layer.bias: a learnable [size] Parameter with bias (its values set by
+    the layer's reset_parameters), else a registered None, as PyG's."""
+    if bias:
+        layer.bias = torch.nn.Parameter(torch.empty(size))
+    else:
+        layer.register_parameter("bias", None)
 
 
 # why a layer cannot honour flow="target_to_source" with an (x_src, x_dst) pair
@@ -175,6 +194,16 @@ def _check_features(layer, x, edge_index=None):
         if isinstance(edge_index, Tensor) and t.device != edge_index.device:
             raise ValueError(f"'{name}': x is on {t.device} but edge_index on "
                              f"{edge_index.device}; move both to one device")
+
+
+def _check_single_features(layer, x, edge_index=None):
+    """`_check_features` for a layer that takes one feature tensor: a pair
+    (x_src, x_dst) raises ValueError, in PyG's words."""
+    if isinstance(x, (tuple, list)):
+        raise ValueError(f"'{type(layer).__name__}' received a tuple of node features as "
+                         "input while this layer does not support bipartite message "
+                         "passing. Please try other layers such as 'SAGEConv' instead")
+    _check_features(layer, x, edge_index)
 
 
 def _pair(x):
@@ -242,9 +271,7 @@ class GCNConv(torch.nn.Module):
                  cached: bool = False, add_self_loops: bool | None = None,
                  normalize: bool = True, bias: bool = True, **kwargs):
         super().__init__()
-        self.aggr = kwargs.pop("aggr", "add")
-        self._reduce = _aggr(self.aggr, type(self).__name__)
-        self.flow = _check_kwargs(type(self).__name__, kwargs)
+        _message_passing_options(self, kwargs)
         if add_self_loops is None:
             add_self_loops = normalize
         if add_self_loops and not normalize:
@@ -259,10 +286,7 @@ class GCNConv(torch.nn.Module):
         self._cached_edge_index = None
         self._cached_adj_t = None
         self.lin = _linear(in_channels, out_channels, bias=False, weight_initializer="glorot")
-        if bias:
-            self.bias = torch.nn.Parameter(torch.empty(out_channels))
-        else:
-            self.register_parameter("bias", None)
+        _register_bias(self, out_channels, bias)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -273,11 +297,7 @@ class GCNConv(torch.nn.Module):
         self._cached_adj_t = None
 
     def forward(self, x: Tensor, edge_index, edge_weight: Tensor | None = None) -> Tensor:
-        if isinstance(x, (tuple, list)):
-            raise ValueError(f"'{type(self).__name__}' received a tuple of node features as "
-                             "input while this layer does not support bipartite message "
-                             "passing. Please try other layers such as 'SAGEConv' instead")
-        _check_features(self, x, edge_index)
+        _check_single_features(self, x, edge_index)
         edge_index, _ = _oriented(self, edge_index)
         n = int(x.shape[-2])
         if custom_ops.compiling():
@@ -300,33 +320,51 @@ class GCNConv(torch.nn.Module):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels})"
 
 
+def gcn_normalized(edge_index, n, edge_weight, dtype, *, add_self_loops, improved=False):
+    """The GCN-normalised graph of a graph input over n nodes, for features
+    of `dtype`: (graph', weight [E'] or None, csr_weights or None), one of the
+    last two set, for `spmm(graph', x, weight, csr_weights=csr_weights)`.
+    Unweighted edge_index inputs give constant weights in the kernels' orders
+    (`fastgnn.gcn_norm_weights`: w_e = d_i d_j, d = deg^-1/2, built once per
+    graph, one sequential weight read per edge, no gather; PyG ignores
+    `improved` there); weighted ones and sparse adj_t go through `gcn_norm`
+    (differentiable torch ops where the weights require grad)."""
+    if edge_weight is None and not _is_sparse(edge_index):
+        graph, csr_weights = fastgnn.gcn_norm_weights(
+            to_graph(edge_index, n), add_self_loops=add_self_loops,
+            dtype=np.float64 if dtype == torch.float64 else np.float32)
+        return graph, None, csr_weights
+    graph, weight = gcn_norm(edge_index, edge_weight, n, improved=improved,
+                             add_self_loops=add_self_loops, dtype=_norm_dtype(dtype))
+    return graph, weight, None
+
+
+def propagation_graph(edge_index, n, edge_weight, dtype, *, normalize, add_self_loops,
+                      improved=False):
+    """(graph, weight [E] or None, csr_weights or None) for
+    `spmm(graph, x, weight, csr_weights=csr_weights)` over a square graph of
+    n nodes and features of `dtype`: GCN-normalised (`gcn_normalized`) with
+    normalize, else the graph as given, weighted by a sparse adj_t's values
+    or else by edge_weight (PyG ignores edge_weight beside an adj_t)."""
+    if normalize:
+        return gcn_normalized(edge_index, n, edge_weight, dtype, add_self_loops=add_self_loops,
+                              improved=improved)
+    graph, adj_w = resolve(edge_index, n)
+    return graph, (adj_w if _is_sparse(edge_index) else edge_weight), None
+
+
 def _gcn_propagate(edge_index, n, x, edge_weight, bias, norm=None, *, normalize, add_self_loops,
                    improved, reduce):
     """GCNConv's propagation of the projected features x [N, F] (bias added
     in the SpMM's store): (out [N, F], the normalisation (graph, weight,
     csr_weights) to cache, or None without normalize). `norm` is a cached
     normalisation from an earlier call."""
-    csr_weights = None
-    if normalize:
-        if norm is None:
-            if edge_weight is None and not _is_sparse(edge_index):
-                # all weights are 1 (PyG ignores `improved` here): w_e = d_i d_j
-                # (d = deg^-1/2) built once per graph in the orders the forward and
-                # backward kernels read (one sequential weight per edge, no gather)
-                graph, csr_weights = fastgnn.gcn_norm_weights(
-                    to_graph(edge_index, n), add_self_loops=add_self_loops,
-                    dtype=np.float64 if x.dtype == torch.float64 else np.float32)
-                norm = (graph, None, csr_weights)
-            else:
-                graph, weight = gcn_norm(edge_index, edge_weight, n, improved=improved,
-                                         add_self_loops=add_self_loops,
-                                         dtype=_norm_dtype(x.dtype))
-                norm = (graph, weight, None)
-        graph, weight, csr_weights = norm
-    else:
-        graph, adj_w = resolve(edge_index, n)
-        weight = edge_weight if adj_w is None and not _is_sparse(edge_index) else adj_w
-    return _spmm_bias(graph, x, weight, bias, reduce=reduce, csr_weights=csr_weights), norm
+    if norm is None:
+        norm = propagation_graph(edge_index, n, edge_weight, x.dtype, normalize=normalize,
+                                 add_self_loops=add_self_loops, improved=improved)
+    graph, weight, csr_weights = norm
+    out = _spmm_bias(graph, x, weight, bias, reduce=reduce, csr_weights=csr_weights)
+    return out, (norm if normalize else None)
 
 
 def _gcn_propagate_fake(edge_index, x, edge_weight, bias, *, num_nodes, **_options):
@@ -478,15 +516,8 @@ class SAGEConv(torch.nn.Module):
                 out, = shared_input_linears(self.aggr_module.neighbour(
                     graph, x_src, deterministic=self.deterministic), (lin_l,))
         else:
-            if isinstance(lin_l, torch.nn.LazyLinear) and lin_l.has_uninitialized_params():
-                lin_l(x_src[:0])                       # materialise from the input width
-            if lin_l.out_features < lin_l.in_features and _plain_linear(lin_l, x_src.dtype):
-                # aggregate the narrower features (a hooked lin_l is called as a module below)
-                out = _spmm_bias(graph, F.linear(x_src, lin_l.weight), weight, lin_l.bias,
-                                 reduce=self._reduce)
-            else:
-                out, = shared_input_linears(spmm(graph, x_src, weight, reduce=self._reduce),
-                                            (lin_l,))
+            out = linear_of_propagation(
+                x_src, lin_l, lambda t, b: _spmm_bias(graph, t, weight, b, reduce=self._reduce))
         if self.root_weight and x_dst is not None:
             # out is the output of lin_l (no hooks: nothing else holds it) or of the SpMM
             out = _add_linear(out, self.lin_r, x_dst,
@@ -519,6 +550,23 @@ class SAGEConv(torch.nn.Module):
 
     def __repr__(self):
         return f"{type(self).__name__}({self.in_channels}, {self.out_channels}, aggr={self.aggr})"
+
+
+def linear_of_propagation(x, lin, propagate, commutes=True):
+    """lin(propagate(x, None)) for x [N, F_in] (or [*, N, F_in]), where
+    propagate(t, b) maps node features t to new rows and adds b (or
+    nothing) to each. When propagate is linear in t (commutes, e.g. sum and
+    mean SpMMs, not max/min), it runs on the narrower side of lin: before it
+    when lin maps to fewer features, as propagate(x W^T, b) (the bias added
+    in the SpMM's store), which gives the same function and moves fewer
+    bytes. A hooked lin is called as a module after the propagation; a lazy
+    one is materialised from x's width first."""
+    if isinstance(lin, torch.nn.LazyLinear) and lin.has_uninitialized_params():
+        lin(x[..., :0, :])                        # materialise from the input width
+    if commutes and lin.out_features < lin.in_features and _plain_linear(lin, x.dtype):
+        return propagate(F.linear(x, lin.weight), lin.bias)
+    out, = shared_input_linears(propagate(x, None), (lin,))
+    return out
 
 
 def _no_hooks(module) -> bool:
@@ -636,9 +684,7 @@ class GINConv(torch.nn.Module):
 
     def __init__(self, nn, eps: float = 0.0, train_eps: bool = False, **kwargs):
         super().__init__()
-        self.aggr = kwargs.pop("aggr", "add")
-        self._reduce = _aggr(self.aggr, type(self).__name__)
-        self.flow = _check_kwargs(type(self).__name__, kwargs)
+        _message_passing_options(self, kwargs)
         self.nn = nn
         self.initial_eps = eps
         if train_eps:
