@@ -4,6 +4,9 @@
                             differentiable ops on torch tensors (functional.py)
     GCNConv, SAGEConv, GINConv
                             drop-in PyG 2.8 layers (nn.py)
+    GraphConv, SGConv, APPNP, TAGConv, LEConv, ClusterGCNConv, ChebConv
+                            drop-in PyG 2.8 propagation layers of the SpMM
+                            family (nn_propagation.py)
     edge_softmax, edge_attention
                             fused attention ops on torch tensors (attention.py)
     GATConv, GATv2Conv, TransformerConv
@@ -27,12 +30,15 @@ from .custom_ops import warm_up
 from .graph_cache import clear_graph_cache, to_graph
 from .attention import GATConv, GATv2Conv, TransformerConv, edge_attention, edge_softmax
 from .nn import GCNConv, GINConv, SAGEConv
+from .nn_propagation import (APPNP, ChebConv, ClusterGCNConv, GraphConv, LEConv, SGConv,
+                             TAGConv)
 
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
                  "VarAggregation", "StdAggregation", "MulAggregation", "MultiAggregation")
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr", "to_graph",
-           "clear_graph_cache", "warm_up", "GCNConv", "SAGEConv", "GINConv", "edge_softmax", "edge_attention",
+           "clear_graph_cache", "warm_up", "GCNConv", "SAGEConv", "GINConv", "GraphConv", "SGConv",
+           "APPNP", "TAGConv", "LEConv", "ClusterGCNConv", "ChebConv", "edge_softmax", "edge_attention",
            "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "apply", "Op",
            "FastgnnFunction", "device_scope"]
 
