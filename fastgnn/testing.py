@@ -172,6 +172,24 @@ class NumpyAsCupy:
         return np
 
 
+def numpy_task_lists(indptr, order, chunk):
+    """fastgnn.backends.cuda.graph_build.task_lists in NumPy (fake_cuda's
+    plans on CPU graphs): each row, in visit order, ceil(deg / chunk) tasks
+    (an empty row one); the split rows' tasks numbered as slots in task order."""
+    deg = np.diff(indptr).astype(np.int64)
+    rows = np.arange(deg.shape[0]) if order is None else np.asarray(order, dtype=np.int64)
+    ntask = np.maximum(-(-deg[rows] // chunk), 1)
+    split = ntask > 1
+    row = np.repeat(rows, ntask)
+    first = np.repeat(np.r_[0, np.cumsum(ntask)[:-1]], ntask).astype(np.int64)
+    begin = indptr[row] + (np.arange(row.shape[0]) - first) * chunk
+    split_task = np.repeat(split, ntask)
+    slot = np.where(split_task, np.cumsum(split_task) - 1, -1)
+    idx = indptr.dtype
+    return (row.astype(idx), begin.astype(idx), slot.astype(idx), rows[split].astype(idx),
+            np.r_[0, np.cumsum(ntask[split])].astype(idx), int(ntask[split].sum()))
+
+
 class Launches(list):
     """The launches fake_cuda records, (func, grid, block, smem, stream,
     params) each; `timed` holds (kernel name, parameter values) of those
@@ -219,6 +237,7 @@ def fake_cuda(monkeypatch, wide_walk_wins=True, native_node=False):
         launches.append((func, (gx, gy, gz), (bx, by, bz), smem, stream, params))
 
     monkeypatch.setattr(cuda_spmm, "cp", NumpyAsCupy())   # task_plan with NumPy
+    monkeypatch.setattr(cuda_spmm, "task_lists", numpy_task_lists)
     monkeypatch.setattr(decisions, "_decided", {})         # every size class timed anew
     monkeypatch.setattr(segment, "_scratch", lambda rows, F, vtype: np.empty((rows, F)))
     monkeypatch.setattr(segment, "_capturing", lambda stream: False)

@@ -180,3 +180,89 @@ __global__ void self_loop_fill(const I* __restrict__ indptr,     // [n + 1]
         }
     }
 }
+
+// Rows cut into tasks of <= chunk edges, in visit order (order [n]: the row
+// at each visit position; null: row v at position v). A row of deg edges is
+// ntask = max(1, ceil(deg / chunk)) tasks; rows of more than one are split
+// rows, whose tasks get consecutive partial slots in task order.
+// task_count: per position v, ntask[v] and split[v] (0/1), scanned by the
+// caller into inclusive running counts.
+template <typename I>
+__global__ void task_count(const I* __restrict__ indptr, const I* __restrict__ order,
+                           i64 n, int chunk,
+                           long long* __restrict__ ntask,     // [n]
+                           long long* __restrict__ split) {   // [n]
+    const i64 v = thread_index();
+    if (v >= n) return;
+    const i64 r = order ? (i64)order[v] : v;
+    const i64 deg = (i64)indptr[r + 1] - (i64)indptr[r];
+    const i64 k = deg > chunk ? (deg + chunk - 1) / chunk : 1;
+    ntask[v] = k;
+    split[v] = k > 1;
+}
+
+// task_fill: position v writes its row's tasks from task_upto[v] - ntask
+// (task_upto, split_upto: the inclusive running counts of task_count's
+// values): task_row, task_begin (the row's start + k * chunk) and task_slot
+// (-1 for a row of one task; else the split rows' tasks before it, which
+// is the tasks before it less the unsplit rows before it, plus k); a split
+// row also writes split_row and slot_ptr (slot_ptr[0] = 0 by position 0).
+template <typename I>
+__global__ void task_fill(const I* __restrict__ indptr, const I* __restrict__ order,
+                          const long long* __restrict__ task_upto,    // [n]
+                          const long long* __restrict__ split_upto,   // [n]
+                          i64 n, int chunk,
+                          I* __restrict__ task_row, I* __restrict__ task_begin,
+                          I* __restrict__ task_slot,                  // [T]
+                          I* __restrict__ split_row,                  // [S]
+                          I* __restrict__ slot_ptr) {                 // [S + 1]
+    const i64 v = thread_index();
+    if (v >= n) return;
+    const i64 r = order ? (i64)order[v] : v;
+    const i64 begin = (i64)indptr[r];
+    const i64 s_before = (i64)split_upto[v] - (v > 0 ? (i64)split_upto[v - 1] : 0) > 0
+                         ? (i64)split_upto[v] - 1 : -1;        // this row's split index
+    const i64 first = v > 0 ? (i64)task_upto[v - 1] : 0;
+    const i64 k_end = (i64)task_upto[v] - first;
+    const i64 slot0 = first - (v - (v > 0 ? (i64)split_upto[v - 1] : 0));
+    if (v == 0) slot_ptr[0] = 0;
+    for (i64 k = 0; k < k_end; ++k) {
+        task_row[first + k] = (I)r;
+        task_begin[first + k] = (I)(begin + k * chunk);
+        task_slot[first + k] = (I)(s_before >= 0 ? slot0 + k : -1);
+    }
+    if (s_before >= 0) {
+        split_row[s_before] = (I)r;
+        slot_ptr[s_before + 1] = (I)(slot0 + k_end);
+    }
+}
+
+// d_k = deg_k^-1/2 (0 for deg_k = 0) from the offsets, in double
+template <typename I>
+__device__ __forceinline__ double inv_sqrt_degree(const I* __restrict__ indptr, i64 k) {
+    const i64 deg = (i64)indptr[k + 1] - (i64)indptr[k];
+    return deg > 0 ? 1.0 / sqrt((double)deg) : 0.0;
+}
+
+// GCN's constant weights of a square graph, w_e = d_i * d_j for e = (j -> i),
+// d over the in-degrees (computed in double, stored as W): thread p writes
+// position p's weight in CSR order and, when the transpose (t_indptr,
+// t_indices) is given, its weight in the transpose's order (transpose row
+// = source j, its index = target i).
+template <typename I, typename W>
+__global__ void gcn_norm_weights(const I* __restrict__ indptr,     // [n + 1]
+                                 const I* __restrict__ indices,    // [E]
+                                 const I* __restrict__ t_indptr,   // [n + 1] or null
+                                 const I* __restrict__ t_indices,  // [E] or null
+                                 i64 n, i64 E,
+                                 W* __restrict__ w_csr,            // [E]
+                                 W* __restrict__ w_t) {            // [E] or null
+    const i64 p = thread_index();
+    if (p >= E) return;
+    const i64 i = row_of(indptr, n, p), j = (i64)indices[p];
+    w_csr[p] = (W)(inv_sqrt_degree(indptr, i) * inv_sqrt_degree(indptr, j));
+    if (w_t) {
+        const i64 tj = row_of(t_indptr, n, p), ti = (i64)t_indices[p];
+        w_t[p] = (W)(inv_sqrt_degree(indptr, ti) * inv_sqrt_degree(indptr, tj));
+    }
+}

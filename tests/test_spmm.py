@@ -622,29 +622,30 @@ def test_self_loop_structure_is_the_sorted_build_of_the_loop_edge_list(loops, de
         np.testing.assert_array_equal(last, want_last, err_msg=msg)
 
 
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("chunk", [4, 64, 256])
-def test_task_plan_cuts_rows_into_tasks_in_visit_order(chunk, monkeypatch):
-    """task_plan (NumPy standing in for CuPy): each row, in visit order, is
-    ceil(deg / chunk) tasks (an empty row one) of consecutive edges; the
-    split rows' tasks get consecutive partial slots, in task order; rows
-    that fit one task write directly (slot -1). Graphs with and without
-    split rows, with and without a visit order."""
-    spmm_be = pytest.importorskip("fastgnn.backends.cuda.spmm")     # needs CuPy, not a GPU
+def test_task_plan_cuts_rows_into_tasks_in_visit_order(chunk):
+    """task_plan: each row, in visit order, is ceil(deg / chunk) tasks (an
+    empty row one) of consecutive edges; the split rows' tasks get
+    consecutive partial slots, in task order; rows that fit one task write
+    directly (slot -1). Graphs with and without split rows (built by
+    graph.cu's task kernels), with and without a visit order."""
+    spmm_be = pytest.importorskip("fastgnn.backends.cuda.spmm")
     from fastgnn.reorder import Permutation
-    from fastgnn.testing import NumpyAsCupy
-    monkeypatch.setattr(spmm_be, "cp", NumpyAsCupy())
     seed = _seed()
     rng = np.random.default_rng(seed)
     for case in range(12):
         n = int(rng.integers(1, 80))
         deg = rng.integers(0, int(rng.choice([3, chunk + 1, 3 * chunk])), n)
         ei = np.stack([rng.integers(0, n, int(deg.sum())), np.repeat(np.arange(n), deg)])
-        g = Graph.from_edge_index(ei, num_nodes=n)
+        g = Graph.from_edge_index(to_device(ei, "cuda"), num_nodes=n)
         visit = np.arange(n)
         if case % 2:
             visit = rng.permutation(n)
             g = g.reorder(Permutation.from_perm(visit, n), relabel=False)
         plan = spmm_be.task_plan(g, chunk)
+        g = Graph(to_numpy(g.indptr), to_numpy(g.indices), None, n, n)
         ntask = np.maximum(-(-deg[visit] // chunk), 1)
         row = np.repeat(visit, ntask)
         first = np.repeat(np.r_[0, np.cumsum(ntask)[:-1]], ntask)
@@ -655,6 +656,7 @@ def test_task_plan_cuts_rows_into_tasks_in_visit_order(chunk, monkeypatch):
         for got, want in ((plan.task_row, row), (plan.task_begin, begin),
                           (plan.task_slot, slot), (plan.split_row, visit[ntask > 1]),
                           (plan.slot_ptr, np.r_[0, np.cumsum(ntask[ntask > 1])])):
+            got = to_numpy(got)
             np.testing.assert_array_equal(got, want, err_msg=msg)
             assert got.dtype == g.index_dtype, msg
         assert plan.num_slots == int(ntask[ntask > 1].sum()), msg

@@ -382,17 +382,28 @@ def gcn_norm_weights(graph, *, add_self_loops=True, dtype=np.float32):
     graph = as_graph(graph)
 
     def build():
+        if is_cupy(graph.indptr) and np.dtype(dtype) in (np.float32, np.float64):
+            from ..backends.cuda import graph_build
+            _check_square(graph)
+            g2 = self_loop_structure(graph)[0] if add_self_loops else graph
+            t = g2.transpose()
+            return g2, CsrWeights(*graph_build.gcn_norm_weights(g2.indptr, g2.indices,
+                                                                t.indptr, t.indices, dtype))
         g2, d = _gcn_inv_sqrt_degree(graph, add_self_loops)
         w = (d[g2.csr_rows] * d[g2.indices]).astype(dtype)
         return g2, CsrWeights.from_csr(g2, w)
     return graph.cached(("gcn_norm_weights", add_self_loops, np.dtype(dtype).name), build)
 
 
+def _check_square(graph):
+    if graph.num_src != graph.num_dst:
+        raise ValueError("GCN normalisation needs a square graph (num_src == num_dst)")
+
+
 def _gcn_inv_sqrt_degree(graph, add_self_loops):
     """(graph', d [num_nodes] float64): graph with self-loops as `gcn_norm`
     adds them (or graph) and deg'^-1/2 over it, 0 where deg' = 0."""
-    if graph.num_src != graph.num_dst:
-        raise ValueError("GCN normalisation needs a square graph (num_src == num_dst)")
+    _check_square(graph)
     g2 = self_loop_structure(graph)[0] if add_self_loops else graph
     deg = g2.in_degree.astype(np.float64)
     xp = g2.xp

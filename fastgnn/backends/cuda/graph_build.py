@@ -10,10 +10,14 @@ a new graph every training step pays them every step.
     edge_stats(src, dst)               -> (min, max src, max dst, descents, loops)
     csr_from_order(keys, vals | rows_of, order, num_rows, idx)
                                        -> (indptr, indices, edge_ids or None)
-    self_loop_structure(indptr, indices, edge_ids, num_loops, idx)
+    self_loop_structure(indptr, indices, edge_ids, num_loops)
                                        -> (new indptr, indices, ids, kept, last)
+    task_lists(indptr, order, chunk)   -> the task lists of a TaskPlan
+    gcn_norm_weights(indptr, indices, t_indptr, t_indices, dtype)
+                                       -> (weights in CSR order, in transpose order)
 
-All run on CuPy's current stream; only `edge_stats` copies to the host.
+All run on CuPy's current stream; `edge_stats` and `task_lists` copy sizes
+to the host (one copy each), the others nothing.
 """
 from __future__ import annotations
 
@@ -110,3 +114,41 @@ def self_loop_structure(indptr, indices, edge_ids, num_loops: int):
                (indptr, indices, edge_ids, loops_upto, loops_caller_upto, np.int64(n),
                 np.int64(E), np.int64(E_kept), new_indptr, new_indices, new_ids, kept, last))
     return new_indptr, new_indices, new_ids, kept, last
+
+
+def task_lists(indptr, order, chunk: int):
+    """The task lists of rows cut into tasks of <= chunk edges, in visit
+    order (`order` [n] the row at each position, or None), as
+    fastgnn.backends.cuda.spmm.TaskPlan holds them: (task_row [T],
+    task_begin [T], task_slot [T], split_row [S], slot_ptr [S + 1],
+    num_slots), in indptr's dtype. Two kernels, two running counts and one
+    copy to the host (T and S size the lists)."""
+    idx = indptr.dtype
+    I = _C_INDEX[idx]
+    n = int(indptr.shape[0]) - 1
+    ntask = cp.empty(n, dtype=np.int64)
+    split = cp.empty(n, dtype=np.int64)
+    launch_now(_kernel(idx, f"task_count<{I}>"), _blocks(n),
+               (indptr, order, np.int64(n), np.int32(chunk), ntask, split))
+    task_upto, split_upto = cp.cumsum(ntask), cp.cumsum(split)
+    T, S = (int(v) for v in cp.stack([task_upto[-1], split_upto[-1]]).get())
+    task_row, task_begin, task_slot = (cp.empty(T, dtype=idx) for _ in range(3))
+    split_row, slot_ptr = cp.empty(S, dtype=idx), cp.empty(S + 1, dtype=idx)
+    launch_now(_kernel(idx, f"task_fill<{I}>"), _blocks(n),
+               (indptr, order, task_upto, split_upto, np.int64(n), np.int32(chunk),
+                task_row, task_begin, task_slot, split_row, slot_ptr))
+    return task_row, task_begin, task_slot, split_row, slot_ptr, T - (n - S)
+
+
+def gcn_norm_weights(indptr, indices, t_indptr, t_indices, dtype):
+    """GCN's w_e = d_i d_j (d = in-degree^-1/2, 0 for none; double, stored
+    as `dtype` float32/float64) of a square graph in its CSR order and in
+    its transpose's (t_indptr, t_indices): (w_csr [E], w_t [E])."""
+    idx = indptr.dtype
+    W = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[np.dtype(dtype)]
+    n, E = int(indptr.shape[0]) - 1, int(indices.shape[0])
+    w_csr, w_t = cp.empty(E, dtype=dtype), cp.empty(E, dtype=dtype)
+    if E:
+        launch_now(_kernel(idx, f"gcn_norm_weights<{_C_INDEX[idx]}, {W}>"), _blocks(E),
+                   (indptr, indices, t_indptr, t_indices, np.int64(n), np.int64(E), w_csr, w_t))
+    return w_csr, w_t

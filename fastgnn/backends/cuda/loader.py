@@ -243,8 +243,10 @@ def _graph_names(vt, it):
     if vt != GRAPH_VTYPE:
         return []
     I = C_INDEX[it]
-    return ([f"edge_stats<{I}>", f"self_loop_mark<{I}>", f"self_loop_fill<{I}>"]
-            + [f"csr_from_order<{K}, {I}>" for K in C_INDEX.values()])
+    return ([f"edge_stats<{I}>", f"self_loop_mark<{I}>", f"self_loop_fill<{I}>",
+             f"task_count<{I}>", f"task_fill<{I}>"]
+            + [f"csr_from_order<{K}, {I}>" for K in C_INDEX.values()]
+            + [f"gcn_norm_weights<{I}, {W}>" for W in ("float", "double")])
 
 
 # family -> function (value type, index type) -> name expressions

@@ -27,8 +27,8 @@ import functools
 import cupy as cp
 import numpy as np
 
-from ..._array import host_ints
 from . import decisions
+from .graph_build import task_lists
 from .loader import C_INDEX, C_VALUE, VALUE_BYTES, get_function, vec_widths
 from .plan import BLOCK, Launch, LaunchPlan, Slot, current_stream, launch_now, layout
 
@@ -178,40 +178,15 @@ def task_plan(graph, chunk: int = DEFAULT_CHUNK, visit: bool = True) -> TaskPlan
         idx = graph.index_dtype
         order = graph.visit_rows() if use else None       # [num_dst] or None
         if graph.max_in_degree <= chunk:
-            num_split = 0              # (a count the graph keeps: no synchronisation here)
-        else:
-            deg = cp.diff(graph.indptr)
-            if order is not None:
-                deg = deg[order]
-            # a row's tasks past its first: (deg - 1) // chunk where deg > chunk
-            extra = cp.maximum(deg.astype(np.int64) - 1, 0) // chunk   # per visit position
-            # split rows and extra tasks in one copy to the host
-            num_split, num_extra = host_ints(cp.count_nonzero(extra), cp.sum(extra))
-        if num_split == 0:             # a task per row, in the order visited
+            # a task per row, in the order visited (max_in_degree is a count
+            # the graph keeps: no synchronisation here)
             row = (cp.arange(graph.num_dst, dtype=idx) if order is None
                    else order.astype(idx, copy=False))
             return TaskPlan(chunk, row, graph.indptr[row] if order is not None
                             else graph.indptr[:-1], cp.full(graph.num_dst, -1, dtype=idx),
                             cp.zeros(0, dtype=idx), cp.zeros(1, dtype=idx), 0)
-        num_tasks, num_slots = graph.num_dst + num_extra, num_extra + num_split
-        ntask = extra + 1
-        task_ptr = cp.zeros(graph.num_dst + 1, dtype=np.int64)
-        cp.cumsum(ntask, out=task_ptr[1:])
-        split = extra > 0
-        split_ptr = cp.cumsum(split)                           # split rows up to each position
-        t = cp.arange(num_tasks, dtype=np.int64)
-        pos = cp.searchsorted(task_ptr[1:], t, side="right")
-        row = pos if order is None else order[pos].astype(np.int64)
-        begin = graph.indptr[row].astype(np.int64) + (t - task_ptr[pos]) * chunk
-        split_task = split[pos]
-        slot = cp.where(split_task, cp.cumsum(split_task) - 1, -1)
-        # the positions of the split rows: where the running count reaches k + 1
-        split_pos = cp.searchsorted(split_ptr, cp.arange(1, num_split + 1), side="left")
-        split_row = split_pos if order is None else order[split_pos]
-        slot_ptr = cp.zeros(num_split + 1, dtype=np.int64)
-        cp.cumsum(ntask[split_pos], out=slot_ptr[1:])
-        return TaskPlan(chunk, row.astype(idx), begin.astype(idx), slot.astype(idx),
-                        split_row.astype(idx), slot_ptr.astype(idx), num_slots)
+        return TaskPlan(chunk, *task_lists(
+            graph.indptr, None if order is None else order.astype(idx, copy=False), chunk))
     return graph.cached(("spmm_tasks", chunk, use), build)
 
 
