@@ -12,7 +12,8 @@
     GATConv, GATv2Conv, TransformerConv
                             drop-in PyG 2.8 attention layers (attention.py)
     SumAggregation, MeanAggregation, MaxAggregation, MinAggregation,
-    VarAggregation, StdAggregation, MulAggregation, MultiAggregation
+    VarAggregation, StdAggregation, MulAggregation, SoftmaxAggregation,
+    PowerMeanAggregation, MultiAggregation (every PyG combine mode)
                             PyG-compatible Aggregation modules (aggr.py; they
                             import PyG, so they load on first access)
     to_graph                fastgnn.Graph from edge_index / EdgeIndex / sparse adj_t /
@@ -34,7 +35,8 @@ from .nn_propagation import (APPNP, ChebConv, ClusterGCNConv, GraphConv, LEConv,
                              TAGConv)
 
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
-                 "VarAggregation", "StdAggregation", "MulAggregation", "MultiAggregation")
+                 "VarAggregation", "StdAggregation", "MulAggregation", "SoftmaxAggregation",
+                 "PowerMeanAggregation", "MultiAggregation")
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr", "to_graph",
            "clear_graph_cache", "warm_up", "GCNConv", "SAGEConv", "GINConv", "GraphConv", "SGConv",
