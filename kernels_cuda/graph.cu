@@ -266,3 +266,81 @@ __global__ void gcn_norm_weights(const I* __restrict__ indptr,     // [n + 1]
         w_t[p] = (W)(inv_sqrt_degree(indptr, ti) * inv_sqrt_degree(indptr, tj));
     }
 }
+
+// The first k >= from in [0, T] with work_before[k] * SR >= goal (T if
+// none), given that no k < from qualifies: a gallop up from `from`, then a
+// bisection of the last step.
+__device__ __forceinline__ i64 first_reaching(const long long* __restrict__ work_before, i64 T,
+                                              i64 SR, i64 goal, i64 from) {
+    if ((i64)work_before[from] * SR >= goal) return from;
+    i64 lo = from, step = 1;             // work_before[lo] * SR < goal
+    while (lo + step <= T && (i64)work_before[lo + step] * SR < goal) {
+        lo += step;
+        step <<= 1;
+    }
+    i64 hi = min(lo + step, T);          // the answer is in (lo, hi]
+    while (hi - lo > 1) {
+        const i64 mid = (lo + hi) >> 1;
+        if ((i64)work_before[mid] * SR >= goal) hi = mid; else lo = mid;
+    }
+    return hi;
+}
+
+// The persistent attention grids' task cuts (fastgnn/backends/cuda/attention.py
+// `slot_cuts`, whose host sweep is this kernel's reference, in the same
+// integer arithmetic): S slots share T tasks of work work_before (prefix
+// sums, [T + 1]) over R rounds. In round r, slot s's cut goes at the task
+// boundary nearest (the lower on a tie) to the round's start plus the sum
+// over s' <= s of max(W (r + 1) - done_s', 0), all work scaled by S * R so
+// every quantity is an integer (W the total work, done_s' slot s' 's work
+// so far), never before the previous round's last cut; the last cut is T.
+// One block: thread k owns slots [k * per, (k + 1) * per); the running sum
+// over slots is a block scan of the threads' sums; each thread then gallops
+// from boundary to boundary over its slots' rising goals. Rounds run one
+// after another (each needs the slots' work so far).
+template <int THREADS>
+__global__ void slot_cuts(const long long* __restrict__ work_before,   // [T + 1]
+                          i64 T, i64 S, i64 R,
+                          long long* __restrict__ done,                // [S], zeros
+                          long long* __restrict__ cuts) {              // [S * R + 1]
+    __shared__ long long scan[THREADS];
+    const int tid = threadIdx.x;
+    const i64 SR = S * R, W = (i64)work_before[T];
+    const i64 per = (S + THREADS - 1) / THREADS;
+    const i64 s0 = min((i64)tid * per, S), s1 = min(s0 + per, S);
+    if (tid == 0) cuts[0] = 0;
+    i64 last = 0;                        // the previous round's last cut
+    for (i64 r = 0; r < R; ++r) {
+        const i64 target = W * (r + 1);
+        i64 sum = 0;
+        for (i64 s = s0; s < s1; ++s) sum += max(target - (i64)done[s], 0LL);
+        scan[tid] = sum;
+        __syncthreads();
+        for (int off = 1; off < THREADS; off <<= 1) {
+            const long long v = tid >= off ? scan[tid - off] : 0;
+            __syncthreads();
+            scan[tid] += v;
+            __syncthreads();
+        }
+        const i64 start = (i64)work_before[last] * SR;
+        i64 wanted = (i64)scan[tid] - sum;
+        i64 hi = 0;
+        for (i64 s = s0; s < s1; ++s) {
+            wanted += max(target - (i64)done[s], 0LL);
+            const i64 goal = start + wanted;
+            hi = first_reaching(work_before, T, SR, goal, hi);
+            const i64 lo = max(hi - 1, 0LL);
+            i64 end = goal - (i64)work_before[lo] * SR < (i64)work_before[hi] * SR - goal ? lo : hi;
+            end = max(end, last);
+            if (r == R - 1 && s == S - 1) end = T;
+            cuts[1 + r * S + s] = end;
+        }
+        __syncthreads();
+        for (i64 s = s0; s < s1; ++s) {
+            const i64 prev = s > 0 ? (i64)cuts[r * S + s] : last;
+            done[s] += ((i64)work_before[(i64)cuts[1 + r * S + s]] - (i64)work_before[prev]) * SR;
+        }
+        last = (i64)cuts[(r + 1) * S];
+        __syncthreads();
+    }
+}

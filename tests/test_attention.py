@@ -1076,21 +1076,22 @@ def test_persistent_grid_plan(monkeypatch):
 
 def _slot_cuts_by_arrays(work_before, num_slots, rounds):
     """task_slots' cuts as whole-array operations per round (the reference of
-    the sequential sweep `slot_cuts`)."""
+    the sequential sweep `slot_cuts` and of graph.cu's kernel), in work
+    scaled by num_slots * rounds (integers throughout)."""
     num_tasks = work_before.shape[0] - 1
-    share = work_before[-1:] / num_slots
-    done = np.zeros(num_slots)
-    start = np.zeros(1)
+    scaled = work_before.astype(np.int64) * (num_slots * rounds)
+    done = np.zeros(num_slots, dtype=np.int64)
+    start = np.zeros(1, dtype=np.int64)
     cuts = [np.zeros(1, dtype=np.int64)]
     for r in range(rounds):
-        goal = start + np.cumsum(np.maximum(share * ((r + 1) / rounds) - done, 0))
-        hi = np.minimum(np.searchsorted(work_before, goal, side="left"), num_tasks)
+        goal = start + np.cumsum(np.maximum(work_before[-1] * (r + 1) - done, 0))
+        hi = np.minimum(np.searchsorted(scaled, goal, side="left"), num_tasks)
         lo = np.maximum(hi - 1, 0)
-        end = np.where(goal - work_before[lo] < work_before[hi] - goal, lo, hi)
+        end = np.where(goal - scaled[lo] < scaled[hi] - goal, lo, hi)
         end = np.maximum(end, cuts[-1][-1:])
         if r == rounds - 1:
             end[-1] = num_tasks
-        ends = work_before[end]
+        ends = scaled[end]
         done += ends - np.concatenate([start, ends[:-1]])
         start = ends[-1:]
         cuts.append(end.astype(np.int64))
@@ -1098,23 +1099,29 @@ def _slot_cuts_by_arrays(work_before, num_slots, rounds):
 
 
 def test_slot_cuts_match_the_array_form():
-    """The host sweep of the persistent grids' cuts gives the cuts of the
-    per-round array form on random work (light and heavy tasks, a hub task,
-    more slots than tasks, no tasks)."""
+    """The host sweep of the persistent grids' cuts, and on a GPU the
+    device's kernel, give the cuts of the per-round array form on random
+    work (light and heavy tasks, a hub task, more slots than tasks (and
+    than the kernel's threads), no tasks)."""
     attn = pytest.importorskip("fastgnn.backends.cuda.attention")   # needs CuPy, not a GPU
     seed = _seed()
     rng = np.random.default_rng(seed)
     for case in range(120):
-        T, S = int(rng.integers(0, 2000)), int(rng.integers(1, 300))
+        T, S = int(rng.integers(0, 2000)), int(rng.integers(1, 300 if case % 4 else 3000))
         rounds = int(rng.choice([1, 2, 3, 8, 32]))
         work = rng.integers(4, int(rng.choice([6, 50, 2000])), T)
         if case % 5 == 0 and T:
             work[rng.integers(0, T)] += 100_000
-        before = np.zeros(T + 1)
+        before = np.zeros(T + 1, dtype=np.int64)
         np.cumsum(work, out=before[1:])
-        np.testing.assert_array_equal(attn.slot_cuts(before, S, rounds),
-                                      _slot_cuts_by_arrays(before, S, rounds),
+        want = _slot_cuts_by_arrays(before, S, rounds)
+        np.testing.assert_array_equal(attn.slot_cuts(before, S, rounds), want,
                                       err_msg=f"seed {seed} case {case}")
+        if gpu_available():
+            import cupy
+            from fastgnn.backends.cuda import graph_build
+            got = graph_build.slot_cuts(cupy.asarray(before), S, rounds).get()
+            np.testing.assert_array_equal(got, want, err_msg=f"seed {seed} case {case} (GPU)")
 
 
 def _slot_work(attn, g, plan, slots, rounds):

@@ -37,6 +37,7 @@ from cupy_backends.cuda.api import driver
 from ...graph import Graph
 from ..attention_spec import (SCORE_INPUTS, SLOT_NAMES, caller_ids, lse_dtype, score_slots,
                               transpose_caller_ids)
+from . import graph_build
 from .plan import (Launch, LaunchPlan, Slot, Word, current_stream, launch_fixed, launch_now,
                    layout, word)
 from .segment import _cached_plan, graph_device
@@ -219,16 +220,16 @@ def task_slots(graph, plan, num_slots, rounds=1):
     equal work instead lets a slot's rounding add up over its rounds: rmat20,
     4224 slots, 32 rounds, worst slot 1.37x the mean.) Cached per graph,
     slot count and rounds; NumPy or CuPy arrays, as the plan's. The cuts are
-    one sequential sweep on the host (`slot_cuts`, compiled by Numba: tens
-    of microseconds where the same sweep as array operations launched about
-    ten kernels per round), from one copy of the work prefix."""
+    computed where the task plan lives: on the GPU by one block of one
+    kernel (graph_build.slot_cuts: no copy to the host, so a new graph every
+    step costs no synchronisation here), on the host by the sequential sweep
+    `slot_cuts` (compiled by Numba; the kernel's reference)."""
     def build():
         prefix = _task_work(graph, plan)
-        xp = cp.get_array_module(prefix)
-        host = prefix if xp is np else graph.cached(
-            ("attention_task_work_host", plan.chunk, TASK_COST_EDGES), lambda: prefix.get())
-        cuts = slot_cuts(host.astype(np.float64), int(num_slots), int(rounds))
-        return cuts if xp is np else cp.asarray(cuts)
+        _check_cut_range(int(prefix.shape[0]) - 1, plan.chunk, num_slots, rounds)
+        if isinstance(prefix, np.ndarray):
+            return slot_cuts(prefix, int(num_slots), int(rounds))
+        return graph_build.slot_cuts(prefix, int(num_slots), int(rounds))
     return graph.cached(("attention_task_slots", plan.chunk, num_slots, rounds, TASK_COST_EDGES),
                         build)
 
@@ -238,14 +239,16 @@ _slot_cuts = None
 
 def slot_cuts(work_before, num_slots: int, rounds: int):
     """[num_slots * rounds + 1] int64 task cuts of `task_slots` from the
-    work prefix work_before [num_tasks + 1] (float64, on the host).
+    work prefix work_before [num_tasks + 1] (int64, on the host).
 
     Round r's goal for slot s's end is the work before the round plus the
     sum over slots s' <= s of max(share (r + 1) / rounds - done_s', 0)
     (share = W / num_slots, done_s' the work slot s' took so far); each
     goal is cut at the nearest task boundary (the lower one on a tie), never
     before the previous round's last cut, and the last cut of the last round
-    is the task count."""
+    is the task count. All work is scaled by num_slots * rounds, so the
+    sweep is exact integer arithmetic, as graph.cu's slot_cuts kernel (the
+    GPU's form, which must give the same cuts)."""
     global _slot_cuts
     if _slot_cuts is None:
         import numba
@@ -255,34 +258,50 @@ def slot_cuts(work_before, num_slots: int, rounds: int):
 
 def _slot_cuts_py(work_before, num_slots, rounds):
     num_tasks = work_before.shape[0] - 1
-    share = work_before[num_tasks] / num_slots
-    done = np.zeros(num_slots, dtype=np.float64)
+    SR = num_slots * rounds             # the scale: W (r + 1) is round r's target
+    W = work_before[num_tasks]
+    done = np.zeros(num_slots, dtype=np.int64)
     cuts = np.zeros(num_slots * rounds + 1, dtype=np.int64)
-    start = 0.0
+    start = 0
     last = 0
     for r in range(rounds):
-        target = share * ((r + 1) / rounds)
-        wanted = 0.0                    # the round's wanted work up to slot s
+        target = W * (r + 1)
+        wanted = 0                      # the round's wanted work up to slot s
         before = start                  # the work before slot s's range
         hi = last                       # the goals rise within a round: one forward walk
         for s in range(num_slots):
-            wanted += max(target - done[s], 0.0)
+            wanted += max(target - done[s], 0)
             goal = start + wanted
-            while hi > 0 and work_before[hi - 1] >= goal:
+            while hi > 0 and work_before[hi - 1] * SR >= goal:
                 hi -= 1
-            while hi < num_tasks and work_before[hi] < goal:
+            while hi < num_tasks and work_before[hi] * SR < goal:
                 hi += 1                 # (the first boundary at or past the goal)
             lo = max(hi - 1, 0)
-            end = lo if goal - work_before[lo] < work_before[hi] - goal else hi
+            end = lo if goal - work_before[lo] * SR < work_before[hi] * SR - goal else hi
             end = max(end, last)
             if r == rounds - 1 and s == num_slots - 1:
                 end = num_tasks
             cuts[1 + r * num_slots + s] = end
-            done[s] += work_before[end] - before
-            before = work_before[end]
+            done[s] += work_before[end] * SR - before
+            before = work_before[end] * SR
         start = before
         last = cuts[(r + 1) * num_slots]
     return cuts
+
+
+# the scaled work (total x slots x rounds) the integer cuts hold exactly
+_CUT_RANGE = 2**62
+
+
+def _check_cut_range(num_tasks, chunk, num_slots, rounds):
+    """ValueError where the scaled work could overflow 64 bits: a task's work
+    is at most chunk + TASK_COST_EDGES (a bound known without a copy of the
+    work to the host)."""
+    bound = num_tasks * (chunk + TASK_COST_EDGES)
+    if bound * num_slots * rounds * 2 >= _CUT_RANGE:
+        raise ValueError(f"{num_tasks} attention tasks on {num_slots} x {rounds} slot ranges "
+                         "exceed the 64-bit range of the task cuts; lower "
+                         "fastgnn.backends.cuda.attention.ROUNDS")
 
 
 def _persistent_grid(kern, graph, plan, H, group, smem=0, phases=1):

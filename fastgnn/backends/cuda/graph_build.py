@@ -15,6 +15,8 @@ a new graph every training step pays them every step.
     task_lists(indptr, order, chunk)   -> the task lists of a TaskPlan
     gcn_norm_weights(indptr, indices, t_indptr, t_indices, dtype)
                                        -> (weights in CSR order, in transpose order)
+    slot_cuts(work_before, num_slots, rounds)
+                                       -> the persistent attention grids' task cuts
 
 All run on CuPy's current stream; `edge_stats` and `task_lists` copy sizes
 to the host (one copy each), the others nothing.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from .loader import C_INDEX, GRAPH_VTYPE, get_function
+from .loader import C_INDEX, GRAPH_VTYPE, SLOT_CUT_THREADS, get_function
 from .plan import BLOCK, launch_now
 
 _C_INDEX = {np.dtype(k): v for k, v in C_INDEX.items()}
@@ -152,3 +154,17 @@ def gcn_norm_weights(indptr, indices, t_indptr, t_indices, dtype):
         launch_now(_kernel(idx, f"gcn_norm_weights<{_C_INDEX[idx]}, {W}>"), _blocks(E),
                    (indptr, indices, t_indptr, t_indices, np.int64(n), np.int64(E), w_csr, w_t))
     return w_csr, w_t
+
+
+def slot_cuts(work_before, num_slots: int, rounds: int):
+    """[num_slots * rounds + 1] int64 task cuts of the persistent attention
+    grids from the work prefix work_before [T + 1] int64 (on the device), as
+    fastgnn.backends.cuda.attention.slot_cuts computes them on the host: one
+    block, rounds one after another, nothing copied to the host."""
+    T = int(work_before.shape[0]) - 1
+    done = cp.zeros(num_slots, dtype=np.int64)
+    cuts = cp.empty(num_slots * rounds + 1, dtype=np.int64)
+    launch_now(_kernel(np.int32, f"slot_cuts<{SLOT_CUT_THREADS}>"), (1,),
+               (work_before, np.int64(T), np.int64(num_slots), np.int64(rounds), done, cuts),
+               block=(SLOT_CUT_THREADS,))
+    return cuts

@@ -237,6 +237,8 @@ def _blocksparse_names(vt, it):
 # The graph build kernels have no value type: their module is compiled under
 # this one (an index type alone picks their instantiations).
 GRAPH_VTYPE = "float32"
+# threads of the one block that computes the persistent grids' task cuts
+SLOT_CUT_THREADS = 1024
 
 
 def _graph_names(vt, it):
@@ -244,7 +246,7 @@ def _graph_names(vt, it):
         return []
     I = C_INDEX[it]
     return ([f"edge_stats<{I}>", f"self_loop_mark<{I}>", f"self_loop_fill<{I}>",
-             f"task_count<{I}>", f"task_fill<{I}>"]
+             f"task_count<{I}>", f"task_fill<{I}>", f"slot_cuts<{SLOT_CUT_THREADS}>"]
             + [f"csr_from_order<{K}, {I}>" for K in C_INDEX.values()]
             + [f"gcn_norm_weights<{I}, {W}>" for W in ("float", "double")])
 
