@@ -488,10 +488,10 @@ class _SoftmaxSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, t, ptr, semi_grad, deterministic):
         counts = (ptr[1:] - ptr[:-1]).long()
-        e = rows.shape[0]
+        seg = _segment_ids(counts, rows.shape[0])
         z = rows * t
         lse = segment_csr(ptr, z, "max", deterministic=deterministic)          # m_g
-        z -= lse.repeat_interleave(counts, 0, output_size=e)
+        z -= lse[seg]
         z.exp_()                                                              # exp(t x_e - m_g)
         norm = segment_csr(ptr, z, "sum") + 1e-16
         z *= rows
@@ -508,14 +508,14 @@ class _SoftmaxSum(torch.autograd.Function):
         rows, t_saved, lse, out, counts = ctx.saved_tensors
         t = ctx.t if t_saved is None else t_saved
         need_rows, need_t = ctx.needs_input_grad[:2]
-        e = rows.shape[0]
+        seg = _segment_ids(counts, rows.shape[0])
         gw = rows * t
-        gw -= lse.repeat_interleave(counts, 0, output_size=e)
+        gw -= lse[seg]
         gw.exp_()                                                             # w_e
-        gw *= grad_out.repeat_interleave(counts, 0, output_size=e)            # g_g w_e
+        gw *= grad_out[seg]                                                   # g_g w_e
         grad_rows = grad_t = None
         if need_t or (need_rows and not ctx.semi_grad):
-            d = rows - out.repeat_interleave(counts, 0, output_size=e)       # x_e - out_g
+            d = rows - out[seg]                                               # x_e - out_g
             if need_t:
                 per_column = (gw * d).mul_(rows).sum(0)
                 grad_t = (per_column.sum() if t.numel() == 1 else per_column)
@@ -527,6 +527,11 @@ class _SoftmaxSum(torch.autograd.Function):
         if grad_rows is not None:
             grad_rows = grad_rows.to(rows.dtype)
         return grad_rows, grad_t, None, None, None
+
+
+def _segment_ids(counts, e):
+    """[E] segment of each row, from the segments' row counts [S]."""
+    return torch.repeat_interleave(counts, output_size=e)
 
 
 class SoftmaxAggregation(_ParametricAggregation):
@@ -592,8 +597,9 @@ class PowerMeanAggregation(_ParametricAggregation):
         out[g] = c( (1/|g|) sum_{e in g} c(x[e])^p )^(1/p),   c = clamp to
                                                                [clamp_min, clamp_max]
 
-    (0 for an empty group; 0^(1/p) after the clamp to clamp_min). For a fixed
-    p = 1 it is the plain mean, unclamped (as PyG). The mean is fastgnn's
+    An empty group's mean is 0, so it gives c(0)^(1/p) (clamp_min^(1/p)). For
+    a fixed p = 1 it is the plain mean, unclamped (0 for an empty group), as
+    in PyG. The mean is fastgnn's
     mean reduction of c(x)^p, a tensor of x's size (on the fused path of
     x_src's: no per-edge tensor); the gradient (x and a learnable p) is
     autograd's through torch's clamp and pow.
