@@ -313,7 +313,9 @@ def test_gradcheck_softmax_and_power_mean(rng):
 def test_compiled_matches_eager(rng, seed):
     x, kw = _groups(rng, 3, "unsorted_index")
     for spec in (("SoftmaxAggregation", dict(t=0.6, learn=True)),
-                 ("PowerMeanAggregation", dict(p=2.0)), _multi_spec("proj", 3)):
+                 ("SoftmaxAggregation", dict(t=2.0, semi_grad=True)),
+                 ("PowerMeanAggregation", dict(p=2.0, clamp_min=0.5, clamp_max=None)),
+                 _multi_spec("proj", 3)):
         agg = _build(ft, spec, seed)
         eager = _run(lambda v: agg(v, **kw), agg, x, seed)
         fn = torch.compile(lambda v: agg(v, **kw), fullgraph=True, backend="aot_eager")

@@ -463,7 +463,8 @@ class _ParametricAggregation(_SegmentAggregation):
     def _compiled(self, x, index, ptr, dim_size, dim):
         param = getattr(self, self._param)
         tensor = param if isinstance(param, Tensor) else None
-        options = dict(semi_grad=False, clamp_min=None, clamp_max=None, **self._options())
+        options = {"semi_grad": False, "clamp_min": None, "clamp_max": None,
+                   **self._options()}
         return custom_ops.call("parametric_aggregation", None, x, index, ptr, tensor,
                                kind=self._param, value=None if tensor is not None else param,
                                dim_size=dim_size, dim=dim,
