@@ -379,6 +379,14 @@ def test_bad_arguments_name_the_argument(rng):
         agg(x.float(), **kw)
     with pytest.raises(ValueError, match="two-dimensional"):
         ft.PowerMeanAggregation(learn=True, channels=3)(torch.stack([x, x]).float(), dim=1)
+    for agg in (ft.SoftmaxAggregation(), ft.PowerMeanAggregation(p=2.0),
+                ft.MultiAggregation(["softmax", "max"], mode="sum")):
+        with pytest.raises(ValueError, match="non-decreasing"):
+            agg(x, ptr=torch.tensor([0, 40, 20, 60]))
+        with pytest.raises(ValueError, match="rows"):
+            agg(x, ptr=torch.tensor([0, 20, 50]))
+        with pytest.raises(ValueError, match="dim_size"):
+            agg(x, index=torch.zeros(60, dtype=torch.long) + 5, dim_size=3)
     ei = torch.tensor([[0, 1], [1, 0]])
     with pytest.raises(ValueError, match="x_src"):
         ft.SoftmaxAggregation().neighbour(ei, x[:2].float(), (5, 2))

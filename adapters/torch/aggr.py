@@ -488,10 +488,10 @@ class _SoftmaxSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rows, t, ptr, semi_grad, deterministic):
+        z = rows * t
+        lse = segment_csr(ptr, z, "max", deterministic=deterministic)          # m_g (checks ptr)
         counts = (ptr[1:] - ptr[:-1]).long()
         seg = _segment_ids(counts, rows.shape[0])
-        z = rows * t
-        lse = segment_csr(ptr, z, "max", deterministic=deterministic)          # m_g
         z -= lse[seg]
         z.exp_()                                                              # exp(t x_e - m_g)
         norm = segment_csr(ptr, z, "sum") + 1e-16
