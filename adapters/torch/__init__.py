@@ -7,6 +7,9 @@
     GraphConv, SGConv, APPNP, TAGConv, LEConv, ClusterGCNConv, ChebConv
                             drop-in PyG 2.8 propagation layers of the SpMM
                             family (nn_propagation.py)
+    RGCNConv, FastRGCNConv  drop-in PyG 2.8 relational layers (nn_hetero.py)
+    to_hetero               PyG's to_hetero for models of fastgnn.torch layers
+                            (nn_hetero.py; imports PyG when called)
     edge_softmax, edge_attention
                             fused attention ops on torch tensors (attention.py)
     GATConv, GATv2Conv, TransformerConv
@@ -33,6 +36,7 @@ from .attention import GATConv, GATv2Conv, TransformerConv, edge_attention, edge
 from .nn import GCNConv, GINConv, SAGEConv
 from .nn_propagation import (APPNP, ChebConv, ClusterGCNConv, GraphConv, LEConv, SGConv,
                              TAGConv)
+from .nn_hetero import FastRGCNConv, RGCNConv, to_hetero
 
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
                  "VarAggregation", "StdAggregation", "MulAggregation", "SoftmaxAggregation",
@@ -40,7 +44,8 @@ _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggr
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr", "to_graph",
            "clear_graph_cache", "warm_up", "GCNConv", "SAGEConv", "GINConv", "GraphConv", "SGConv",
-           "APPNP", "TAGConv", "LEConv", "ClusterGCNConv", "ChebConv", "edge_softmax", "edge_attention",
+           "APPNP", "TAGConv", "LEConv", "ClusterGCNConv", "ChebConv", "RGCNConv", "FastRGCNConv",
+           "to_hetero", "edge_softmax", "edge_attention",
            "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "apply", "Op",
            "FastgnnFunction", "device_scope"]
 
