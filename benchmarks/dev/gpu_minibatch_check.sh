@@ -11,6 +11,9 @@
 #   PROBE_FLAGS="--gc-off --profile" bash benchmarks/dev/gpu_minibatch_check.sh
 #   SKIP_SUITE=1 / SKIP_TESTS=1 ...                  # leave a part out
 #   FIRST_TESTS="tests/test_graph.py" ...            # these tests before the timings
+#   TEST_FILES="tests/test_attention.py" ...         # the GPU tests of these files only
+#   SKIP_PREWARM=1 ...                               # kernels compile on first use (the
+#                                                    # probe's untimed steps) instead
 set -u
 OUT=${OUT:-/tmp/fastgnn-out}
 mkdir -p "$OUT"
@@ -21,8 +24,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/pip.log" 2
 ls .whl/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-deps .whl/*.whl >> "$OUT/pip.log" 2>&1
 timeout 90 python3 -m fastgnn.torch.native > "$OUT/native.log" 2>&1
 tail -1 "$OUT/native.log"
-timeout 120 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
-tail -1 "$OUT/prewarm.log"
+if [ -z "${SKIP_PREWARM:-}" ]; then
+    timeout 120 python3 -m fastgnn.backends.cuda.prewarm > "$OUT/prewarm.log" 2>&1
+    tail -1 "$OUT/prewarm.log"
+fi
 
 if [ -n "${FIRST_TESTS:-}" ]; then
     # a few test files first (what the change at hand touches), before anything is timed
@@ -48,7 +53,7 @@ fi
 if [ -z "${SKIP_TESTS:-}" ]; then
     par=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
     FASTGNN_PROPERTY_EXAMPLES=300 timeout ${TESTS_S:-170} python3 -m pytest -q $par -m gpu -p no:cacheprovider -rf \
-        --maxfail=30 tests > "$OUT/gpu_tests.log" 2>&1
+        --maxfail=30 ${TEST_FILES:-tests} > "$OUT/gpu_tests.log" 2>&1
     grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | head -30
     tail -1 "$OUT/gpu_tests.log"
 fi
