@@ -168,6 +168,10 @@ class NumpyAsCupy:
         return getattr(np, name)
 
     @staticmethod
+    def asnumpy(a):
+        return np.asarray(a)
+
+    @staticmethod
     def get_array_module(*arrays):
         return np
 

@@ -898,3 +898,92 @@ def test_gpu_plan_path_matches_the_bridge_bitwise(case, monkeypatch):
             for w, g in zip(want, step()):
                 assert torch.equal(w, g)
     torch.cuda.current_stream().wait_stream(side)
+
+
+# ------------------------------------------ graph build launches (graph.cu)
+_C_DTYPES = {"int": np.int32, "long long": np.int64, "i64": np.int64, "float": np.float32,
+             "double": np.float64}
+
+
+def graph_kernel_params():
+    """{kernel name: (template parameter names, [(C type, is const pointer,
+    is pointer)])} of graph.cu's kernels."""
+    src = _strip_comments(loader.source("graph"))
+    out = {}
+    for m in re.finditer(r"(template\s*<([^>]*)>\s*)?__global__\s+void\s+(\w+)\s*\(", src):
+        tparams = [t.split()[-1] for t in _split_params(m.group(2) or "")]
+        start = m.end() - 1
+        params = []
+        for p in _split_params(src[start + 1:_balanced(src, start) - 1]):
+            const = "const" in p.split("*")[0]
+            ctype = " ".join(re.sub(r"__restrict__|const", " ", p).replace("*", " * ").split()[:-1])
+            params.append((ctype.replace(" *", "").strip(), const, "*" in p))
+        out[m.group(3)] = (tparams, params)
+    return out
+
+
+def _graph_launch_recorder(monkeypatch):
+    """graph_build on NumPy arrays with its launches checked instead of made:
+    every argument's kind against the kernel's C parameter (pointer or scalar
+    width) and every array's dtype against its C element type (the kernel's
+    template arguments substituted); the kernel's writable pointers are
+    zero-filled (so the launchers' sizes read from them stay small)."""
+    from fastgnn.backends.cuda import graph_build, plan
+    from fastgnn.testing import NumpyAsCupy
+    params = graph_kernel_params()
+    seen = []
+
+    def kernel(itype, name):
+        return name
+
+    def launch_now(name, grid, args, block=(plan.BLOCK,), smem=0):
+        base = name.split("<")[0]
+        targs = _split_params(name[len(base) + 1:-1]) if "<" in name else []
+        tparams, cparams = params[base]
+        subst = dict(zip(tparams, targs))
+        assert len(args) == len(cparams), (name, len(args), len(cparams))
+        kinds = plan.pack(args)[3]
+        for i, (a, (ctype, const, is_ptr), kind) in enumerate(zip(args, cparams, kinds)):
+            ctype = subst.get(ctype, ctype)
+            if is_ptr:
+                assert kind == "ptr", f"{name} parameter {i}: a pointer, given {kind}"
+                if a is not None:
+                    assert a.dtype == _C_DTYPES[ctype], \
+                        f"{name} parameter {i}: {ctype}*, given {a.dtype} array"
+                    if not const:
+                        a[...] = 0
+            else:
+                assert kind == np.dtype(_C_DTYPES[ctype]).name, \
+                    f"{name} parameter {i}: {ctype}, given {kind}"
+        seen.append(base)
+
+    monkeypatch.setattr(graph_build, "cp", NumpyAsCupy())
+    monkeypatch.setattr(graph_build, "_kernel", lambda itype, name: name)
+    monkeypatch.setattr(graph_build, "launch_now", launch_now)
+    return graph_build, seen
+
+
+@pytest.mark.parametrize("itype", [np.int32, np.int64])
+@pytest.mark.parametrize("ktype", [np.int32, np.int64])
+def test_graph_build_launches_match_their_kernels(monkeypatch, itype, ktype):
+    """Each graph build launcher passes its kernel (graph.cu) the arguments
+    its C signature takes: count, pointer or scalar width, and each array's
+    element type, for both index types of the graph and of the input edges."""
+    gb, seen = _graph_launch_recorder(monkeypatch)
+    E, n = 40, 9
+    src, dst = np.arange(E, dtype=ktype) % n, np.arange(E, dtype=ktype)[::-1] % n
+    gb.edge_stats(src, dst)
+    order = np.arange(E, dtype=np.int64)
+    gb.csr_from_order(dst, n, itype, vals=src, order=order)
+    gb.csr_from_order(dst, n, itype, vals=src)
+    indptr = np.linspace(0, E, n + 1).astype(itype)
+    indices = (np.arange(E) % n).astype(itype)
+    gb.csr_from_order(indices, n, itype, rows_of=indptr, order=order)
+    for ids, loops in ((None, 0), (None, 3), (np.arange(E, dtype=itype), 3)):
+        gb.self_loop_structure(indptr, indices, ids, loops)
+    for visit in (None, np.arange(n, dtype=itype)):
+        gb.task_lists(indptr, visit, 4)
+    for w in (np.float32, np.float64):
+        gb.gcn_norm_weights(indptr, indices, indptr, indices, w)
+    gb.slot_cuts(np.arange(E + 1, dtype=np.int64), 5, 3)
+    assert set(seen) == set(graph_kernel_params()), sorted(set(graph_kernel_params()) - set(seen))

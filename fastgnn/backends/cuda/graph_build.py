@@ -59,7 +59,7 @@ def edge_stats(src, dst):
     E = int(src.shape[0])
     launch_now(_kernel(src.dtype, f"edge_stats<{I}>"), _blocks(E, STATS_BLOCKS),
                (src, dst, _elem_stride(src), _elem_stride(dst), np.int64(E), stats))
-    return tuple(int(v) for v in stats.get())
+    return tuple(int(v) for v in cp.asnumpy(stats))
 
 
 def csr_from_order(keys, num_rows: int, idx, *, vals=None, rows_of=None, order=None):
@@ -133,7 +133,7 @@ def task_lists(indptr, order, chunk: int):
     launch_now(_kernel(idx, f"task_count<{I}>"), _blocks(n),
                (indptr, order, np.int64(n), np.int32(chunk), ntask, split))
     task_upto, split_upto = cp.cumsum(ntask), cp.cumsum(split)
-    T, S = (int(v) for v in cp.stack([task_upto[-1], split_upto[-1]]).get())
+    T, S = (int(v) for v in cp.asnumpy(cp.stack([task_upto[-1], split_upto[-1]])))
     task_row, task_begin, task_slot = (cp.empty(T, dtype=idx) for _ in range(3))
     split_row, slot_ptr = cp.empty(S, dtype=idx), cp.empty(S + 1, dtype=idx)
     launch_now(_kernel(idx, f"task_fill<{I}>"), _blocks(n),
