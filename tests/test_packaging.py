@@ -11,6 +11,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+
+import numpy as np
 import textwrap
 import zipfile
 from pathlib import Path
@@ -354,3 +356,37 @@ def test_readme_examples_run():
             continue        # Flax's example: needs the flax extra
 
         exec(compile(body, f"README.md example {i + 1}", "exec"), {"__name__": "readme_example"})
+
+
+def test_readme_bench_commands_run_on_the_cpu(tmp_path):
+    """README's `fastgnn bench` command lines that run on a CPU run as written
+    (from an empty directory, the own-graph command on a small generated
+    edge list at its path) and end with the summary; a line marked GPU runs
+    where CUDA is available. (The first set-up command, the main job, is
+    CI's own run.)"""
+    pytest.importorskip("torch_geometric")
+    import torch
+    lines = [line.split("#")[0].strip() + ("  # GPU" if "# GPU" in line else "")
+             for info, body, _ in _fenced_blocks(README.read_text()) if info == "bash"
+             for line in body.replace("\\\n", " ").splitlines()
+             if line.startswith(("fastgnn bench", "python -m fastgnn.bench ")) and
+             not line.startswith("python -m fastgnn.bench.report")]
+    assert any("--suite minibatch --quick" in line for line in lines), lines
+    assert any("file:path/to/graph.txt" in line for line in lines), lines
+    rng = np.random.default_rng(0)
+    (tmp_path / "path" / "to").mkdir(parents=True)
+    np.savetxt(tmp_path / "path" / "to" / "graph.txt",
+               np.stack([rng.integers(0, 60, 300), rng.integers(0, 60, 300)], 1), fmt="%d")
+    ran = 0
+    for line in lines:
+        if line.endswith("# GPU") and not torch.cuda.is_available():
+            continue
+        argv = shlex.split(line.replace("  # GPU", ""))
+        argv = argv[3:] if argv[0] == "python" else argv[2:]
+        run = subprocess.run([sys.executable, "-m", "fastgnn.bench", *argv], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, f"{line}: {run.stderr[-2000:]}"
+        assert "fastgnn against" in run.stdout or "| workload |" in run.stdout, \
+            f"{line}: no summary at the end:\n{run.stdout[-2000:]}"
+        ran += 1
+    assert ran >= 2
