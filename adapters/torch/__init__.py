@@ -7,6 +7,10 @@
     GraphConv, SGConv, APPNP, TAGConv, LEConv, ClusterGCNConv, ChebConv
                             drop-in PyG 2.8 propagation layers of the SpMM
                             family (nn_propagation.py)
+    GINEConv, ResGatedGraphConv, GENConv, PNAConv
+                            drop-in PyG 2.8 layers with per-edge messages
+                            (nn_messages.py; DegreeScalerAggregation, PNA's
+                            scalers, loads on first access like aggr.py's)
     RGCNConv, FastRGCNConv  drop-in PyG 2.8 relational layers (nn_hetero.py)
     to_hetero               PyG's to_hetero for models of fastgnn.torch layers
                             (nn_hetero.py; imports PyG when called)
@@ -36,6 +40,7 @@ from .attention import GATConv, GATv2Conv, TransformerConv, edge_attention, edge
 from .nn import GCNConv, GINConv, SAGEConv
 from .nn_propagation import (APPNP, ChebConv, ClusterGCNConv, GraphConv, LEConv, SGConv,
                              TAGConv)
+from .nn_messages import GENConv, GINEConv, PNAConv, ResGatedGraphConv
 from .nn_hetero import FastRGCNConv, RGCNConv, to_hetero
 
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
@@ -44,9 +49,11 @@ _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggr
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segment_csr", "to_graph",
            "clear_graph_cache", "warm_up", "GCNConv", "SAGEConv", "GINConv", "GraphConv", "SGConv",
-           "APPNP", "TAGConv", "LEConv", "ClusterGCNConv", "ChebConv", "RGCNConv", "FastRGCNConv",
+           "APPNP", "TAGConv", "LEConv", "ClusterGCNConv", "ChebConv", "GINEConv",
+           "ResGatedGraphConv", "GENConv", "PNAConv", "RGCNConv", "FastRGCNConv",
            "to_hetero", "edge_softmax", "edge_attention",
-           "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "apply", "Op",
+           "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "DegreeScalerAggregation",
+           "apply", "Op",
            "FastgnnFunction", "device_scope"]
 
 
@@ -56,4 +63,7 @@ def __getattr__(name):
     if name in _AGGREGATIONS:
         from . import aggr
         return getattr(aggr, name)
+    if name == "DegreeScalerAggregation":
+        from . import nn_messages
+        return nn_messages.DegreeScalerAggregation
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

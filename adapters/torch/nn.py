@@ -142,6 +142,17 @@ def _message_passing_options(layer, kwargs, supported=("sum", "mean")):
     layer.flow = _check_kwargs(name, kwargs)
 
 
+def _register_eps(layer, eps, train_eps):
+    """GIN's epsilon: layer.initial_eps, and layer.eps [1] a Parameter with
+    train_eps, else a buffer (`eps` in the state_dict either way, as in PyG;
+    its value set by the layer's reset_parameters)."""
+    layer.initial_eps = eps
+    if train_eps:
+        layer.eps = torch.nn.Parameter(torch.empty(1))
+    else:
+        layer.register_buffer("eps", torch.empty(1))
+
+
 def _register_bias(layer, size, bias):
     """layer.bias: a learnable [size] Parameter with bias (its values set by
     the layer's reset_parameters), else a registered None, as PyG's."""
@@ -686,11 +697,7 @@ class GINConv(torch.nn.Module):
         super().__init__()
         _message_passing_options(self, kwargs)
         self.nn = nn
-        self.initial_eps = eps
-        if train_eps:
-            self.eps = torch.nn.Parameter(torch.empty(1))
-        else:
-            self.register_buffer("eps", torch.empty(1))
+        _register_eps(self, eps, train_eps)
         self.reset_parameters()
 
     def reset_parameters(self):
