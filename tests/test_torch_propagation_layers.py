@@ -340,13 +340,19 @@ def test_float32_matches_pyg(name, seed):
 
 @pytest.mark.parametrize("name", LAYERS)
 def test_state_dicts_load_both_ways(name):
+    assert_state_dicts_load_both_ways(_make, name)
+
+
+def assert_state_dicts_load_both_ways(make, name):
     """The same keys in the same order; each side's state_dict loads into
     the other with strict=True and gives the same values back; the seeded
-    construction draws PyG's weights and leaves the generator where PyG does."""
+    construction draws PyG's weights and leaves the generator where PyG does.
+    make(lib, name): the layer `name` of PyG's nn or fastgnn.torch.
+    Returns (PyG's layer, ours)."""
     made = []
     for lib in (pyg, ft):
         torch.manual_seed(1234)
-        made += [_make(lib, name), torch.rand(4)]
+        made += [make(lib, name), torch.rand(4)]
     ref, ref_next, ours, our_next = made
     want = ref.state_dict()
     assert list(ours.state_dict()) == list(want)
@@ -361,6 +367,7 @@ def test_state_dicts_load_both_ways(name):
     for key, value in ours.state_dict().items():
         assert torch.equal(ref.state_dict()[key], value), key
     assert repr(ours) == repr(ref).replace(type(ref).__name__, name)
+    return ref, ours
 
 
 @pytest.mark.parametrize("name", [n for n in LAYERS if n != "APPNP"])
