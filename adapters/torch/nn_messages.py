@@ -36,9 +36,10 @@ its gate from node-level tensors), and the backward makes at most two
 (gather, nonlinearity and reduction in one pass, nothing per edge) is future
 work; the layer docstrings say which tensors each case makes.
 
-Gradients of source-side terms are summed with torch's index_put_
-(accumulate=True: sorted, no float atomics), of target-side terms with
-fastgnn's `segment_csr`.
+Gradients of per-edge rows are summed per target by fastgnn's
+`segment_csr`, and per source by `segment_csr` over the graph's cached
+transpose (`_scatter_src`): fixed order, no float atomics, bitwise
+repeatable, as fastgnn's default backward passes are.
 
 torch.compile: these layers have no custom op of their own; their forward
 runs eagerly (a graph break around each call), as nn_propagation.py's.
@@ -47,7 +48,9 @@ from __future__ import annotations
 
 import functools
 import numbers
+import weakref
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -75,7 +78,8 @@ class _Edges:
     """A graph's edges in CSR order (grouped by target) as int64 tensors:
     ptr [num_dst + 1], src [E] (source of each position), dst [E] (target of
     each position), ids [E] (the caller's edge id of each position, None when
-    the caller's order is the CSR order)."""
+    the caller's order is the CSR order); `by_source()` the same positions
+    grouped by source (the graph's transpose, built on first use)."""
 
     def __init__(self, graph):
         self.ptr, self.src, self.ids = _csr_tensors(graph)
@@ -83,10 +87,21 @@ class _Edges:
         counts = self.ptr[1:] - self.ptr[:-1]
         self.dst = torch.repeat_interleave(
             torch.arange(self.num_dst, device=self.ptr.device), counts, output_size=self.num_edges)
+        self._graph = weakref.ref(graph)        # (held by the graph's cache: no cycle)
+        self._by_source = None
 
     def degree(self, dtype):
         """[num_dst] in-degrees (duplicates and self-loops counted) in `dtype`."""
         return (self.ptr[1:] - self.ptr[:-1]).to(dtype)
+
+    def by_source(self):
+        """(ptr [num_src + 1], its host copy, pos [E]: the CSR positions
+        grouped by source, or None when that is the CSR order)."""
+        if self._by_source is None:
+            t = self._graph().transpose()
+            ptr, _, pos = _csr_tensors(t)
+            self._by_source = (ptr, ptr.cpu().numpy(), pos)
+        return self._by_source
 
 
 def _edges(graph) -> _Edges:
@@ -193,9 +208,22 @@ def _term_grads(g, edges, kinds, tensors, needs):
 
 
 def _scatter_src(g, edges, num_src):
-    """[num_src, C]: the rows of g [E, C] summed per source (torch's
-    index_put_ with accumulate: sorted, no float atomics)."""
-    return g.new_zeros((num_src, g.shape[1])).index_put_((edges.src,), g, accumulate=True)
+    """[num_src, C]: the rows of g [E, C] (CSR order) summed per source, in
+    a fixed order: gathered into the transpose's order a block of rows at a
+    time, each block reduced by fastgnn's `segment_csr` (a source whose
+    edges straddle blocks gets its partial sums added in block order)."""
+    ptr, host_ptr, pos = edges.by_source()
+    blocks = _blocks(g.shape[0], g.shape[1])
+    if len(blocks) <= 1:
+        return segment_csr(ptr, g if pos is None else g.index_select(0, pos), "sum")
+    out = g.new_zeros((num_src, g.shape[1]))
+    for s, e in blocks:
+        rows = g[s:e] if pos is None else g.index_select(0, pos[s:e])
+        first = int(np.searchsorted(host_ptr, s, side="right")) - 1
+        last = int(np.searchsorted(host_ptr, e - 1, side="right")) - 1
+        local = (ptr[first:last + 2].clamp(s, e) - s)
+        out[first:last + 1] += segment_csr(local, rows, "sum")
+    return out
 
 
 def _to_caller(g, edges):
