@@ -27,11 +27,16 @@ import torch
 import torch_geometric.nn as pyg
 from torch_geometric import EdgeIndex
 
+import fastgnn
 import fastgnn.torch as ft
 from fastgnn.testing import awkward_edge_index, fresh_pyg_class
+from test_torch_layers import run_and_compare
 from test_torch_propagation_layers import assert_state_dicts_load_both_ways
 
 warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+
+needs_gpu = pytest.mark.skipif(not (fastgnn.gpu_available() and torch.cuda.is_available()),
+                               reason="needs a CUDA device visible to CuPy and torch")
 
 N, N_SRC = 37, 23          # nodes (targets), sources of the bipartite graphs
 ISOLATED = 3               # the last nodes of x are in no edge
@@ -579,6 +584,27 @@ def test_message_rows_gradcheck(seed):
     ]
     for fn, inputs in cases:
         assert torch.autograd.gradcheck(fn, inputs), f"seed {seed}"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", LAYERS)
+def test_gpu_layers_match_pyg_float64(name, seed):
+    """On the GPU (fastgnn's CUDA segment kernels) in float32 against PyG's
+    float64 CPU run, within TF32's tolerance or twice PyG's own error on the
+    GPU (`run_and_compare`; edge_attr takes the place of its edge weights,
+    which it passes in float32)."""
+    dtype = torch.float32
+    n = 1501
+    ei = torch.from_numpy(awkward_edge_index(n, 12 * n, seed=seed))
+    x = _randn(seed, n, 24)
+    edge_attr = _randn(seed + 1, ei.shape[1], D)
+    made = []
+    for lib in (pyg, ft):
+        torch.manual_seed(0)
+        made.append(_make(lib, name, in_channels=24))
+    run_and_compare(*made, x, ei, edge_attr, device="cuda", dtype=dtype,
+                    vtype="tf32", seed=seed, same_dtype_baseline=True)
 
 
 # ---------------------------------------------------------------- bad inputs
