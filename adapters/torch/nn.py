@@ -417,15 +417,19 @@ class SAGEConv(torch.nn.Module):
     x'_i <- x'_i / ||x'_i||_2 last.
 
     in_channels:  int, or (source, target) sizes for bipartite graphs (-1: lazy).
-    aggr:         "mean" (default), "sum"/"add", "max", "min", "var", "std", "mul", a
-                  list of those (concatenated: W_2 then takes R*in features, as
-                  PyG's MultiAggregation in "cat" mode), or an Aggregation of
-                  those kinds (`fastgnn.torch.aggr`, or PyG's basic ones).
+    aggr:         "mean" (default), "sum"/"add", "max", "min", "var", "std", "mul",
+                  "softmax", "powermean", a list of those (a MultiAggregation:
+                  concatenated by default, W_2 then taking R*in features; other
+                  combine modes through aggr_kwargs' mode / mode_kwargs, as in
+                  PyG), or an Aggregation of those kinds (`fastgnn.torch.aggr`,
+                  or PyG's own, translated).
                   Mean and sum strings run through SpMM (fused scales); the
                   others through `segment_reduce` (gather fused), together with
                   lin_l and lin_r as one autograd node (`segment_reduce_linear`)
                   when both are plain, hook-free Linears outside autocast.
-    aggr_kwargs:  as in PyG (only semi_grad=False here, and fastgnn's deterministic).
+    aggr_kwargs:  as in PyG: the aggregation's own arguments (t / learn / semi_grad
+                  for softmax, p / learn for power mean, mode / mode_kwargs for a
+                  list), and fastgnn's deterministic.
     normalize, root_weight, project, bias: as in PyG.
     deterministic (fastgnn only, keyword): False lets the GPU backward of a
                   max/min aggregation (alone or in a list) add its gradient with
