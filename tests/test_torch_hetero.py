@@ -230,6 +230,10 @@ def test_relation_graphs_are_built_once_per_pair(monkeypatch, seed):
     other[0] = (other[0] + 1) % (R - 1)
     assert not torch.allclose(layer(x, ei, other), first)
     assert len(built) == 3
+    ft.clear_graph_cache()                      # forgets the groupings too
+    assert len(nn_hetero._RELATIONS) == 0
+    layer(x, ei, other)
+    assert len(built) == 4
 
 
 class _Shapes(TorchDispatchMode):

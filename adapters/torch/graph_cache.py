@@ -51,10 +51,15 @@ __all__ = ["to_graph", "from_dgl", "resolve", "graph_input", "CompiledGraph",
 _SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_coo)
 
 
+_CACHES: list = []     # every _LRU, for clear_graph_cache
+
+
 class _LRU:
-    """Thread-safe LRU whose entries die with the tensor they were built from."""
+    """Thread-safe LRU whose entries die with the tensor they were built from
+    (each one is emptied by `clear_graph_cache`)."""
 
     def __init__(self, maxsize: int):
+        _CACHES.append(self)
         self.maxsize = maxsize
         self._d: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
@@ -123,10 +128,11 @@ _ONES = _LRU(8)    # "are these sparse values all ones" flags
 
 
 def clear_graph_cache():
-    """Forget every cached Graph (they are rebuilt on next use)."""
-    _GRAPHS.clear()
-    _ONES.clear()
-    _REVERSED.clear()
+    """Forget every cached Graph and what was derived per input tensor (the
+    flags of sparse values, reversed edge indices, relation groupings): all
+    is rebuilt on next use."""
+    for cache in _CACHES:
+        cache.clear()
 
 
 def _tkey(t: torch.Tensor):
