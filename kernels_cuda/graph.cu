@@ -344,3 +344,18 @@ __global__ void slot_cuts(const long long* __restrict__ work_before,   // [T + 1
         __syncthreads();
     }
 }
+
+// The work of each task (its edges plus a fixed cost per task), into
+// work[1 + t] with work[0] = 0, so that a running sum of `work` gives the
+// prefix the slot cuts read (attention.py `_task_work`).
+template <typename I>
+__global__ void task_work(const I* __restrict__ task_row, const I* __restrict__ task_begin,
+                          const I* __restrict__ indptr, i64 T, int chunk, int cost,
+                          long long* __restrict__ work) {  // [T + 1]
+    const i64 t = thread_index();
+    if (t == 0) work[0] = 0;
+    if (t >= T) return;
+    i64 row, e0, e1;
+    task_range(task_row, task_begin, indptr, t, chunk, row, e0, e1);
+    work[t + 1] = e1 - e0 + cost;
+}

@@ -986,4 +986,5 @@ def test_graph_build_launches_match_their_kernels(monkeypatch, itype, ktype):
     for w in (np.float32, np.float64):
         gb.gcn_norm_weights(indptr, indices, indptr, indices, w)
     gb.slot_cuts(np.arange(E + 1, dtype=np.int64), 5, 3)
+    gb.task_work_prefix(np.arange(n, dtype=itype), indptr[:-1], indptr, 4, 4)
     assert set(seen) == set(graph_kernel_params()), sorted(set(graph_kernel_params()) - set(seen))

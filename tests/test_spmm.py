@@ -660,6 +660,13 @@ def test_task_plan_cuts_rows_into_tasks_in_visit_order(chunk):
             np.testing.assert_array_equal(got, want, err_msg=msg)
             assert got.dtype == g.index_dtype, msg
         assert plan.num_slots == int(ntask[ntask > 1].sum()), msg
+        # the attention grids' work prefix over these tasks (graph.cu task_work)
+        from fastgnn.backends.cuda import graph_build
+        work = np.minimum(begin + chunk, g.indptr[row + 1]) - begin + 4
+        np.testing.assert_array_equal(
+            to_numpy(graph_build.task_work_prefix(plan.task_row, plan.task_begin,
+                                                  to_device(g.indptr, "cuda"), chunk, 4)),
+            np.r_[0, np.cumsum(work)], err_msg=msg)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

@@ -199,6 +199,9 @@ def _task_work(graph, plan):
     edges plus TASK_COST_EDGES), cached per graph."""
     def build():
         xp = cp.get_array_module(plan.task_row)
+        if xp is not np:
+            return graph_build.task_work_prefix(plan.task_row, plan.task_begin, graph.indptr,
+                                                plan.chunk, TASK_COST_EDGES)
         begin = plan.task_begin.astype(np.int64)
         row_end = graph.indptr[plan.task_row.astype(np.int64) + 1].astype(np.int64)
         work = xp.minimum(begin + plan.chunk, row_end) - begin + TASK_COST_EDGES

@@ -15,6 +15,8 @@ a new graph every training step pays them every step.
     task_lists(indptr, order, chunk)   -> the task lists of a TaskPlan
     gcn_norm_weights(indptr, indices, t_indptr, t_indices, dtype)
                                        -> (weights in CSR order, in transpose order)
+    task_work_prefix(task_row, task_begin, indptr, chunk, cost)
+                                       -> [T + 1] running sums of the tasks' work
     slot_cuts(work_before, num_slots, rounds)
                                        -> the persistent attention grids' task cuts
 
@@ -154,6 +156,18 @@ def gcn_norm_weights(indptr, indices, t_indptr, t_indices, dtype):
         launch_now(_kernel(idx, f"gcn_norm_weights<{_C_INDEX[idx]}, {W}>"), _blocks(E),
                    (indptr, indices, t_indptr, t_indices, np.int64(n), np.int64(E), w_csr, w_t))
     return w_csr, w_t
+
+
+def task_work_prefix(task_row, task_begin, indptr, chunk: int, cost: int):
+    """[T + 1] int64 running sums of the tasks' work (each task's edges, at
+    most chunk, plus `cost`), from 0: one kernel and one scan."""
+    idx = indptr.dtype
+    T = int(task_row.shape[0])
+    work = cp.empty(T + 1, dtype=np.int64)
+    launch_now(_kernel(idx, f"task_work<{_C_INDEX[idx]}>"), _blocks(T + 1),
+               (task_row, task_begin, indptr, np.int64(T), np.int32(chunk), np.int32(cost),
+                work))
+    return cp.cumsum(work)
 
 
 def slot_cuts(work_before, num_slots: int, rounds: int):

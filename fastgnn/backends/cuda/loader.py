@@ -246,7 +246,8 @@ def _graph_names(vt, it):
         return []
     I = C_INDEX[it]
     return ([f"edge_stats<{I}>", f"self_loop_mark<{I}>", f"self_loop_fill<{I}>",
-             f"task_count<{I}>", f"task_fill<{I}>", f"slot_cuts<{SLOT_CUT_THREADS}>"]
+             f"task_count<{I}>", f"task_fill<{I}>", f"task_work<{I}>",
+             f"slot_cuts<{SLOT_CUT_THREADS}>"]
             + [f"csr_from_order<{K}, {I}>" for K in C_INDEX.values()]
             + [f"gcn_norm_weights<{I}, {W}>" for W in ("float", "double")])
 
