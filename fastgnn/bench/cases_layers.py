@@ -17,6 +17,11 @@ PyG input forms:
                    fastest eager form, falling back to edge_index where
                    that form does not compile (`compiled_impl`).
 The float32 reference is pyg[edge_index] with the dtype-rounded parameters.
+
+`drop_in_impls` makes these implementations for any drop-in layer; the
+opt-in layer cases of cases_layers_extended.py use it with their own
+constructors, forward arguments (edge features, relation types), further
+PyG classes of the same function, and a reason where PyG lacks the CSR form.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import time
 from . import core, external
 from .cases_spmm import clear_fastgnn_cache, fastgnn_paths
 from .core import Case, Impl, Prepared, register
-from .graphs import csr_adj_t
+from .graphs import csr_adj_t, csr_by_target
 
 
 def _pyg_layer(name, width):
@@ -94,14 +99,16 @@ def _prepared(ctx, module, call, note=None, cleanup=None, extra_info=None):
     return Prepared(lambda: call(module, x), [x] + params, info, cleanup=cleanup)
 
 
-def compiled_impl(ctx, layer, make, forms):
+def compiled_impl(ctx, layer, make, forms, args=None):
     """The PyG layer under torch.compile, or None unless --compile was given.
 
     make(ctx) -> the PyG module with the shared parameters loaded;
     forms: [(label, ctx -> graph input)] tried in order (PyG's fastest eager
-    input form first). Compilation happens in build(), outside every timed
-    call: a no-grad forward and a forward+backward, each twice (a cached
-    layer recompiles once its cache is set); its seconds go to `compile_s`.
+    input form first); args(ctx) -> the forward arguments after (x, graph)
+    (edge features, relation types), none by default. Compilation happens in
+    build(), outside every timed call: a no-grad forward and a
+    forward+backward, each twice (a cached layer recompiles once its cache is
+    set); its seconds go to `compile_s`.
     A form that fails to compile is noted and the next one tried; when none
     compiles the build raises NotImplementedError ("unsupported: <reason>").
     torch._dynamo.reset() before each try and after the run, so one layer's
@@ -119,8 +126,9 @@ def compiled_impl(ctx, layer, make, forms):
             torch._dynamo.reset()
             try:
                 g = graph_input(ctx)
+                more = tuple(args(ctx)) if args else ()
                 cm = torch.compile(make(ctx), mode=mode, dynamic=dynamic)
-                prep = _prepared(ctx, cm, lambda m, x, g=g: m(x, g))
+                prep = _prepared(ctx, cm, lambda m, x, g=g, more=more: m(x, g, *more))
                 t0 = time.perf_counter()
                 for _ in range(2):
                     with torch.no_grad():
@@ -193,15 +201,80 @@ def dgl_layer_impl(ctx, name, settings):
                 available=external.dgl_reason)
 
 
-def layer_impls(name, settings):
+def sorted_edge_index(ctx):
+    """PyG's EdgeIndex of the bench graph sorted by target (sort_order='col'),
+    its cache filled (built outside timing)."""
+    from torch_geometric import EdgeIndex
+    torch = ctx.torch
+    n = ctx.graph.num_nodes
+    ptr, col = csr_by_target(torch, ctx.graph, torch.int64)
+    dst = torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr[1:] - ptr[:-1])
+    eidx = EdgeIndex(torch.stack([col, dst]), sparse_size=(n, n), sort_order="col")
+    eidx.fill_cache_()
+    return eidx
+
+
+def built_deterministic(torch, make):
+    """make() under torch.use_deterministic_algorithms(True): PyG's aggregation
+    modules read the switch once, at construction, and then reduce by the
+    CSR offsets of a sorted EdgeIndex (torch._segment_reduce)."""
+    prev = (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        torch.use_deterministic_algorithms(True)
+        return make()
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+
+
+PYG_EDGE_INDEX = "index_select + scatter message passing"
+PYG_CSR_ADJ_T = ("adj_t = torch.sparse_csr_tensor (rows = targets, int64 indices, built once): "
+                 "fused message_and_aggregate -> torch.sparse.mm")
+SORTED = "an EdgeIndex sorted by target (sort_order='col', cache filled)"
+# csc= forms of drop_in_impls: (impl name, how PyG runs on the sorted EdgeIndex)
+PYG_CSC = {"fused": ("pyg[EdgeIndex csc]", f"on {SORTED}: fused message_and_aggregate "
+                     "(the class sets SUPPORTS_FUSED_EDGE_INDEX) -> EdgeIndex matmul"),
+           "segment": ("pyg[EdgeIndex csc,segment]", "built under torch.use_deterministic_"
+                       "algorithms(True) (its aggregation then takes the ptr path) on "
+                       f"{SORTED}: gather + torch._segment_reduce")}
+
+
+def drop_in_impls(name, settings, pyg_make, fastgnn_make, *, layer=None, args=None,
+                  args_note="", pyg_note=PYG_EDGE_INDEX, csr_skip=None, csc=None,
+                  pyg_also=(), more=None):
+    """ctx -> [Impl] of a layer case: fastgnn.torch's layer on edge_index, PyG's
+    on edge_index and on a CSR adj_t, further PyG layers of the same function,
+    PyG under torch.compile (--compile) and more(ctx)'s Impl (or None).
+
+    name:          the case; the key of the shared parameters (`_master_state`)
+    settings:      the constructor arguments as the report shows them
+    pyg_make, fastgnn_make: ctx -> the layer, parameters not loaded yet
+                   (pyg_make also builds the shared parameters)
+    layer:         the class name in both libraries (default: name)
+    args:          ctx -> the forward arguments after (x, graph) in the bench
+                   dtype (edge features, relation types), drawn once per ctx;
+                   args_note says what they are
+    pyg_note:      how PyG's layer runs on edge_index, for the report
+    csr_skip:      None: PyG also runs on a CSR adj_t (its fused path); else
+                   why that form is not timed (the row is listed as skipped)
+    csc:           "fused" / "segment": PyG also runs on a sorted EdgeIndex
+                   (`PYG_CSC`; layers without further forward arguments)
+    pyg_also:      [(class name, ctx -> layer, how it runs)]: PyG layers of
+                   the same function and parameter names, timed on
+                   edge_index as pyg[<class name>,edge_index]"""
+    layer = layer or name
+    if csc and args:
+        raise ValueError(f"{name}: a sorted EdgeIndex reorders the edges; csc= takes no args")
+
     def impls(ctx):
         torch = ctx.torch
         ei = ctx.graph.edge_index
+        more_args = tuple(args(ctx)) if args else ()
 
         def build_fastgnn(ctx):
             import fastgnn.torch as fgt
-            m = _fastgnn_layer(name, ctx.width)
-            note = _load(m, _master_state(ctx, name), ctx.dtype, ctx.device, torch)
+            m = fastgnn_make(ctx)
+            note = _load(m, _master_state(ctx, name, pyg_make), ctx.dtype, ctx.device, torch)
             n = ctx.graph.num_nodes
 
             def paths():
@@ -209,41 +282,67 @@ def layer_impls(name, settings):
                     return {"path": "cpu (numba)"}
                 # the layer's graph comes from to_graph's cache (a hit while it lives)
                 return fastgnn_paths(fgt.to_graph(ei, n))
-            return _prepared(ctx, m, lambda m, x: m(x, ei), note,
+            return _prepared(ctx, m, lambda m, x: m(x, ei, *more_args), note,
                              cleanup=lambda: clear_fastgnn_cache(fgt), extra_info=paths)
 
-        def build_pyg(ctx):
-            return _prepared(ctx, pyg(ctx), lambda m, x: m(x, ei))
+        def loaded(ctx, make=pyg_make):
+            """(the layer with the shared parameters, a note when names differ)"""
+            m = make(ctx)
+            return m, _load(m, _master_state(ctx, name, pyg_make), ctx.dtype, ctx.device, torch)
 
-        def build_pyg_csr(ctx):
-            adj_t = csr_adj_t(torch, ctx.graph, ctx.dtype, torch.int64)
-            return _prepared(ctx, pyg(ctx), lambda m, x: m(x, adj_t))
+        def on(graph_input, make=pyg_make):
+            def build(ctx):
+                m, note = loaded(ctx, make)
+                g = graph_input(ctx)
+                return _prepared(ctx, m, lambda m, x: m(x, g, *more_args), note)
+            return build
 
         def pyg(ctx):
-            m = _pyg_layer(name, ctx.width)
-            _load(m, _master_state(ctx, name), ctx.dtype, ctx.device, torch)
-            return m
+            return loaded(ctx)[0]
+
+        def csr(ctx):
+            return csr_adj_t(torch, ctx.graph, ctx.dtype, torch.int64)
+
+        def edge_index(ctx):
+            return ei
 
         out = [
-            Impl("fastgnn[edge_index]", f"fastgnn.torch.{name}({settings}) on edge_index "
-                 "(graph built once by fastgnn.torch.to_graph's cache)", build_fastgnn, fastgnn=True),
-            Impl("pyg[edge_index]", f"torch_geometric.nn.{name}({settings}) on edge_index "
-                 "(index_select + scatter message passing)", build_pyg, per_edge=True),
-            Impl("pyg[csr adj_t]", f"torch_geometric.nn.{name}({settings}) on adj_t = "
-                 "torch.sparse_csr_tensor (rows = targets, int64 indices, built once): fused "
-                 "message_and_aggregate -> torch.sparse.mm", build_pyg_csr),
-        ]
-        comp = compiled_impl(ctx, f"{name}({settings})", pyg, [
-            ("csr adj_t", lambda ctx: csr_adj_t(torch, ctx.graph, ctx.dtype, torch.int64)),
-            ("edge_index", lambda ctx: ei)])
-        dgl = dgl_layer_impl(ctx, name, settings)
-        return out + [i for i in (comp, dgl) if i is not None]
+            Impl("fastgnn[edge_index]", f"fastgnn.torch.{layer}({settings}) on edge_index"
+                 f"{args_note} (graph built once by fastgnn.torch.to_graph's cache)",
+                 build_fastgnn, fastgnn=True),
+            Impl("pyg[edge_index]", f"torch_geometric.nn.{layer}({settings}) on edge_index"
+                 f"{args_note} ({pyg_note})", on(edge_index), per_edge=True)]
+        out += [Impl(f"pyg[{cls},edge_index]", f"torch_geometric.nn.{cls}({settings}) on "
+                     f"edge_index{args_note}, {layer}'s parameters ({note})",
+                     on(edge_index, make), per_edge=True) for cls, make, note in pyg_also]
+        out.append(Impl("pyg[csr adj_t]", f"torch_geometric.nn.{layer}({settings}) on "
+                        f"{PYG_CSR_ADJ_T}", on(csr), available=lambda: csr_skip))
+        if csc:
+            def build_csc(ctx):
+                m, note = (built_deterministic(torch, lambda: loaded(ctx)) if csc == "segment"
+                           else loaded(ctx))
+                g = sorted_edge_index(ctx)
+                return _prepared(ctx, m, lambda m, x: m(x, g), note)
+            impl, how = PYG_CSC[csc]
+            out.append(Impl(impl, f"torch_geometric.nn.{layer}({settings}) {how}", build_csc,
+                            per_edge=csc == "segment"))
+        forms = ([] if csr_skip else [("csr adj_t", csr)]) + [("edge_index", edge_index)]
+        comp = compiled_impl(ctx, f"{layer}({settings})", pyg, forms, args)
+        extra = more(ctx) if more else None
+        return out + [i for i in (comp, extra) if i is not None]
     return impls
 
 
-def layer_reference(name, make=None):
+def layer_impls(name, settings):
+    return drop_in_impls(name, settings, lambda ctx: _pyg_layer(name, ctx.width),
+                         lambda ctx: _fastgnn_layer(name, ctx.width),
+                         more=lambda ctx: dgl_layer_impl(ctx, name, settings))
+
+
+def layer_reference(name, make=None, args=None):
     """The float32 PyG layer on edge_index with the shared parameters;
-    make(ctx) builds the PyG layer (default: `_pyg_layer`)."""
+    make(ctx) builds the PyG layer (default: `_pyg_layer`); args(ctx) -> the
+    forward arguments after (x, edge_index), float ones given in float32."""
     def ref(ctx):
         torch = ctx.torch
         m = make(ctx) if make is not None else _pyg_layer(name, ctx.width)
@@ -254,7 +353,8 @@ def layer_reference(name, make=None):
         m.to(device=ctx.device, dtype=torch.float32)
         x = ctx.leaf(ctx.x_ref)
         ei = ctx.graph.edge_index
-        return Prepared(lambda: m(x, ei), [x])
+        more = tuple(a.float() if a.is_floating_point() else a for a in args(ctx)) if args else ()
+        return Prepared(lambda: m(x, ei, *more), [x])
     return ref
 
 

@@ -42,7 +42,8 @@ import math
 import statistics
 
 from . import report
-from .cases_layers import _load, _prepared, compiled_impl
+from .cases_layers import (_load, _prepared, built_deterministic, compiled_impl,
+                           sorted_edge_index)
 from . import external
 from .cases_spmm import (clear_fastgnn_cache, dgl_reduce_impl, fastgnn_takes, reference_spmm,
                          spmm_floor)
@@ -305,7 +306,6 @@ def _sage_state(ctx):
 def sage_max_impls(ctx):
     torch = ctx.torch
     ei = ctx.graph.edge_index
-    n = ctx.graph.num_nodes
 
     def build_fastgnn(ctx, deterministic=True):
         try:
@@ -334,18 +334,8 @@ def sage_max_impls(ctx):
         return _prepared(ctx, m, lambda m, x: m(x, adj_t))
 
     def build_pyg_sorted(ctx):
-        from torch_geometric import EdgeIndex
-        prev = (torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled())
-        try:       # the aggregation module reads the switch once, at construction
-            torch.use_deterministic_algorithms(True)
-            m = pyg(ctx)
-        finally:
-            torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
-        ptr, col = _sorted_csr(torch, ctx)
-        dst = torch.repeat_interleave(torch.arange(n, device=ptr.device), ptr[1:] - ptr[:-1])
-        eidx = EdgeIndex(torch.stack([col, dst]), sparse_size=(n, n), sort_order="col")
-        eidx.fill_cache_()
+        m = built_deterministic(torch, lambda: pyg(ctx))
+        eidx = sorted_edge_index(ctx)
         return _prepared(ctx, m, lambda m, x: m(x, eidx))
 
     settings = "F, F, aggr='max'"
