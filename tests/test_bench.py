@@ -520,7 +520,7 @@ def test_bench_suite_preset_and_budget(tmp_path):
                 assert 1.5e6 < edges < 2.5e6 or 1.3e7 < edges < 1.8e7, spec
     assert all(v == 2 for v in kinds.values()), kinds
     _load_cases()
-    n_cases = len(_select(None, "op") + _select(None, "layer", default_all=True))
+    n_cases = len(_select(None, "op") + _select(None, "layer"))
     est = EST_START_S + n_cases * sum(_estimate_case_s(s, d, suite["lean_above"])
                                       for s in suite["graphs"] for d in ("float32", "bfloat16"))
     assert est < 8 * 60, est / 60

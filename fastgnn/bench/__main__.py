@@ -7,6 +7,7 @@ Examples
     python -m fastgnn.bench --ops spmm_sum --layers none --dtypes fp32 --width 64 128
     python -m fastgnn.bench --family segment --graphs rmat20  # reductions + SAGEConv(max)
     python -m fastgnn.bench --family attention --graphs rmat20 clustered  # GAT/GATv2/Transformer
+    python -m fastgnn.bench --ops none --layers GraphConv PNAConv RGCNConv_8rel  # opt-in layers
     python -m fastgnn.bench --graphs mesh3d64k26 molecules20 knn18 file:planetoid/cora \
         --datasets ~/graphs                               # real graphs by name under ~/graphs
     python -m fastgnn.bench --graphs rmat20 grid --reorder rcm   # node ids relabelled first (docs/reordering.md)
@@ -58,7 +59,7 @@ QUICK_GRAPHS = ["rmat10", "clustered10", "mesh3d10", "molecules10", "knn10"]
 H200_BANDWIDTH_GBS = 4190.0     # an H200's measured copy bandwidth, read + write
 
 # Named presets (--suite). `full` is the H200 suite of docs/benchmarks.md: the
-# three families, default ops and every layer, fp32 + bf16, generated graphs
+# three families, default ops and default layers, fp32 + bf16, generated graphs
 # of four kinds at ~2 M and ~16 M edges plus the largest real graphs (found
 # by name under --datasets DIR / $FASTGNN_DATASETS; absent ones are skipped
 # and listed). Budget: under ~8 minutes on an H200:
@@ -89,7 +90,8 @@ CPU_LARGE_EDGES = 2_000_000
 
 
 def _load_cases():
-    from . import cases_attention, cases_layers, cases_segment, cases_spmm  # noqa: F401  (register on import)
+    from . import (cases_attention, cases_layers, cases_layers_extended,  # noqa: F401
+                   cases_segment, cases_spmm)                            # (register on import)
 
 
 EPILOG = textwrap.fill(f"graph names: {GRAPH_NAMES} (see docs/benchmarks.md)", 79) + f"""
@@ -123,7 +125,10 @@ def build_parser():
     p.add_argument("--width", nargs="+", type=int, help="feature widths F (default 128; --quick: 32)")
     p.add_argument("--dtypes", nargs="+", help="fp32 bf16 fp16 (default fp32 bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--ops", nargs="+", help="op cases, 'all' or 'none' (default: the default ops)")
-    p.add_argument("--layers", nargs="+", help="layer cases, 'all' or 'none' (default: all)")
+    p.add_argument("--layers", nargs="+",
+                   help="layer cases, 'all' or 'none' (default: the default layers, marked in "
+                        "--list; the opt-in ones, e.g. GraphConv or RGCNConv_8rel, run when "
+                        "named or with 'all')")
     p.add_argument("--family", default="all", choices=["spmm", "segment", "attention", "all"],
                    help="case family for the default / 'all' op and layer sets (default all); "
                         "cases named in --ops / --layers run whatever their family")
@@ -180,11 +185,11 @@ def build_parser():
     return p
 
 
-def _select(names, kind, default_all=False, family="all"):
+def _select(names, kind, family="all"):
     every = [c for c in CASES.values() if c.kind == kind]
     pool = [c for c in every if family == "all" or c.family == family]
     if names is None:
-        return [c for c in pool if c.default or default_all]
+        return [c for c in pool if c.default]
     if names == ["none"]:
         return []
     if names == ["all"]:
@@ -205,7 +210,7 @@ def main(argv=None):
     _load_cases()
     if args.list:
         for c in CASES.values():
-            print(f"{c.kind:5} {c.family:7} {c.name:13} {'(default)' if c.default else '         '} "
+            print(f"{c.kind:5} {c.family:7} {c.name:18} {'(default)' if c.default else '         '} "
                   f"{c.description}")
         return 0
 
@@ -332,7 +337,7 @@ def _run(args, argv, torch, device, cuda, quick):
         if full not in dtype_names:
             dtype_names.append(full)
     cases = (_select(args.ops, "op", family=args.family)
-             + _select(args.layers, "layer", default_all=True, family=args.family))
+             + _select(args.layers, "layer", family=args.family))
     bandwidth = args.bandwidth if args.bandwidth is not None else (H200_BANDWIDTH_GBS if cuda else None)
 
     command = "python -m fastgnn.bench " + shlex.join(argv)
