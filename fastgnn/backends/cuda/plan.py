@@ -23,6 +23,7 @@ torch tensors' addresses. Its `buffers` say which per-call buffers
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
 import threading
 
@@ -80,6 +81,12 @@ def address(a) -> int:
     return int(a.data.ptr)
 
 
+@functools.lru_cache(maxsize=None)
+def _kind_name(kind) -> str:
+    """A scalar kind's NumPy dtype name (NumPy builds it in Python per read)."""
+    return np.dtype(kind).name
+
+
 class Word(Slot):
     """A scalar parameter given per call: call value `index` (an int: the
     scalar's bit pattern, zero-extended to 64 bits; see `word`) written into
@@ -89,7 +96,7 @@ class Word(Slot):
 
     def __init__(self, index: int, kind: str):
         super().__init__(index, 0)
-        self.kind = np.dtype(kind).name
+        self.kind = _kind_name(kind)
 
     def __repr__(self):
         return f"Word({self.index}, {self.kind})"
