@@ -13,6 +13,10 @@ they run, residuals, vmap). Layers as plain functions of (params, graph, x)
 with `init` functions: `fastgnn.jax.nn`; thin Flax NNX modules over them
 (where flax is installed): `fastgnn.jax.nnx`.
 
+Arguments are checked when a call is traced (the core's checks): a bad one
+raises a TypeError / ValueError naming it at the call, eagerly and under
+`jax.jit` alike.
+
 The kernels run as buffer callbacks on XLA's own buffers: the CUDA kernels
 on XLA's stream on a GPU, the Numba kernels on the CPU. Value types:
 float32, float64 with `jax_enable_x64`, and bfloat16 / float16 on the GPU.

@@ -71,6 +71,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import math
+import mmap
 from functools import partial
 from typing import Callable, NamedTuple
 
@@ -80,10 +82,11 @@ import jax.numpy as jnp
 
 from fastgnn.backends.cuda import plan
 from fastgnn.backends.cuda.streams import external_stream
+from fastgnn.rng import check_seed
 
 from ._graph import Graph
 
-__all__ = ["Op", "apply"]
+__all__ = ["Op", "apply", "as_array", "stand_in"]
 
 
 class Op:
@@ -100,7 +103,13 @@ class Op:
               they are not array arguments of fwd
     outputs:  the shape rule, outputs(core_graph, shapes, static) -> a tuple of
               (shape, dtype) per output, with shapes = {input name: (shape,
-              dtype) or None}
+              dtype) or None}; it runs after `check`, on checked inputs
+    check:    check(core_graph, stand_ins, static) runs the core's checks of
+              fwd's arguments when a call is traced (`stand_in`: arrays of
+              the inputs' shapes and dtypes, None where absent; static: the
+              call's keywords, Python-int scalars included), so a bad
+              argument raises its TypeError / ValueError at the call, not
+              from inside a callback
     fwd_flags: {keyword: input name}: fwd's keyword is True when the call is
               differentiated and that input takes a gradient, False in a
               forward that no backward follows (which then may skip its
@@ -108,7 +117,7 @@ class Op:
     """
 
     def __init__(self, name: str, fwd: Callable, bwd: Callable, inputs, *, outputs: Callable,
-                 features=(), scalars=(), fwd_flags=None):
+                 check: Callable, features=(), scalars=(), fwd_flags=None):
         self.name = name
         self.fwd = fwd
         self.bwd = bwd
@@ -116,6 +125,7 @@ class Op:
         self.features = tuple(features)
         self.scalars = tuple(scalars)
         self.outputs = outputs
+        self.check = check
         self.fwd_flags = dict(fwd_flags or {})
         for n in (*self.features, *self.scalars, *self.fwd_flags.values()):
             if n not in self.inputs:
@@ -716,11 +726,60 @@ def _bridge_bwd(call, saved, cts):
 _bridge.defvjp(_bridge_fwd, _bridge_bwd)
 
 
+_HALF = (jnp.bfloat16, jnp.float16)
+
+
+def as_array(a, name: str):
+    """a (a JAX or NumPy array, a traced value, a scalar or a nested list)
+    as a JAX array; TypeError naming `name` for anything else."""
+    try:
+        return jnp.asarray(a)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an array (JAX or NumPy), got {type(a).__name__}") \
+            from None
+
+
+# stand-ins of this many bytes or more are read-only anonymous mappings
+# (POSIX), which reserve no memory however large; smaller ones are np.empty
+_MAPPED_FROM = 1 << 24 if hasattr(mmap, "MAP_ANONYMOUS") else None
+
+
+def stand_in(v):
+    """A NumPy array of JAX array v's shape and dtype (16-bit floats as
+    float32, the dtype the CPU-side checks know) for the core's checks, which
+    read shapes and dtypes only; v may be a traced value. Its memory is never
+    read or written: uninitialised, or for a large v a read-only mapping of
+    zero pages, so a stand-in of an accelerator array larger than the host's
+    memory costs none of it."""
+    dtype = np.dtype(np.float32 if v.dtype in _HALF else v.dtype)
+    nbytes = math.prod(v.shape) * dtype.itemsize
+    if _MAPPED_FROM is None or nbytes < _MAPPED_FROM:
+        return np.empty(v.shape, dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                      prot=mmap.PROT_READ)
+    return np.frombuffer(pages, dtype).reshape(v.shape)
+
+
+def _scalar(name, a, static):
+    """A scalar input: a Python int goes to `static` (checked by
+    fastgnn.rng.check_seed) and None is returned; anything else must be an
+    integer array of shape () (it may be traced) and is returned."""
+    if isinstance(a, (int, np.integer)):
+        static[name] = check_seed(a, name)
+        return None
+    v = as_array(a, name)
+    if v.shape != () or not jnp.issubdtype(v.dtype, jnp.integer):
+        raise TypeError(f"{name} must be a Python int or an integer array of shape (), got "
+                        f"a {v.dtype} array of shape {tuple(v.shape)}")
+    return v
+
+
 def apply(op: Op, graph, *arrays, **static):
     """Run `op` on JAX (or NumPy) arrays, differentiable in every float array
     input: `op.fwd(graph.core, *arrays, **static)` forward, `op.bwd` backward.
     `arrays` are the op's inputs in order (None allowed); `static` its
-    non-array keywords (hashable values)."""
+    non-array keywords (hashable values). The arguments are checked here,
+    when the call is traced (`Op.check`)."""
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a fastgnn.jax.Graph, got {type(graph).__name__}; "
                         "build one with fastgnn.jax.Graph.from_edge_index(edge_index)")
@@ -729,10 +788,25 @@ def apply(op: Op, graph, *arrays, **static):
                         f"got {len(arrays)}")
     vals = []
     for name, a in zip(op.inputs, arrays):
-        if name in op.scalars and isinstance(a, (int, np.integer)):
-            static[name] = int(a)
-            a = None
-        vals.append(None if a is None else jnp.asarray(a))
+        if a is not None:
+            a = _scalar(name, a, static) if name in op.scalars else as_array(a, name)
+        vals.append(a)
+    half = {n: v.dtype for n, v in zip(op.inputs, vals)
+            if v is not None and n in op.features and v.dtype in _HALF}
+    if half and jax.default_backend() == "cpu":
+        raise TypeError(f"{op.name}: {'/'.join(sorted({d.name for d in half.values()}))} "
+                        "inputs run on the GPU only (the CPU kernels take float32 and "
+                        "float64); cast them with .astype(jnp.float32)")
+    if half:
+        # the stand-ins take 16-bit features as float32: the one dtype the
+        # core wants of an op's features is checked here
+        first = next(iter(half))
+        for n, v in zip(op.inputs, vals):
+            if v is not None and n in op.features and v.dtype != half[first]:
+                raise TypeError(f"{op.name}: {n} has dtype {v.dtype} but {first} has "
+                                f"{half[first]}; give the inputs one dtype")
+    op.check(graph.core, {n: None if v is None else stand_in(v)
+                          for n, v in zip(op.inputs, vals) if n not in op.scalars}, static)
     shapes = {n: None if v is None else (tuple(v.shape), v.dtype)
               for n, v in zip(op.inputs, vals)}
     outs = tuple((tuple(int(d) for d in s), jnp.dtype(dt))
@@ -743,14 +817,9 @@ def apply(op: Op, graph, *arrays, **static):
     # to the kernels in float32, as the core takes them (JAX casts the
     # gradient back)
     vals = [v.astype(jnp.float32) if v is not None and n not in op.features
-            and n not in op.scalars and v.dtype in (jnp.bfloat16, jnp.float16) else v
+            and n not in op.scalars and v.dtype in _HALF else v
             for n, v in zip(op.inputs, vals)]
-    half = {v.dtype.name for n, v in zip(op.inputs, vals)
-            if v is not None and n in op.features and v.dtype in (jnp.bfloat16, jnp.float16)}
-    if half and jax.default_backend() == "cpu":
-        raise TypeError(f"{op.name}: {'/'.join(sorted(half))} inputs run on the GPU only (the "
-                        "CPU kernels take float32 and float64); cast them with .astype(jnp.float32)")
-    if "bfloat16" in half:
+    if jnp.dtype(jnp.bfloat16) in half.values():
         static["vtype"] = "bfloat16"        # the core's name for int16-carried bf16
     call = _Call(op, graph, tuple(sorted(static.items())), outs,
                  tuple(v is not None for v in vals), grads,

@@ -98,7 +98,11 @@ class Graph:
     def with_self_loops(self) -> "Graph":
         """The graph with existing self-loops removed and one loop per node
         added (original edges first, in their order; then loops of nodes
-        0..n-1), as GAT-style layers use. Cached."""
+        0..n-1), as GAT-style layers use. Cached. Needs num_dst <= num_src."""
+        if self.num_dst > self.num_src:
+            raise ValueError(f"with_self_loops needs num_dst <= num_src (a loop i -> i for "
+                             f"every target i), got num_src={self.num_src}, "
+                             f"num_dst={self.num_dst}")
         from fastgnn.ops.spmm import self_loop_structure
         return Graph.of(self_loop_structure(self.core)[0])
 

@@ -14,6 +14,9 @@ Shapes and semantics follow the PyG layers of the same name:
     transformer TransformerConv (dot-product attention, root weight)
 
 Attention dropout takes a `seed` (int or integer scalar array, may be traced).
+The inits check their sizes, the layers their graph, x (floating point,
+[num_src, in_dim] with in_dim from params) and options at entry, with a
+TypeError / ValueError naming the argument.
 """
 from __future__ import annotations
 
@@ -21,7 +24,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from fastgnn.ops.spmm import validate_features
+
+from ._bridge import as_array, stand_in
+from ._graph import Graph
 from .ops import edge_attention, gcn_norm, segment_reduce, spmm
 
 __all__ = ["glorot", "gcn_init", "gcn", "sage_init", "sage", "gin_init", "gin", "gat_init", "gat",
@@ -39,13 +47,47 @@ def _dst(graph, x):
     return x[:graph.num_dst]
 
 
+def _positive(**sizes):
+    """Each size a positive int (TypeError / ValueError naming it)."""
+    for name, v in sizes.items():
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be a positive int, got {type(v).__name__} {v!r}")
+        if v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v}")
+
+
+def _inputs(layer, params, weight, graph, x):
+    """A layer's graph and x checked at its entry; returns x as a JAX array.
+    x is the source features [num_src, in_dim] (in_dim: the rows of
+    params[weight]), floating point (the core's checks); the targets'
+    features are its first num_dst rows, so num_dst <= num_src."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"{layer}: graph must be a fastgnn.jax.Graph, got "
+                        f"{type(graph).__name__}; build one with "
+                        "fastgnn.jax.Graph.from_edge_index(edge_index)")
+    if graph.num_dst > graph.num_src:
+        raise ValueError(f"{layer}: the graph has {graph.num_dst} targets but only "
+                         f"{graph.num_src} sources; the targets' features are x's first "
+                         "num_dst rows, so a layer needs num_dst <= num_src")
+    x = as_array(x, "x")
+    validate_features(graph.core, stand_in(x), None)
+    in_dim = params[weight].shape[0]
+    if x.shape[1] != in_dim:
+        raise ValueError(f"{layer}: x must have shape [num_src, in_dim] = "
+                         f"[{graph.num_src}, {in_dim}] (in_dim: the rows of "
+                         f"params[{weight!r}]), got {tuple(x.shape)}")
+    return x
+
+
 # ---------------------------------------------------------------- GCN
 def gcn_init(key, in_dim, out_dim, dtype=jnp.float32):
+    _positive(in_dim=in_dim, out_dim=out_dim)
     return {"weight": glorot(key, (in_dim, out_dim), dtype), "bias": jnp.zeros(out_dim, dtype)}
 
 
 def gcn(params, graph, x, *, add_self_loops=True, improved=False):
     """GCNConv: the normalised graph is built once per graph and cached."""
+    x = _inputs("gcn", params, "weight", graph, x)
     g2, w = gcn_norm(graph, add_self_loops=add_self_loops, improved=improved)
     h = x @ params["weight"]
     return spmm(g2, h, w.astype(h.dtype), bias=params["bias"])
@@ -53,6 +95,7 @@ def gcn(params, graph, x, *, add_self_loops=True, improved=False):
 
 # --------------------------------------------------------------- SAGE
 def sage_init(key, in_dim, out_dim, dtype=jnp.float32):
+    _positive(in_dim=in_dim, out_dim=out_dim)
     k1, k2 = jax.random.split(key)
     return {"lin_l": glorot(k1, (in_dim, out_dim), dtype), "bias": jnp.zeros(out_dim, dtype),
             "lin_r": glorot(k2, (in_dim, out_dim), dtype)}
@@ -61,6 +104,7 @@ def sage_init(key, in_dim, out_dim, dtype=jnp.float32):
 def sage(params, graph, x, *, aggr="mean"):
     """SAGEConv with aggr "mean" (a fused mean SpMM) or "max" (segment max;
     nodes without in-edges aggregate to 0)."""
+    x = _inputs("sage", params, "lin_l", graph, x)
     if aggr == "mean":
         agg = spmm(graph, x, reduce="mean")
     elif aggr == "max":
@@ -73,6 +117,7 @@ def sage(params, graph, x, *, aggr="mean"):
 # ---------------------------------------------------------------- GIN
 def gin_init(key, in_dim, out_dim, hidden=None, dtype=jnp.float32):
     hidden = out_dim if hidden is None else hidden
+    _positive(in_dim=in_dim, out_dim=out_dim, hidden=hidden)
     k1, k2 = jax.random.split(key)
     return {"w1": glorot(k1, (in_dim, hidden), dtype), "b1": jnp.zeros(hidden, dtype),
             "w2": glorot(k2, (hidden, out_dim), dtype), "b2": jnp.zeros(out_dim, dtype),
@@ -82,6 +127,7 @@ def gin_init(key, in_dim, out_dim, hidden=None, dtype=jnp.float32):
 def gin(params, graph, x):
     """GINConv with a learnable eps (params["eps"]; keep it fixed by not
     updating it) and the MLP Linear-ReLU-Linear."""
+    x = _inputs("gin", params, "w1", graph, x)
     h = (1 + params["eps"]) * _dst(graph, x) + spmm(graph, x)
     h = jax.nn.relu(h @ params["w1"] + params["b1"])
     return h @ params["w2"] + params["b2"]
@@ -89,6 +135,7 @@ def gin(params, graph, x):
 
 # ---------------------------------------------------------------- GAT
 def gat_init(key, in_dim, out_dim, heads=1, *, concat=True, dtype=jnp.float32):
+    _positive(in_dim=in_dim, out_dim=out_dim, heads=heads)
     k1, k2, k3 = jax.random.split(key, 3)
     return {"weight": glorot(k1, (in_dim, heads * out_dim), dtype),
             "att_src": glorot(k2, (heads, out_dim), dtype),
@@ -105,6 +152,7 @@ def _heads_out(out, bias, concat):
 def gat(params, graph, x, *, concat=True, negative_slope=0.2, dropout=0.0, seed=0,
         add_self_loops=True):
     """GATConv: heads and channels come from params["att_src"] [H, C]."""
+    x = _inputs("gat", params, "weight", graph, x)
     H, C = params["att_src"].shape
     g = graph.with_self_loops() if add_self_loops else graph
     h = (x @ params["weight"]).reshape(-1, H, C)
@@ -118,6 +166,7 @@ def gat(params, graph, x, *, concat=True, negative_slope=0.2, dropout=0.0, seed=
 # -------------------------------------------------------------- GATv2
 def gatv2_init(key, in_dim, out_dim, heads=1, *, concat=True, share_weights=False,
                dtype=jnp.float32):
+    _positive(in_dim=in_dim, out_dim=out_dim, heads=heads)
     k1, k2, k3 = jax.random.split(key, 3)
     p = {"lin_l": glorot(k1, (in_dim, heads * out_dim), dtype),
          "att": glorot(k3, (heads, out_dim), dtype),
@@ -130,6 +179,7 @@ def gatv2_init(key, in_dim, out_dim, heads=1, *, concat=True, share_weights=Fals
 def gatv2(params, graph, x, *, concat=True, negative_slope=0.2, dropout=0.0, seed=0,
           add_self_loops=True):
     """GATv2Conv (lin_r absent: shared weights)."""
+    x = _inputs("gatv2", params, "lin_l", graph, x)
     H, C = params["att"].shape
     g = graph.with_self_loops() if add_self_loops else graph
     xl = (x @ params["lin_l"]).reshape(-1, H, C)
@@ -141,6 +191,7 @@ def gatv2(params, graph, x, *, concat=True, negative_slope=0.2, dropout=0.0, see
 
 # -------------------------------------------------------- Transformer
 def transformer_init(key, in_dim, out_dim, heads=1, *, concat=True, dtype=jnp.float32):
+    _positive(in_dim=in_dim, out_dim=out_dim, heads=heads)
     ks = jax.random.split(key, 4)
     width = heads * out_dim
     p = {n: glorot(k, (in_dim, width), dtype) for n, k in zip(("query", "key", "value"), ks)}
@@ -153,6 +204,12 @@ def transformer_init(key, in_dim, out_dim, heads=1, *, concat=True, dtype=jnp.fl
 def transformer(params, graph, x, *, heads=1, concat=True, dropout=0.0, seed=0):
     """TransformerConv with a root weight: softmax(<q_i, k_j> / sqrt(C)) v_j
     summed over in-edges, plus x_i W_root + b (heads as given to the init)."""
+    x = _inputs("transformer", params, "query", graph, x)
+    _positive(heads=heads)
+    width = params["query"].shape[1]
+    if width % heads:
+        raise ValueError(f"transformer: heads={heads} does not divide params['query']'s width "
+                         f"{width} (heads * out_dim); pass the heads given to transformer_init")
     H = heads
 
     def proj(n, rows):

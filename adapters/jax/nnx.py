@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fastgnn.backends.attention_spec import dropout_spec
+
 from . import nn
 
 __all__ = ["GCNConv", "SAGEConv", "GINConv", "GATConv", "GATv2Conv", "TransformerConv"]
@@ -40,7 +42,7 @@ class _Layer(nnx.Module):
         for k, v in params.items():
             setattr(self, k, nnx.Param(v))
         self.call_kw = tuple((k, v) for k, v in kw.items() if k in self.call_keys)
-        self.dropout = float(dropout)
+        self.dropout = dropout_spec(dropout, 0, 0).p
         self.deterministic = False
         self.rngs = rngs
 

@@ -1,7 +1,10 @@
 """fastgnn's ops as differentiable JAX functions (see `_bridge` for how they run).
 
 Each public function converts its arguments and calls `apply` with an `Op`
-record; the core (fastgnn.ops) validates them and runs the kernels. All of
+record; the core (fastgnn.ops) runs the kernels. Its checks of the
+arguments run when a call is traced (each Op's `check`, on stand-ins of the
+arrays' shapes and dtypes), so a bad argument raises a TypeError /
+ValueError naming it at the call, under `jax.jit` too. All of
 them work eagerly and under `jax.jit`, `jax.grad`, `jax.lax.scan` and
 `jax.vmap` (vmap runs the examples one after the other through the host
 callback's sequential rule). Value types: float32, and float64 with
@@ -15,14 +18,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastgnn.backends.attention_spec import SCORE_INPUTS
-from fastgnn.ops.attention import (edge_attention_bwd, edge_attention_fwd, edge_softmax_bwd,
+from fastgnn.backends.attention_spec import SCORE_INPUTS, dropout_spec
+from fastgnn.ops.attention import (_attention_params, _validate_edge_scores, _validate_inputs,
+                                   edge_attention_bwd, edge_attention_fwd, edge_softmax_bwd,
                                    edge_softmax_fwd)
 from fastgnn.ops.segment import parse_reduce, segment_reduce_bwd, segment_reduce_fwd
+from fastgnn.ops.spmm import REDUCES as SPMM_REDUCES
 from fastgnn.ops.spmm import gcn_norm as _core_gcn_norm
-from fastgnn.ops.spmm import self_loop_structure, spmm_bwd, spmm_fwd
+from fastgnn.ops.spmm import (self_loop_structure, spmm_bwd, spmm_fwd, validate_bias,
+                              validate_edge_weight, validate_features)
+from fastgnn.rng import check_seed
 
-from ._bridge import Op, apply
+from ._bridge import Op, apply, as_array, stand_in
 from ._graph import Graph
 
 __all__ = ["spmm", "gcn_norm", "segment_reduce", "edge_softmax", "edge_attention",
@@ -59,8 +66,16 @@ def _spmm_shapes(graph, shapes, static):
     return (((graph.num_dst,) + tuple(shape[1:]), dt),)
 
 
+def _spmm_check(graph, a, static):
+    if static["reduce"] not in SPMM_REDUCES:
+        raise ValueError(f"reduce must be one of {SPMM_REDUCES}, got {static['reduce']!r}")
+    x, vt = validate_features(graph, a["x"], None)
+    validate_edge_weight(graph, a["edge_weight"])
+    validate_bias(graph, a["bias"], x, vt)
+
+
 SPMM = Op("spmm", _spmm_fwd, spmm_bwd, inputs=("x", "edge_weight", "bias"),
-          features=("x", "bias"), outputs=_spmm_shapes,
+          features=("x", "bias"), outputs=_spmm_shapes, check=_spmm_check,
           fwd_flags={"needs_weight_grad": "edge_weight"})
 
 
@@ -97,12 +112,10 @@ def gcn_norm(graph: Graph, edge_weight=None, *, add_self_loops=True, improved=Fa
         # the core caches (graph', w' as NumPy); w' enters JAX per call, as a constant
         g2, w = _core_gcn_norm(core, None, add_self_loops=add_self_loops, improved=improved)
         return Graph.of(g2), jnp.asarray(w)
-    w = jnp.asarray(edge_weight)
-    if w.ndim == 2 and w.shape[1] == 1:
+    w = as_array(edge_weight, "edge_weight")
+    validate_edge_weight(core, stand_in(w))
+    if w.ndim == 2:
         w = w[:, 0]
-    if w.shape != (core.num_edges,) or not jnp.issubdtype(w.dtype, jnp.floating):
-        raise ValueError(f"edge_weight must be a float array of shape [E] = "
-                         f"[{core.num_edges}], got {w.shape} {w.dtype}")
     if add_self_loops:
         if core.num_src != core.num_dst:
             raise ValueError("gcn_norm with add_self_loops needs a square graph "
@@ -132,8 +145,14 @@ def _segment_shapes(graph, shapes, static):
     return (((graph.num_dst, len(names) * shape[1]), dt),)
 
 
+def _segment_check(graph, a, static):
+    parse_reduce(static["reduce"])
+    validate_features(graph, a["x"], None)
+
+
 SEGMENT_REDUCE = Op("segment_reduce", segment_reduce_fwd, _segment_bwd, inputs=("x",),
-                    features=("x",), outputs=_segment_shapes, fwd_flags={"needs_x_grad": "x"})
+                    features=("x",), outputs=_segment_shapes, check=_segment_check,
+                    fwd_flags={"needs_x_grad": "x"})
 
 
 def segment_reduce(graph: Graph, x, reduce="sum"):
@@ -143,7 +162,6 @@ def segment_reduce(graph: Graph, x, reduce="sum"):
     [num_dst, R*F] (block r = reduce[r]); empty rows 0 (mul: 1)."""
     if isinstance(reduce, list):
         reduce = tuple(reduce)
-    parse_reduce(reduce)                     # the core's validation, at trace time
     return apply(SEGMENT_REDUCE, graph, x, reduce=reduce)
 
 
@@ -160,8 +178,14 @@ def _same_as(name):
     return lambda graph, shapes, static: (shapes[name],)
 
 
+def _softmax_check(graph, a, static):
+    _validate_edge_scores(graph, a["scores"], "scores")
+    dropout_spec(static["dropout"], static.get("seed", 0), static["offset"])
+
+
 EDGE_SOFTMAX = Op("edge_softmax", _softmax_fwd, _softmax_bwd, inputs=("scores", "seed"),
-                  features=("scores",), scalars=("seed",), outputs=_same_as("scores"))
+                  features=("scores",), scalars=("seed",), outputs=_same_as("scores"),
+                  check=_softmax_check)
 
 
 def edge_softmax(graph: Graph, scores, *, dropout=0.0, seed=0, offset=0):
@@ -173,7 +197,8 @@ def edge_softmax(graph: Graph, scores, *, dropout=0.0, seed=0, offset=0):
     seed per training step without recompiling; from a PRNG key:
     `jax.random.bits(key, dtype=jnp.uint32)`); offset: the generator's
     counter offset. The mask is regenerated in the backward, never stored."""
-    return apply(EDGE_SOFTMAX, graph, scores, seed, dropout=dropout, offset=int(offset))
+    return apply(EDGE_SOFTMAX, graph, scores, seed, dropout=dropout,
+                 offset=check_seed(offset, "offset"))
 
 
 # ------------------------------------------------------ edge_attention
@@ -192,19 +217,20 @@ def _attention_bwd(graph, res, grad_out, grad_alpha=None):
 
 
 def _attention_shapes(graph, shapes, static):
-    anchor = shapes.get(_ANCHOR.get(static["score"]))
-    if anchor is None or len(anchor[0]) != 3:
-        raise ValueError(f"edge_attention(score={static['score']!r}) needs "
-                         f"{_ANCHOR.get(static['score'], 'its inputs')} of shape "
-                         f"[nodes, heads, C]")
-    (_, h, c), dt = anchor
+    (_, h, c), dt = shapes[_ANCHOR[static["score"]]]
     out = ((graph.num_dst, h, c), dt)
     return (out, ((graph.num_edges, h), dt)) if static["return_attention_weights"] else (out,)
 
 
+def _attention_check(graph, a, static):
+    _, _, _, _, C = _validate_inputs(graph, static["score"], a, None)
+    _attention_params(static["score"], static["negative_slope"], static["scale"], C,
+                      static["dropout"], static.get("seed", 0), static["offset"])
+
+
 EDGE_ATTENTION = Op("edge_attention", _attention_fwd, _attention_bwd,
                     inputs=_ATTN_INPUTS + ("seed",), features=_ATTN_INPUTS, scalars=("seed",),
-                    outputs=_attention_shapes)
+                    outputs=_attention_shapes, check=_attention_check)
 
 
 def edge_attention(graph: Graph, score, *, a_src=None, a_dst=None, a_edge=None, v=None,
@@ -230,5 +256,6 @@ def edge_attention(graph: Graph, score, *, a_src=None, a_dst=None, a_edge=None, 
                  q=q, k=k, ee=ee, bias=bias)
     return apply(EDGE_ATTENTION, graph, *(given[n] for n in _ATTN_INPUTS), seed, score=score,
                  negative_slope=negative_slope, scale=scale, dropout=dropout,
-                 offset=int(offset), return_attention_weights=bool(return_attention_weights),
+                 offset=check_seed(offset, "offset"),
+                 return_attention_weights=bool(return_attention_weights),
                  tf32=tf32_allowed())
