@@ -124,8 +124,10 @@ SLOW = (
 )
 QUICK_PARAMS = 3
 # files whose whole parameter matrix stays in the quick loop (and so in CI):
-# every layer under torch.compile is part of what CI proves
-FULL_MATRIX = ("tests/test_torch_compile.py",)
+# every layer under torch.compile is part of what CI proves, and so is every
+# case of the bad-input catalogues (milliseconds each)
+FULL_MATRIX = ("tests/test_torch_compile.py", "tests/test_bad_inputs.py",
+               "tests/test_bad_inputs_jax.py")
 
 
 def _listed_slow(nodeid):
