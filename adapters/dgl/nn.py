@@ -8,7 +8,10 @@ forward inputs (a DGLGraph, homogeneous or a block; a feature tensor or a
 DGL's errors: a graph with 0-in-degree nodes raises `dgl.DGLError` in
 GraphConv, GATConv and GATv2Conv unless allow_zero_in_degree=True. Seeded
 construction draws DGL's initial weights (the same modules, created and
-initialised in the same order).
+initialised in the same order). Bad inputs are refused at entry with a
+TypeError / ValueError naming the argument (sizes that are not positive
+ints; a feat of the wrong kind, dtype, rank, rows or width); feat rows that
+are not the graph's nodes raise one that is also the DGLError DGL raises.
 
 The layers only convert: the graph once per structure (`fastgnn.dgl.to_graph`,
 cached), then fastgnn.torch's differentiable ops (`spmm` with fused degree
@@ -39,6 +42,7 @@ import fastgnn.torch as ft
 from fastgnn.torch._autograd import device_scope, to_tensor
 from fastgnn.torch.attention import _dropped, _head_logits, draw_seed
 from fastgnn.torch.functional import _cached_edge_index
+from fastgnn.torch.graph_cache import is_dgl_graph
 from fastgnn.torch.nn import shared_input_linears
 
 from .ops import to_graph, u_mul_e
@@ -93,17 +97,68 @@ def _in_degree(graph, like):
     return graph.cached(("fastgnn.dgl", "in_degree_tensor", str(like.dtype)), build)
 
 
+class _BadFeatureRows(DGLError, ValueError):
+    """Features whose rows are not the graph's nodes: a ValueError, and the
+    DGLError DGL raises for it."""
+
+
+def _positive_sizes(layer, **sizes):
+    """Constructor sizes, each a positive int (in_feats: or a (src, dst)
+    pair of them); TypeError / ValueError naming the argument."""
+    for name, value in sizes.items():
+        for v in (value if isinstance(value, tuple) and name == "in_feats" else (value,)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{layer}: {name} must be a positive int"
+                                f"{' or a (src, dst) pair of them' if name == 'in_feats' else ''}"
+                                f", got {value!r}")
+            if v < 1:
+                raise ValueError(f"{layer}: {name} must be a positive int, got {value!r}")
+
+
+def _check_feat(module, g, feat, widths=(None, None), min_dim=2, reads_dst=True):
+    """A module's feature input checked at its entry, naming feat: one
+    floating-point tensor [num_src, ..., in_src] (on a block, its first
+    num_dst rows are the destinations'), or a pair (src [num_src, ..., in_src],
+    dst [num_dst, ..., in_dst]). widths: (in_src, in_dst), None where the
+    module takes any; min_dim: the fewest dimensions it takes; reads_dst:
+    whether it reads a pair's dst tensor. g: the converted graph."""
+    layer = type(module).__name__
+    if isinstance(feat, tuple):
+        if len(feat) != 2:
+            raise TypeError(f"{layer}: feat must be a tensor or a pair (src, dst), got a tuple "
+                            f"of {len(feat)}")
+        parts = [("feat[0]", feat[0], g.num_src, "source", widths[0], "")]
+        if reads_dst:
+            parts.append(("feat[1]", feat[1], g.num_dst, "destination", widths[1], ""))
+    else:
+        parts = [("feat", feat, g.num_src, "source", widths[0],
+                  " (on a block, its first num_dst_nodes() rows are the destinations')")]
+    for name, t, rows, side, width, hint in parts:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{layer}: feat must be a tensor or a pair (src, dst) of tensors, "
+                            f"got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{layer}: {name} must be a floating-point tensor, got {t.dtype} "
+                            f"(cast it, e.g. {name}.float())")
+        if t.dim() < min_dim:
+            raise ValueError(f"{layer}: {name} must have shape [num_nodes, ..., in_feats] "
+                             f"(at least {min_dim} dimensions), got {tuple(t.shape)} (a single "
+                             "feature per node: unsqueeze(-1))")
+        if t.shape[0] != rows:
+            raise _BadFeatureRows(f"{layer}: {name} has {t.shape[0]} rows but the graph has "
+                                  f"{rows} {side} nodes; give one row per {side} node{hint}")
+        if width is not None and t.shape[-1] != width:
+            raise ValueError(f"{layer}: {name} must have {width} features (in_feats) in its "
+                             f"last dimension, got shape {tuple(t.shape)}")
+
+
 def _expand_pair(g, feat):
     """(source features, destination features) as DGL's expand_as_pair: a
     pair as given; one tensor for both, narrowed to its first num_dst rows on
-    a block (a block's destination nodes lead its source nodes)."""
+    a block (a block's destination nodes lead its source nodes). feat is
+    checked (`_check_feat`)."""
     if isinstance(feat, tuple):
-        if len(feat) != 2:
-            raise TypeError(f"feat must be a tensor or a pair (src, dst), got a tuple of "
-                            f"{len(feat)}")
         return feat
-    if not isinstance(feat, torch.Tensor):
-        raise TypeError(f"feat must be a tensor or a pair (src, dst), got {type(feat).__name__}")
     if g.is_block:
         return feat, feat[:g.num_dst_nodes()]
     return feat, feat
@@ -118,6 +173,14 @@ def _dropped_features(module, graph, feat):
     return _expand_pair(graph, module.feat_drop(feat))
 
 
+def _dgl_graph(graph):
+    """The converted graph of a module's graph argument (TypeError naming it)."""
+    if not is_dgl_graph(graph):
+        raise TypeError(f"graph must be a DGLGraph (homogeneous or a block), got "
+                        f"{type(graph).__name__}")
+    return to_graph(graph)
+
+
 class _ZeroInDegreeChecked(nn.Module):
     """A module with DGL's allow_zero_in_degree switch."""
 
@@ -127,7 +190,7 @@ class _ZeroInDegreeChecked(nn.Module):
 
     def _graph(self, graph):
         """The converted graph, after DGL's 0-in-degree check unless allowed."""
-        g = to_graph(graph)
+        g = _dgl_graph(graph)
         if not self._allow_zero_in_degree:
             _check_zero_in_degree(g)
         return g
@@ -187,6 +250,7 @@ class GraphConv(_ZeroInDegreeChecked):
         if norm not in ("none", "both", "right", "left"):
             raise _InvalidOption(f"GraphConv: norm must be 'none', 'both', 'right' or 'left', "
                                  f"got {norm!r}")
+        _positive_sizes("GraphConv", in_feats=in_feats, out_feats=out_feats)
         self._in_feats = in_feats
         self._out_feats = out_feats
         self._norm = norm
@@ -218,10 +282,21 @@ class GraphConv(_ZeroInDegreeChecked):
 
     def forward(self, graph, feat, weight=None, edge_weight=None):
         g = self._graph(graph)
-        feat_src, _ = _expand_pair(graph, feat)
         if weight is not None and self.weight is not None:
             raise DGLError("GraphConv: an external weight was given to a module that has its "
                            "own weight parameter; build it with weight=False")
+        if weight is not None and not isinstance(weight, torch.Tensor):
+            raise TypeError(f"GraphConv: weight must be a tensor, got {type(weight).__name__}")
+        if weight is not None and weight.dim() != 2:
+            raise ValueError(f"GraphConv: weight must have shape [in_feats, out_feats], got "
+                             f"{tuple(weight.shape)}")
+        _check_feat(self, g, feat, (self._in_feats if self.weight is not None else None, None),
+                    reads_dst=False)
+        feat_src, _ = _expand_pair(graph, feat)
+        if weight is not None and weight.shape[0] != feat_src.shape[-1]:
+            raise ValueError(f"GraphConv: weight must have shape [in_feats, out_feats] with "
+                             f"in_feats = {feat_src.shape[-1]} (feat's last dimension), got "
+                             f"{tuple(weight.shape)}")
         w = self.weight if weight is None else weight
         ew = _edge_weight(edge_weight, g)
         row, col = self._scales(g, feat_src.dtype)
@@ -284,6 +359,7 @@ class SAGEConv(nn.Module):
         if aggregator_type not in ("mean", "gcn", "pool"):
             raise _InvalidOption(f"SAGEConv: aggregator_type must be 'mean', 'gcn', 'pool' or "
                                  f"'lstm', got {aggregator_type!r}")
+        _positive_sizes("SAGEConv", in_feats=in_feats, out_feats=out_feats)
         self._in_src_feats, self._in_dst_feats = _pair_sizes(in_feats)
         self._out_feats = out_feats
         self._aggre_type = aggregator_type
@@ -311,7 +387,10 @@ class SAGEConv(nn.Module):
         nn.init.xavier_uniform_(self.fc_neigh.weight, gain=gain)
 
     def forward(self, graph, feat, edge_weight=None):
-        g = to_graph(graph)
+        g = _dgl_graph(graph)
+        # "gcn" adds the destination features to the aggregated source ones
+        _check_feat(self, g, feat, (self._in_src_feats, None if self._aggre_type == "gcn"
+                                    else self._in_dst_feats))
         feat_src, feat_dst = _dropped_features(self, graph, feat)
         ew = _edge_weight(edge_weight, g)
         lin_first = self._in_src_feats > self._out_feats
@@ -396,7 +475,8 @@ class GINConv(nn.Module):
             self.register_buffer("eps", eps)
 
     def forward(self, graph, feat, edge_weight=None):
-        g = to_graph(graph)
+        g = _dgl_graph(graph)
+        _check_feat(self, g, feat, min_dim=1)         # apply_func takes any width
         feat_src, feat_dst = _expand_pair(graph, feat)
         ew = _edge_weight(edge_weight, g)
         neigh = _aggregate(g, feat_src, ew, self._aggregator_type)
@@ -427,6 +507,8 @@ def _residual(module, h_dst, prefix):
 def _attention_sizes(module, in_feats, out_feats, num_heads, allow_zero_in_degree):
     """Store the attention layers' sizes and switch under DGL's attribute
     names; returns the projected width num_heads * out_feats."""
+    _positive_sizes(type(module).__name__, in_feats=in_feats, out_feats=out_feats,
+                    num_heads=num_heads)
     module._num_heads = num_heads
     module._in_src_feats, module._in_dst_feats = _pair_sizes(in_feats)
     module._out_feats = out_feats
@@ -521,6 +603,7 @@ class GATConv(_ZeroInDegreeChecked):
 
     def forward(self, graph, feat, edge_weight=None, get_attention=False):
         g = self._graph(graph)
+        _check_feat(self, g, feat, (self._in_src_feats, self._in_dst_feats))
         H, C = self._num_heads, self._out_feats
         h_src, h_dst = _dropped_features(self, graph, feat)
         if isinstance(feat, tuple):
@@ -642,6 +725,7 @@ class GATv2Conv(_ZeroInDegreeChecked):
 
     def forward(self, graph, feat, get_attention=False):
         g = self._graph(graph)
+        _check_feat(self, g, feat, (self._in_src_feats, self._in_dst_feats))
         H, C = self._num_heads, self._out_feats
         h_src, h_dst = _dropped_features(self, graph, feat)
         if isinstance(feat, tuple):

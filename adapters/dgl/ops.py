@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from dgl import DGLError
 from dgl.base import ALL
 
 import fastgnn.torch as ft
@@ -58,8 +59,12 @@ def to_graph(g, *, reverse=False):
 
 
 def _tensor(t, name):
+    """t a floating-point tensor with a leading node or edge dimension."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype} (cast it, e.g. "
+                        f"{name}.float())")
     if t.dim() < 1:
         raise ValueError(f"{name} must have a leading node or edge dimension, got a scalar")
     return t
@@ -70,9 +75,15 @@ def _rows(t, n, name, what):
         raise ValueError(f"{name} must have {n} rows ({what}), got shape {tuple(t.shape)}")
 
 
-def _check_reduce(reduce):
+def _check_reduce(reduce, name="reduce"):
     if reduce not in REDUCES:
-        raise ValueError(f"reduce must be one of {REDUCES}, got {reduce!r}")
+        raise ValueError(f"{name} must be one of {REDUCES}, got {reduce!r}")
+
+
+# the argument names the messages use: the ops' own, or gspmm's
+_OWN = {"x": "x", "y": "y", "reduce": "reduce"}
+_GSPMM = {"x": "lhs_data", "y": "rhs_data", "reduce": "reduce_op"}
+_EDGE_X = {"y": "x", "reduce": "reduce"}        # copy_e_<r>(g, x): its edge features are x
 
 
 def _empty_fill(graph, out, reduce):
@@ -102,10 +113,14 @@ def copy_u(g, x, reduce):
     """r_{e=(u->v)} x[u] for reduce r in sum/mean/max/min: x [num_src, *] ->
     [num_dst, *]. Sum and mean run fastgnn's SpMM, max and min its segment
     reduction (no per-edge tensor either way)."""
-    _check_reduce(reduce)
+    return _copy_u(g, x, reduce, _OWN)
+
+
+def _copy_u(g, x, reduce, names):
+    _check_reduce(reduce, names["reduce"])
     graph = to_graph(g)
-    x = _tensor(x, "x")
-    _rows(x, graph.num_src, "x", "the graph's source nodes")
+    x = _tensor(x, names["x"])
+    _rows(x, graph.num_src, names["x"], "the graph's source nodes")
     out = ft.spmm(graph, _flat(x), reduce=reduce)
     return _empty_fill(graph, out.reshape(graph.num_dst, *x.shape[1:]), reduce)
 
@@ -114,10 +129,14 @@ def copy_e(g, y, reduce):
     """r_{e=(u->v)} y[e] for reduce r in sum/mean/max/min: y [E, *] in DGL's
     edge order -> [num_dst, *] (fastgnn's `segment_csr` over the edges in CSR
     order)."""
-    _check_reduce(reduce)
+    return _copy_e(g, y, reduce, _OWN)
+
+
+def _copy_e(g, y, reduce, names):
+    _check_reduce(reduce, names["reduce"])
     graph = to_graph(g)
-    y = _tensor(y, "y")
-    _rows(y, graph.num_edges, "y", "one per edge")
+    y = _tensor(y, names["y"])
+    _rows(y, graph.num_edges, names["y"], "one per edge")
     indptr, _, edge_ids = _csr_tensors(graph)
     flat = _flat(y)
     out = ft.segment_csr(indptr, flat if edge_ids is None else flat[edge_ids], reduce)
@@ -138,16 +157,21 @@ def u_mul_e(g, x, y, reduce):
                    made per edge ([E, prod(s)]) and reduced by `segment_csr`.
     Weighted max/min make the messages per edge in every case (fastgnn's
     kernels take no weights there)."""
-    _check_reduce(reduce)
+    return _u_mul_e(g, x, y, reduce, _OWN)
+
+
+def _u_mul_e(g, x, y, reduce, names):
+    _check_reduce(reduce, names["reduce"])
     graph = to_graph(g)
-    x, y = _tensor(x, "x"), _tensor(y, "y")
-    _rows(x, graph.num_src, "x", "the graph's source nodes")
-    _rows(y, graph.num_edges, "y", "one per edge")
+    nx, ny = names["x"], names["y"]
+    x, y = _tensor(x, nx), _tensor(y, ny)
+    _rows(x, graph.num_src, nx, "the graph's source nodes")
+    _rows(y, graph.num_edges, ny, "one per edge")
     a, b = tuple(x.shape[1:]), tuple(y.shape[1:])
     try:
         s = tuple(torch.broadcast_shapes(a, b))
     except RuntimeError:
-        raise ValueError(f"x's feature shape {a} and y's {b} do not broadcast") from None
+        raise ValueError(f"{nx}'s feature shape {a} and {ny}'s {b} do not broadcast") from None
     bp = (1,) * (len(s) - len(b)) + b
     split = max((i + 1 for i, d in enumerate(bp) if d != 1), default=0)
     groups, rest = math.prod(s[:split]), math.prod(s[split:])
@@ -174,11 +198,11 @@ def gspmm(g, op, reduce_op, lhs_data, rhs_data):
     features, rhs_data [E, *] edge features (None where the op reads none).
     Other ops raise NotImplementedError."""
     if op == "copy_lhs":
-        return copy_u(g, lhs_data, reduce_op)
+        return _copy_u(g, lhs_data, reduce_op, _GSPMM)
     if op == "copy_rhs":
-        return copy_e(g, rhs_data, reduce_op)
+        return _copy_e(g, rhs_data, reduce_op, _GSPMM)
     if op == "mul":
-        return u_mul_e(g, lhs_data, rhs_data, reduce_op)
+        return _u_mul_e(g, lhs_data, rhs_data, reduce_op, _GSPMM)
     raise NotImplementedError(f"gspmm: op={op!r} has no fastgnn kernel (supported: "
                               "'copy_lhs', 'copy_rhs', 'mul'); use dgl.ops for it")
 
@@ -190,7 +214,7 @@ def _named(kind, reduce):
         f.__doc__ = f"out[v] = {reduce}_{{e=(u->v)}} x[u]; x [num_src, *] -> [num_dst, *]."
     elif kind == "copy_e":
         def f(g, x):
-            return copy_e(g, x, reduce)
+            return _copy_e(g, x, reduce, _EDGE_X)
         f.__doc__ = f"out[v] = {reduce}_{{e=(u->v)}} x[e]; x [E, *] -> [num_dst, *]."
     else:
         def f(g, x, y):
@@ -204,6 +228,10 @@ def _named(kind, reduce):
 copy_u_sum, copy_u_mean, copy_u_max, copy_u_min = (_named("copy_u", r) for r in REDUCES)
 copy_e_sum, copy_e_mean, copy_e_max, copy_e_min = (_named("copy_e", r) for r in REDUCES)
 u_mul_e_sum, u_mul_e_mean, u_mul_e_max, u_mul_e_min = (_named("u_mul_e", r) for r in REDUCES)
+
+
+class _InvalidEdgeIds(DGLError, ValueError):
+    """eids out of the graph's range: a ValueError, and the DGLError DGL raises for it."""
 
 
 def edge_softmax(graph, logits, eids=ALL, norm_by="dst"):
@@ -224,17 +252,25 @@ def edge_softmax(graph, logits, eids=ALL, norm_by="dst"):
     """
     if norm_by not in ("dst", "src"):
         raise ValueError(f"norm_by must be 'dst' or 'src', got {norm_by!r}")
+    if not is_dgl_graph(graph):
+        raise TypeError(f"graph must be a DGLGraph, got {type(graph).__name__}")
     logits = _tensor(logits, "logits")
     rev = norm_by == "src"
     if isinstance(eids, str) and eids == ALL:
         g = to_graph(graph, reverse=rev)
         _rows(logits, g.num_edges, "logits", "one per edge")
     else:
-        if not is_dgl_graph(graph):
-            raise TypeError(f"graph must be a DGLGraph, got {type(graph).__name__}")
-        if not isinstance(eids, torch.Tensor) or eids.dim() != 1:
-            raise TypeError("eids must be dgl.base.ALL or a 1-D integer tensor of edge ids")
+        if (not isinstance(eids, torch.Tensor) or eids.dim() != 1 or eids.is_floating_point()
+                or eids.is_complex() or eids.dtype == torch.bool):
+            raise TypeError("eids must be dgl.base.ALL or a 1-D integer tensor of edge ids, got "
+                            + (f"a {eids.dtype} tensor of shape {tuple(eids.shape)}"
+                               if isinstance(eids, torch.Tensor) else type(eids).__name__))
         _rows(logits, eids.shape[0], "logits", "one per edge in eids")
+        if eids.numel():
+            lo, hi = (int(v) for v in torch.stack([eids.min(), eids.max()]).tolist())
+            if lo < 0 or hi >= graph.num_edges():
+                raise _InvalidEdgeIds(f"eids holds edge id {lo if lo < 0 else hi}, but the "
+                                      f"graph's edge ids are 0..{graph.num_edges() - 1}")
         src, dst = graph.find_edges(eids)
         sizes = (graph.num_src_nodes(), graph.num_dst_nodes())
         g = torch.stack([dst, src] if rev else [src, dst]).long()
