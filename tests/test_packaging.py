@@ -38,7 +38,7 @@ TEST_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch=
 DGL_INSTALL = ('python3 -m venv .venv-dgl && .venv-dgl/bin/pip install torch==2.2.1 "numpy<2" '
                'dgl==2.1.0 torchdata==0.7.1 pandas pyyaml pydantic numba pytest')
 DGL_TEST = ('.venv-dgl/bin/pip install --no-deps -e . && .venv-dgl/bin/python -c "import fastgnn.dgl" '
-            '&& .venv-dgl/bin/python -m pytest -q tests/test_dgl.py')
+            '&& .venv-dgl/bin/python -m pytest -q tests/test_dgl.py tests/test_bad_inputs_dgl.py')
 DGL_CMD = f"{DGL_INSTALL} && {DGL_TEST}"
 
 OPTIONAL_THIRD_PARTY = ("jax", "jaxlib", "flax", "dgl")   # adapters whose framework CI may lack
@@ -282,6 +282,10 @@ def test_ci_runs_the_readme_test_command_then_the_dgl_line():
     dgl_blocks = [b for info, b, _ in _fenced_blocks(README.read_text()) if info == "bash"
                   and b.strip() == DGL_CMD]
     assert dgl_blocks, "README's DGL section lost the line CI runs (DGL_CMD)"
+    # the main environment has no dgl: a DGL test file off the DGL line never runs
+    dgl_files = [f"tests/{f.name}" for f in sorted((ROOT / "tests").glob("test_*.py"))
+                 if re.search(r"^\w+ = pytest\.importorskip\(.dgl.\)", f.read_text(), re.M)]
+    assert dgl_files and all(f in DGL_TEST.split() for f in dgl_files), (dgl_files, DGL_TEST)
     if shutil.which("bash"):
         subprocess.run(["bash", "-n", str(CI_RUN)], check=True)
 
