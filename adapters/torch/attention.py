@@ -245,13 +245,15 @@ def _plain(edge_index):
 
 def _loop_graph(edge_index, num_src, num_dst, num_loops):
     """PyG's remove_self_loops + add_self_loops(num_nodes=num_loops) on an
-    edge_index: (Graph, edge_index' [2, E'] int64, kept [E''] int64), where
-    edge_index' holds the non-loop edges in order, then loops 0..num_loops-1,
-    and kept are the positions of those non-loop edges; plus the fill graph
-    (Graph: loop node i <- the kept edges with target i, stable order) that
-    reduces their features into the loops', as a function that builds it on
-    its first call (only edge features filled by a reduction need it). Built
-    once per edge_index tensor (the graph cache's LRU)."""
+    edge_index: (Graph, looped_edge_index, kept [E''] int64, fill_graph), where
+    looped_edge_index() returns edge_index' [2, E'] int64, the non-loop edges
+    in order, then loops 0..num_loops-1, and kept are the positions of those
+    non-loop edges; fill_graph() returns the Graph (loop node i <- the kept
+    edges with target i, stable order) that reduces their features into the
+    loops'. Both functions build their result on their first call: only
+    returned attention weights and edge features need them, and a new graph
+    every step should not pay for them otherwise. Built once per edge_index
+    tensor (the graph cache's LRU)."""
     key = ("attention_self_loops", num_src, num_dst, num_loops)
     ei = None if isinstance(edge_index, Graph) else _plain(edge_index)
     if ei is not None:
@@ -269,16 +271,20 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
                 kept = to_tensor(kept)
             else:
                 kept, graph = torch.nonzero(e[0] != e[1]).view(-1), None
-            loops = torch.arange(num_loops, device=e.device).expand(2, num_loops)
-            ei2 = torch.cat([e[:, kept], loops], dim=1)
+
+            def looped():
+                with device_scope(e.device):
+                    loops = torch.arange(num_loops, device=e.device).expand(2, num_loops)
+                    return torch.cat([e[:, kept], loops], dim=1)
+            looped = functools.lru_cache(maxsize=1)(looped)
             if graph is None:
-                graph = Graph.from_edge_index(ei2, num_src=num_src, num_dst=num_dst)
-            # loop node i <- the kept edges with target i (stable order): the
-            # graph the loop features are reduced over
-            kept_dst = e[1, kept]
+                graph = Graph.from_edge_index(looped(), num_src=num_src, num_dst=num_dst)
 
             def fill():
+                # loop node i <- the kept edges with target i (stable order): the
+                # graph the loop features are reduced over
                 with device_scope(e.device):
+                    kept_dst = e[1, kept]
                     by_dst = torch.argsort(kept_dst, stable=True)
                     counts = torch.bincount(kept_dst, minlength=num_loops)[:num_loops]
                     ptr = torch.zeros(num_loops + 1, dtype=torch.long, device=e.device)
@@ -287,7 +293,7 @@ def _loop_graph(edge_index, num_src, num_dst, num_loops):
             fill = functools.lru_cache(maxsize=1)(fill)
             if isinstance(edge_index, Graph):
                 graph.with_visit_order_of(edge_index)
-            return graph, ei2, kept, fill
+            return graph, looped, kept, fill
     if isinstance(edge_index, Graph):
         return edge_index.cached(("fastgnn.torch",) + key, build)
     return _GRAPHS.get(key + (_tkey(ei),), edge_index, build)
@@ -349,14 +355,14 @@ def _attention_graph(layer, edge_index, edge_attr, num_src, num_dst, num_loops, 
     if _is_sparse(edge_index):
         # PyG loops an adj_t's entries (storage order, COO coalesced) as an edge_index
         edge_index = resolve(edge_index, (num_src, num_dst))[0]
-    graph, ei2, kept, fill = _loop_graph(edge_index, num_src, num_dst, num_loops)
+    graph, looped, kept, fill = _loop_graph(edge_index, num_src, num_dst, num_loops)
     if edge_attr is not None and need_attr:
         kept_attr = edge_attr[kept]
-        loop = _loop_attr(kept_attr, ei2[1, :kept.shape[0]], num_loops, fill_value, fill)
+        loop = _loop_attr(kept_attr, looped()[1, :kept.shape[0]], num_loops, fill_value, fill)
         edge_attr = torch.cat([kept_attr, loop], dim=0)
     else:
         edge_attr = None
-    return graph, ei2, edge_attr
+    return graph, looped, edge_attr
 
 
 def _dropped(alpha, p, seed, offset, training):
@@ -372,11 +378,14 @@ def _dropped(alpha, p, seed, offset, training):
 def _returned(ei_out, edge_index, graph, alpha):
     """PyG's (edge_index, weights) handed back with the output. For an
     edge_index: the caller's own when no loops were added, else a copy of the
-    cached one (so that editing it cannot touch the cache), and alpha as is.
+    cached looped one (ei_out is then `_loop_graph`'s function building it;
+    a copy, so that editing it cannot touch the cache), and alpha as is.
     For a torch sparse adj_t: the (looped) adj_t in the caller's layout with
     alpha [E, H] as its values, and alpha in that storage order, as PyG's."""
     if _is_sparse(edge_index):
         return _sparse_weights(graph, edge_index.layout, alpha)
+    if callable(ei_out):
+        ei_out = ei_out()
     return (ei_out if ei_out is edge_index else ei_out.clone()), alpha
 
 
@@ -964,7 +973,8 @@ def _edge_attention_op(edge_index, *arrays, num_nodes, num_loops, score, negativ
         graph, _ = resolve(edge_index, tuple(num_nodes))
         ei_out = edge_index
     else:
-        graph, ei_out, _, _ = _loop_graph(edge_index, num_nodes[0], num_nodes[1], num_loops)
+        graph, looped, _, _ = _loop_graph(edge_index, num_nodes[0], num_nodes[1], num_loops)
+        ei_out = looped() if return_attention_weights else None
     out = apply(EDGE_ATTENTION, graph, *arrays, score=score, negative_slope=negative_slope,
                 scale=scale, dropout=dropout, seed=seed, offset=offset,
                 return_attention_weights=return_attention_weights, deterministic=deterministic)
