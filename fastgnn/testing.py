@@ -151,6 +151,90 @@ def fresh_pyg_class(cls):
     return type(cls.__name__, (cls,), {})
 
 
+def shapes_seen():
+    """A torch dispatch mode that records the shape of every tensor a torch
+    op returns while it is active, in `.shapes` (to check that no tensor of
+    some size is made, e.g. per edge)."""
+    from torch import Tensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ShapesSeen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, Tensor):
+                    self.shapes.append(tuple(t.shape))
+            return out
+    return ShapesSeen()
+
+
+def pyg_test_folder():
+    """PyG's test/nn/conv (a checkout's: FASTGNN_PYG_TESTS, or beside an
+    installed PyG source tree), or None where it is not found."""
+    import os
+    from pathlib import Path
+
+    import torch_geometric
+    candidates = [os.environ.get("FASTGNN_PYG_TESTS"),
+                  Path(torch_geometric.__file__).resolve().parents[1] / "test" / "nn" / "conv"]
+    for folder in candidates:
+        if folder and (Path(folder) / "test_gen_conv.py").is_file():
+            return Path(folder)
+    return None
+
+
+def _parametrized_cases(fn):
+    """The keyword sets a pytest test function runs with (its parametrize marks)."""
+    import itertools
+
+    marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+    grids = []
+    for mark in marks:
+        names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) \
+            else list(mark.args[0])
+        values = [v if len(names) > 1 else (v,) for v in mark.args[1]]
+        grids.append([dict(zip(names, v)) for v in values])
+    return [dict(kv for part in combo for kv in part.items())
+            for combo in itertools.product(*grids)] if grids else [{}]
+
+
+def run_pyg_test_file(path, replacements: dict) -> int:
+    """Run the test functions of PyG's test file `path` that name one of
+    `replacements` ({name in the file: our class}) with ours bound in their
+    place, every parametrized case; functions needing fixtures, or packages
+    this environment lacks (ImportError), are left out. Returns how many
+    cases ran; a failing one raises."""
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"pyg_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, cls in replacements.items():
+        setattr(module, name, cls)
+    ran = 0
+    for fn_name, fn in sorted(vars(module).items()):
+        if not fn_name.startswith("test_") or not callable(fn):
+            continue
+        if not any(name in inspect.getsource(fn) for name in replacements):
+            continue
+        for kwargs in _parametrized_cases(fn):
+            if set(inspect.signature(fn).parameters) - set(kwargs):
+                continue                        # a fixture of PyG's conftest
+            try:
+                fn(**kwargs)
+            except ImportError:
+                continue                        # a package PyG's test needs, absent here
+            ran += 1
+    return ran
+
+
 # ------------------------------------------------------ the fake CUDA world
 class FakeKernel:
     """A compiled kernel as the CUDA loader returns it: .kernel.ptr is the CUfunction."""

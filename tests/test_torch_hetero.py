@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 import torch_geometric.nn as pyg
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch_geometric import EdgeIndex
 
 import fastgnn
 import fastgnn.torch as ft
-from fastgnn.testing import assert_results_match, awkward_edge_index, fresh_pyg_class
+from fastgnn.testing import (assert_results_match, awkward_edge_index, fresh_pyg_class,
+                             shapes_seen)
 from fastgnn.torch import nn_hetero
 
 warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
@@ -236,21 +236,6 @@ def test_relation_graphs_are_built_once_per_pair(monkeypatch, seed):
     assert len(built) == 4
 
 
-class _Shapes(TorchDispatchMode):
-    """Every shape a torch op returns while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 @pytest.mark.parametrize("name,x_form", [("RGCNConv", "float"), ("FastRGCNConv", "float"),
                                          ("FastRGCNConv", "none")])
 def test_no_per_edge_feature_tensor(name, x_form, seed):
@@ -262,7 +247,7 @@ def test_no_per_edge_feature_tensor(name, x_form, seed):
     width = WIDE if x_form == "float" else N
     layer = getattr(ft, name)(width, OUT, R).double()
     x = _features(seed, N, WIDE).requires_grad_() if x_form == "float" else None
-    with _Shapes() as seen:
+    with shapes_seen() as seen:
         layer(x, ei, et).sum().backward()
     assert not [s for s in seen.shapes if len(s) >= 2 and s[0] == E], f"seed {seed}"
 

@@ -14,12 +14,7 @@ edge_attr then in its stored entries' order).
 PyG's own test files for these layers run against our classes when a PyG
 checkout's test/nn/conv folder is found (FASTGNN_PYG_TESTS, or beside an
 installed source tree); otherwise those cases skip."""
-import importlib.util
-import inspect
-import itertools
-import os
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +24,8 @@ from torch_geometric import EdgeIndex
 
 import fastgnn
 import fastgnn.torch as ft
-from fastgnn.testing import awkward_edge_index, fresh_pyg_class
+from fastgnn.testing import (awkward_edge_index, fresh_pyg_class, pyg_test_folder,
+                             run_pyg_test_file)
 from test_torch_layers import run_and_compare
 from test_torch_propagation_layers import assert_state_dicts_load_both_ways
 
@@ -700,59 +696,16 @@ PYG_TEST_FILES = {"test_gin_conv.py": ("GINEConv",),
                   "test_gen_conv.py": ("GENConv",), "test_pna_conv.py": ("PNAConv",)}
 
 
-def _pyg_test_folder():
-    """PyG's test/nn/conv: FASTGNN_PYG_TESTS, or beside a PyG source tree."""
-    import torch_geometric
-    candidates = [os.environ.get("FASTGNN_PYG_TESTS"),
-                  Path(torch_geometric.__file__).resolve().parents[1] / "test" / "nn" / "conv"]
-    for folder in candidates:
-        if folder and (Path(folder) / "test_gen_conv.py").is_file():
-            return Path(folder)
-    return None
-
-
-def _cases(fn):
-    """The keyword sets a PyG test function runs with (its parametrize marks)."""
-    marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
-    grids = []
-    for mark in marks:
-        names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) \
-            else list(mark.args[0])
-        values = [v if len(names) > 1 else (v,) for v in mark.args[1]]
-        grids.append([dict(zip(names, v)) for v in values])
-    return [dict(kv for part in combo for kv in part.items())
-            for combo in itertools.product(*grids)] if grids else [{}]
-
-
 @pytest.mark.parametrize("filename", sorted(PYG_TEST_FILES))
 def test_pyg_own_tests_pass_with_fastgnn_layers(filename):
     """Run PyG's test functions that use these layers with ours put in their
     place (the module's names rebound); functions needing fixtures or
     packages this environment lacks are left out."""
-    folder = _pyg_test_folder()
+    folder = pyg_test_folder()
     if folder is None:
         pytest.skip("PyG's test files are not here (set FASTGNN_PYG_TESTS to a PyG "
                     "checkout's test/nn/conv)")
-    spec = importlib.util.spec_from_file_location(f"pyg_{filename[:-3]}", folder / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    names = PYG_TEST_FILES[filename]
-    for name in names:
-        setattr(module, name, getattr(ft, name))
-    ran = 0
-    for fn_name, fn in sorted(vars(module).items()):
-        if not fn_name.startswith("test_") or not callable(fn):
-            continue
-        if not any(name in inspect.getsource(fn) for name in names):
-            continue
-        for kwargs in _cases(fn):
-            missing = set(inspect.signature(fn).parameters) - set(kwargs)
-            if missing:
-                continue                        # a fixture of PyG's conftest
-            try:
-                fn(**kwargs)
-            except ImportError:
-                continue                        # a package PyG's test needs, absent here
-            ran += 1
+    ran = run_pyg_test_file(folder / filename,
+                            {name: getattr(ft, name) for name in PYG_TEST_FILES[filename]})
     if not ran:
         pytest.skip(f"no test function of {filename} could run here")
