@@ -12,6 +12,8 @@
                             (nn_messages.py; DegreeScalerAggregation, PNA's
                             scalers, loads on first access like aggr.py's)
     RGCNConv, FastRGCNConv  drop-in PyG 2.8 relational layers (nn_hetero.py)
+    HGTConv                 drop-in PyG 2.8 heterogeneous graph transformer, one
+                            fused attention per destination node type (nn_hgt.py)
     to_hetero               PyG's to_hetero for models of fastgnn.torch layers
                             (nn_hetero.py; imports PyG when called)
     edge_softmax, edge_attention
@@ -42,6 +44,7 @@ from .nn_propagation import (APPNP, ChebConv, ClusterGCNConv, GraphConv, LEConv,
                              TAGConv)
 from .nn_messages import GENConv, GINEConv, PNAConv, ResGatedGraphConv
 from .nn_hetero import FastRGCNConv, RGCNConv, to_hetero
+from .nn_hgt import HGTConv
 
 _AGGREGATIONS = ("SumAggregation", "MeanAggregation", "MaxAggregation", "MinAggregation",
                  "VarAggregation", "StdAggregation", "MulAggregation", "SoftmaxAggregation",
@@ -51,7 +54,7 @@ __all__ = ["spmm", "gcn_norm", "segment_reduce", "segment_reduce_linear", "segme
            "clear_graph_cache", "warm_up", "GCNConv", "SAGEConv", "GINConv", "GraphConv", "SGConv",
            "APPNP", "TAGConv", "LEConv", "ClusterGCNConv", "ChebConv", "GINEConv",
            "ResGatedGraphConv", "GENConv", "PNAConv", "RGCNConv", "FastRGCNConv",
-           "to_hetero", "edge_softmax", "edge_attention",
+           "HGTConv", "to_hetero", "edge_softmax", "edge_attention",
            "GATConv", "GATv2Conv", "TransformerConv", *_AGGREGATIONS, "DegreeScalerAggregation",
            "apply", "Op",
            "FastgnnFunction", "device_scope"]

@@ -73,11 +73,15 @@ class _LRU:
             if entry is not None and entry[0]() is None:
                 del self._d[key]
 
-    def get(self, key, anchor, build):
+    def get(self, key, anchor, build, valid=None):
+        """The value under key while its anchor lives (and valid(value), for
+        values built from more tensors than the anchor), else build()'s,
+        stored with a weak reference to anchor."""
         with self._lock:
             self._purge()
             entry = self._d.get(key)
-            if entry is not None and entry[0]() is not None:
+            if entry is not None and entry[0]() is not None and (valid is None
+                                                                 or valid(entry[1])):
                 self._d.move_to_end(key)
                 self.hits += 1
                 _keep_if_capturing(entry[1])
