@@ -35,7 +35,7 @@ def test_the_layers_fastgnn_torch_gained_are_cases():
     assert set(CASES) == {
         "GraphConv", "SGConv", "APPNP", "TAGConv", "LEConv", "ClusterGCNConv", "ChebConv",
         "RGCNConv_8rel", "FastRGCNConv_8rel", "GINEConv", "ResGatedGraphConv", "GENConv",
-        "PNAConv", "SAGEConv_softmax", "SAGEConv_powermean"}
+        "PNAConv", "HGTConv", "SAGEConv_softmax", "SAGEConv_powermean"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -119,3 +119,29 @@ def test_compiled_pyg_gets_the_edge_inputs(tmp_path, monkeypatch):
         assert r["rel_err"] < 1e-5 and r["rel_err_grad"] < 1e-5, r
     assert recs["GINEConv"]["compiled_form"] == "edge_index"       # PyG lacks the CSR form
     assert recs["GraphConv"]["compiled_form"] == "csr adj_t"
+
+
+def test_typed_graph_holds_every_edge_once():
+    """HGTConv's typed inputs: each bench edge in exactly one edge type, by
+    its end points' node types and its relation, with indices local to the
+    node types; made once per ctx."""
+    import torch
+
+    from fastgnn.bench import core
+    from fastgnn.bench.graphs import make
+
+    g = make("grid4", torch, torch.device("cpu"), 0)
+    x = torch.zeros(g.num_nodes, 4)
+    ctx = core.Ctx(torch, torch.device("cpu"), torch.float32, "fp32", 4, g, x, x, x, 0)
+    half, typed = ext.typed_graph(ctx)
+    assert ext.typed_graph(ctx)[1] is typed and list(typed) == list(ext.HGT_EDGE_TYPES)
+    (relation,) = ext.edge_type(ctx)
+    rows = {"a": half, "b": g.num_nodes - half}
+    offset = {"a": 0, "b": half}
+    found = []
+    for (src, rel, dst), ei in typed.items():
+        assert 0 <= int(ei.min()) and int(ei[0].max()) < rows[src] and int(ei[1].max()) < rows[dst]
+        found += [(int(s) + offset[src], int(d) + offset[dst], rel) for s, d in ei.t()]
+    want = [(int(s), int(d), f"r{int(r) % ext.HGT_RELATIONS}")
+            for (s, d), r in zip(g.edge_index.t(), relation)]
+    assert sorted(found) == sorted(want)

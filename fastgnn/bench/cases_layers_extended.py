@@ -7,6 +7,8 @@ PyG's layers, F -> F features at the bench width.
     segment family   GINEConv, ResGatedGraphConv, GENConv, PNAConv
                      (nn_messages.py); SAGEConv_softmax, SAGEConv_powermean
                      (aggr.py's aggregations)
+    attention family HGTConv (nn_hgt.py) on the bench graph made heterogeneous
+                     (below)
 
 They are not in the default suite (`Case.default` False): name them with
 --layers (or --layers all). Each runs as cases_layers.py's cases do
@@ -26,6 +28,13 @@ seed, in the graph's edge order:
     edge_type [E]            uniform in 0 .. RELATIONS - 1 (the RGCN cases;
                              both are timed against PyG's RGCNConv and
                              FastRGCNConv, which share parameters)
+
+HGTConv takes typed inputs: the bench graph's first half of the nodes is
+node type "a", the rest "b", and edge e = (j -> i) has edge type
+(type of j, f"r{edge_type[e] % HGT_RELATIONS}", type of i) (8 edge types);
+x_dict holds views of x, edge_index_dict is made once per ctx, and the
+output is the node types' outputs concatenated back into [N, F] (a wrapper
+module, the same for both libraries).
 """
 from __future__ import annotations
 
@@ -65,6 +74,51 @@ def edge_type(ctx):
         0, RELATIONS, (E,), generator=gen, device=ctx.device)),)
 
 
+HGT_NODE_TYPES = ("a", "b")
+HGT_RELATIONS = 2
+HGT_EDGE_TYPES = tuple((src, f"r{r}", dst) for src in HGT_NODE_TYPES for dst in HGT_NODE_TYPES
+                       for r in range(HGT_RELATIONS))
+HGT_METADATA = (list(HGT_NODE_TYPES), list(HGT_EDGE_TYPES))
+
+
+def typed_graph(ctx):
+    """(rows of node type "a", {edge type: edge_index [2, E_type]}) of the
+    bench graph with `edge_type`, made once per ctx (see the module docstring)."""
+    key = ("layer_input", "typed_graph")
+    if key not in ctx.state:
+        torch = ctx.torch
+        ei, (relation,) = ctx.graph.edge_index, edge_type(ctx)
+        half = ctx.graph.num_nodes // 2
+        src_b, dst_b = (ei[0] >= half).long(), (ei[1] >= half).long()
+        local = ei - half * torch.stack([src_b, dst_b])
+        code = (src_b * 2 + dst_b) * HGT_RELATIONS + relation % HGT_RELATIONS
+        ctx.state[key] = half, {et: local[:, code == c].contiguous()
+                                for c, et in enumerate(HGT_EDGE_TYPES)}
+    return ctx.state[key]
+
+
+def _on_typed_graph(ctx, conv):
+    """conv (an HGTConv) called as a homogeneous layer: forward(x [N, F],
+    edge_index, edge_type) -> [N, out], on `typed_graph(ctx)`."""
+    torch = ctx.torch
+    half, edge_index_dict = typed_graph(ctx)
+
+    class OnTypedGraph(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x, edge_index, relation):
+            out = self.conv({"a": x[:half], "b": x[half:]}, edge_index_dict)
+            return torch.cat([out["a"], out["b"]])
+    return OnTypedGraph()
+
+
+def _hgt(cls, ctx):
+    heads = int(getattr(ctx, "heads", 4) or 4)
+    return _on_typed_graph(ctx, cls(ctx.width, ctx.width, HGT_METADATA, heads=heads))
+
+
 def in_degree_histogram(ctx):
     """PNAConv's `deg`: the bench graph's in-degree histogram, on the host."""
     torch = ctx.torch
@@ -88,7 +142,12 @@ PYG_ON_EDGE_INDEX = {
     "RGCNConv": "a propagate over each relation's masked edge_index, then h @ Theta_r (pyg_lib's "
                 "segment_matmul instead where installed and its heuristic picks it)",
     "FastRGCNConv": "per-edge messages x_j Theta_(r_e): bmm with a gathered [E, F, F] weight, "
-                    "scatter mean"}
+                    "scatter mean",
+    "HGTConv": "k_rel/v_rel (HeteroLinear) on every edge type's source rows, one concatenated "
+               "edge_index, per-edge scores q_i . k_j, softmax over each destination's in-edges, "
+               "[E, heads, D] messages, scatter add"}
+HGT_NO_CSR = ("HGTConv takes a graph input per edge type; PyG's turns each sparse adj_t into an "
+              "edge_index (to_edge_index) and runs its edge_index path, so it has no fused path")
 RGCN_NO_CSR = ("PyG 2.8's RGCNConv takes no torch.sparse adj_t (masking it by relation raises "
                "IndexError), and FastRGCNConv's messages depend on each edge's relation, so it "
                "has no fused path there")
@@ -99,7 +158,7 @@ class LayerCase:
     """One opt-in layer case."""
     name: str                      # the case
     layer: str                     # class in torch_geometric.nn and fastgnn.torch
-    family: str                    # "spmm" or "segment" (the fastgnn family carrying it)
+    family: str                    # "spmm", "segment" or "attention": the family carrying it
     settings: str                  # the constructor arguments as the report shows them
     description: str
     make: Callable                 # (class, ctx) -> the layer
@@ -174,6 +233,13 @@ LAYER_CASES = (
                                    in_degree_histogram(ctx), edge_dim=EDGE_DIM),
               args=edge_attr, args_note=EDGE_ATTR_NOTE,
               csr_skip=NOT_FUSED.format(layer="PNAConv")),
+    LayerCase("HGTConv", "HGTConv", "attention",
+              f"F, F, metadata=({len(HGT_NODE_TYPES)} node types, {len(HGT_EDGE_TYPES)} edge "
+              "types), heads=H",
+              f"HGT: typed K/Q/V, per-edge-type k_rel/v_rel/p_rel, softmax over all "
+              f"{len(HGT_EDGE_TYPES)} edge types into a node, gelu + out_lin + skip gate",
+              _hgt, args=edge_type, args_note=" as typed inputs (x_dict, edge_index_dict)",
+              csr_skip=HGT_NO_CSR),
     LayerCase("SAGEConv_softmax", "SAGEConv", "segment", "F, F, aggr='softmax'",
               "GraphSAGE layer with softmax aggregation (t = 1) + root weight",
               lambda cls, ctx: cls(ctx.width, ctx.width, aggr="softmax"),
