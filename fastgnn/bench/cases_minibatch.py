@@ -54,6 +54,7 @@ the run goes on.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -403,12 +404,14 @@ def _convs(lib, name, dims, heads):
     return out
 
 
-def _net_classes():
+@functools.lru_cache(maxsize=None)
+def node_net_class():
+    """NodeNet(convs): the sampled workload's model around any conv layers
+    (torch only; made on first use, since this module imports no torch)."""
     import torch
-    from torch_geometric.nn import global_mean_pool
 
     class NodeNet(torch.nn.Module):
-        """conv -> ReLU -> conv -> ReLU -> conv: logits [n, classes]."""
+        """conv -> ReLU -> ... -> conv (3 convs in the benchmark): logits [n, classes]."""
 
         def __init__(self, convs):
             super().__init__()
@@ -418,6 +421,13 @@ def _net_classes():
             for conv in self.convs[:-1]:
                 x = conv(x, edge_index).relu()
             return self.convs[-1](x, edge_index)
+
+    return NodeNet
+
+
+def _net_classes():
+    import torch
+    from torch_geometric.nn import global_mean_pool
 
     class GraphNet(torch.nn.Module):
         """(conv -> ReLU) x 3 -> global_mean_pool -> Linear: logits [graphs, classes]."""
@@ -432,7 +442,7 @@ def _net_classes():
                 x = conv(x, edge_index).relu()
             return self.head(global_mean_pool(x, batch, num_graphs))
 
-    return NodeNet, GraphNet
+    return node_net_class(), GraphNet
 
 
 def build_model(framework, workload, name, features, hidden, classes, heads):
