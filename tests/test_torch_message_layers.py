@@ -457,6 +457,21 @@ def test_the_message_rows_keep_no_per_edge_values_for_the_backward(seed):
         assert all(dtype == allowed for dtype in kept), f"{type(layer).__name__}: {kept}"
 
 
+def test_backward_after_the_graph_input_is_gone(seed):
+    """The backward reads the graph's transpose: it works after the forward's
+    edge_index was freed and its graph dropped from the cache by a later
+    call (the autograd node keeps the graph)."""
+    x = _randn(seed, N, F_IN).requires_grad_()
+    for layer in (ft.GINEConv(torch.nn.Linear(F_IN, 4)).double(),
+                  ft.ResGatedGraphConv(F_IN, 6, edge_dim=D).double()):
+        width = D if isinstance(layer, ft.ResGatedGraphConv) else F_IN
+        outs = [layer(x, _graph(seed + k), _randn(seed + k, _graph(seed + k).shape[1], width))
+                for k in range(2)]
+        (outs[0] + outs[1]).sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+        x.grad = None
+
+
 @pytest.mark.parametrize("name", LAYERS)
 def test_edge_attr_as_the_values_of_a_hybrid_adj_t_matches_pyg(name, seed):
     """A torch sparse adj_t with one row of values per entry ([nnz, D]): PyG

@@ -87,7 +87,9 @@ class _Edges:
         counts = self.ptr[1:] - self.ptr[:-1]
         self.dst = torch.repeat_interleave(
             torch.arange(self.num_dst, device=self.ptr.device), counts, output_size=self.num_edges)
-        self._graph = weakref.ref(graph)        # (held by the graph's cache: no cycle)
+        # weak (the graph's cache holds this: no cycle); an autograd node whose
+        # backward calls by_source() holds the graph itself
+        self._graph = weakref.ref(graph)
         self._by_source = None
 
     def degree(self, dtype):
@@ -271,6 +273,7 @@ class _EdgeRows(torch.autograd.Function):
             if eps:
                 m.add_(eps)
         ctx.edges, ctx.kinds = edges, kinds
+        ctx.graph = edges._graph()      # kept for the backward's `by_source`
         ctx.save_for_backward(mask, *tensors)
         return m
 
@@ -315,6 +318,7 @@ class _GatedSum(torch.autograd.Function):
             _add_terms(values, edges, b_kinds, tensors[na:], start=s)
             m[s:e].mul_(values)
         ctx.edges, ctx.kinds, ctx.na = edges, (a_kinds, b_kinds), na
+        ctx.graph = edges._graph()      # kept for the backward's `by_source`
         ctx.save_for_backward(k, q, v, *tensors)
         return segment_csr(edges.ptr, m, "sum")
 
