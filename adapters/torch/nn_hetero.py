@@ -119,30 +119,31 @@ class RelationGraphs:
 _RELATIONS = _LRU(8)    # edge_type -> {(R, sizes, edge_index key): (weakref, RelationGraphs)}
 
 
-def _check_edge_type(edge_type, num_edges, device):
+def _check_edge_type(edge_type, num_edges, device, name="edge_type"):
     if edge_type is None:
-        raise ValueError("edge_type is required: a [E] integer tensor with the relation of "
-                         "each edge_index column")
+        raise ValueError(f"{name} is required: a [E] integer tensor with the relation of "
+                         "each edge")
     if not isinstance(edge_type, Tensor):
-        raise TypeError(f"edge_type must be a torch.Tensor, got {type(edge_type).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(edge_type).__name__}")
     if edge_type.dtype.is_floating_point or edge_type.dtype.is_complex or (
             edge_type.dtype == torch.bool):
-        raise TypeError(f"edge_type must hold integers, got dtype {edge_type.dtype}")
+        raise TypeError(f"{name} must hold integers, got dtype {edge_type.dtype}")
     if tuple(edge_type.shape) != (num_edges,):
-        raise ValueError(f"edge_type must have shape [E] = [{num_edges}] (one relation per "
-                         f"edge_index column), got {tuple(edge_type.shape)}")
+        raise ValueError(f"{name} must have shape [E] = [{num_edges}] (one relation per "
+                         f"edge), got {tuple(edge_type.shape)}")
     if edge_type.device != device:
-        raise ValueError(f"edge_type is on {edge_type.device} but edge_index on {device}")
+        raise ValueError(f"{name} is on {edge_type.device} but the edges on {device}")
 
 
 def relation_graphs(edge_index, edge_type: Tensor, num_relations: int,
-                    num_nodes=None) -> RelationGraphs:
+                    num_nodes=None, *, type_name: str = "edge_type") -> RelationGraphs:
     """The `RelationGraphs` of edge_index [2, E] (a tensor or PyG EdgeIndex)
     with relations edge_type [E] (integers in 0 .. num_relations-1), built
     once and cached while both tensors live (keyed by address, shape,
     strides, dtype, device and version, as `to_graph`: an in-place edit
     rebuilds). num_nodes: None (max index + 1), an int, or (num_src, num_dst).
-    Raises TypeError / ValueError naming edge_index or edge_type."""
+    Raises TypeError / ValueError naming edge_index or edge_type (as
+    type_name: the caller's name for it)."""
     if isinstance(num_nodes, (tuple, list)):
         num_src, num_dst = num_nodes
     else:
@@ -153,7 +154,7 @@ def relation_graphs(edge_index, edge_type: Tensor, num_relations: int,
                         f"{type(edge_index).__name__}")
     anchor = edge_index
     ei, num_src, num_dst = _edge_index_parts(edge_index, num_src, num_dst)
-    _check_edge_type(edge_type, int(ei.shape[1]), ei.device)
+    _check_edge_type(edge_type, int(ei.shape[1]), ei.device, type_name)
     if isinstance(num_relations, bool) or not isinstance(num_relations, numbers.Integral) or (
             num_relations < 1):
         raise ValueError(f"num_relations must be a positive int, got {num_relations!r}")
@@ -173,7 +174,7 @@ def relation_graphs(edge_index, edge_type: Tensor, num_relations: int,
     if edge_type.numel():
         lo, hi = (int(v) for v in torch.stack([edge_type.min(), edge_type.max()]).cpu())
         if lo < 0 or hi >= num_relations:
-            raise ValueError(f"edge_type holds relation {lo if lo < 0 else hi}, outside "
+            raise ValueError(f"{type_name} holds relation {lo if lo < 0 else hi}, outside "
                              f"0 .. num_relations-1 = 0 .. {num_relations - 1}")
     groups = RelationGraphs(ei.detach(), edge_type.detach(), int(num_relations), int(num_src),
                             int(num_dst))
@@ -188,11 +189,53 @@ _REDUCES = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "min": "mi
             "mul": "mul", "var": "var", "std": "std"}
 
 
-def _aggregate(graph, t, reduce):
-    """The reduction of t's source rows into each target of graph."""
+def _aggregate(graph, t, reduce, edge_weight=None):
+    """The reduction of t's source rows into each target of graph (each row
+    scaled by edge_weight [E], sum only, when given)."""
     if reduce in ("sum", "mean", "max", "min"):
-        return spmm(graph, t, reduce=reduce)
+        return spmm(graph, t, edge_weight, reduce=reduce)
     return segment_reduce(graph, t, reduce)
+
+
+def _sum_by_source(groups, rows, reduce, bias, edge_weight=None):
+    """sum of rows [N_s R, out] over `groups.by_source` (mean: weighted by
+    1/|N_r(i)|; else by edge_weight [E] when given), the bias added in the
+    SpMM's store."""
+    weight = groups.mean_weights(_norm_dtype(rows.dtype)) if reduce == "mean" else edge_weight
+    return _spmm_bias(groups.by_source, rows, weight, bias, reduce="sum")
+
+
+def _typed_aggregate(groups, x, weight, reduce, bias=None, edge_weight=None, num_blocks=None):
+    r"""sum_r aggr_{e = (j -> i), r_e = r} w_e x_j Theta_r for float x
+    [N_s, in] over `RelationGraphs` groups: (out [N_t, out], whether bias
+    [out] was added).
+
+    weight:      Theta_r stacked, [R, in, out]; with num_blocks = K the
+                 block-diagonal [R, K, in/K, out/K] (x's K chunks of in/K
+                 features times the K blocks).
+    reduce:      aggr per relation ("sum", "mean", ...; an empty N_r(i) gives 0).
+    edge_weight: [E] w_e in the edges' order (reduce "sum" only; None: 1).
+
+    With sum/mean and fewer output than input features (weighted by source
+    and target counts) x Theta_r comes first ([N_s, R out]) and one SpMM over
+    `by_source` sums its rows per target; otherwise one SpMM over `by_target`
+    aggregates x per (target, relation) and one GEMM (an einsum for blocks)
+    applies the stacked Theta_r."""
+    R, n_dst, f_in = groups.num_relations, groups.num_dst, x.shape[1]
+    if num_blocks is not None:
+        agg = _aggregate(groups.by_target, x, reduce, edge_weight)
+        agg = agg.view(n_dst, R, num_blocks, f_in // num_blocks)
+        return torch.einsum("nrkc,rkcd->nkd", agg, weight).reshape(n_dst, -1), False
+    out = weight.shape[2]
+    if reduce in ("sum", "mean") and groups.num_src * out < n_dst * f_in:
+        # x Theta_r first ([N_s, R out], row j R + r), then one sum per target
+        rows = (x @ weight.transpose(0, 1).reshape(f_in, R * out)).view(-1, out)
+        return _sum_by_source(groups, rows, reduce, bias, edge_weight), True
+    agg = _aggregate(groups.by_target, x, reduce, edge_weight).view(n_dst, R * f_in)
+    stacked = weight.reshape(R * f_in, out)
+    if bias is not None and bias.dtype == agg.dtype:
+        return torch.addmm(bias, agg, stacked), True
+    return agg @ stacked, False
 
 
 def _glorot(t):
@@ -373,13 +416,6 @@ class RGCNConv(torch.nn.Module):
         """Node index per source row for featureless sources: x_src's values."""
         return x_src
 
-    def _sum_by_source(self, groups, rows):
-        """sum (mean: weighted by 1/|N_r(i)|) of rows [N_s R, out] over
-        `by_source`, the bias added in the SpMM's store."""
-        mean = self._reduce == "mean"
-        weight = groups.mean_weights(_norm_dtype(rows.dtype)) if mean else None
-        return _spmm_bias(groups.by_source, rows, weight, self.bias, reduce="sum")
-
     def _featureless(self, groups, x_src):
         """sum_r aggr_{j in N_r(i)} Theta_r[node(j)] for index sources."""
         R, out = self.num_relations, self.out_channels
@@ -387,29 +423,15 @@ class RGCNConv(torch.nn.Module):
         # row j R + r = Theta_r[node(j)]: a [N_s R, out] gather, no [E, out]
         rows = w.transpose(0, 1)[self._index_rows(x_src)].reshape(-1, out)
         if self._reduce in ("sum", "mean"):
-            return self._sum_by_source(groups, rows), True
+            return _sum_by_source(groups, rows, self._reduce, self.bias), True
         agg = _aggregate(groups.by_pair, rows, self._reduce)
         return agg.view(groups.num_dst, R, out).sum(1), False
 
     def _with_features(self, groups, x):
         """sum_r aggr_{j in N_r(i)} x_j Theta_r for float sources: (out, bias added)."""
-        R, out, n_dst = self.num_relations, self.out_channels, groups.num_dst
-        if self.num_blocks is not None:
-            K = self.num_blocks
-            agg = _aggregate(groups.by_target, x, self._reduce)
-            agg = agg.view(n_dst, R, K, x.shape[1] // K)
-            return torch.einsum("nrkc,rkcd->nkd", agg, self.weight).reshape(n_dst, out), False
-        w = self._relation_weights()
-        f_in = x.shape[1]
-        if self._reduce in ("sum", "mean") and groups.num_src * out < n_dst * f_in:
-            # x Theta_r first ([N_s, R out], row j R + r), then one sum per target
-            rows = (x @ w.transpose(0, 1).reshape(f_in, R * out)).view(-1, out)
-            return self._sum_by_source(groups, rows), True
-        agg = _aggregate(groups.by_target, x, self._reduce).view(n_dst, R * f_in)
-        stacked = w.reshape(R * f_in, out)
-        if self.bias is not None and self.bias.dtype == agg.dtype:
-            return torch.addmm(self.bias, agg, stacked), True
-        return agg @ stacked, False
+        weight = self.weight if self.num_blocks is not None else self._relation_weights()
+        return _typed_aggregate(groups, x, weight, self._reduce, self.bias,
+                                num_blocks=self.num_blocks)
 
     @_eager
     def forward(self, x, edge_index, edge_type: Tensor | None = None) -> Tensor:

@@ -549,6 +549,14 @@ def _nn_in_channels(nn):
                      "module has neither in_features nor in_channels); edge_dim needs them")
 
 
+def _gine_messages(edges, rows, edge_term):
+    """GINE's messages relu(x_j + t_e), ONE [E, C] tensor in CSR order, for
+    rows [N_s, C] (x_j) and edge_term a (kind, tensors) term of t_e ("edge":
+    t [E, C] in the caller's edge order; "linear": W a_e + b): `_EdgeRows`,
+    whose backward keeps the ReLU's bit mask."""
+    return _edge_messages(edges, [("src", (rows,)), edge_term], relu=True)
+
+
 class GINEConv(torch.nn.Module):
     r"""GIN with edge features (Hu et al., "Strategies for Pre-training Graph
     Neural Networks"), PyG 2.8's `GINEConv`:
@@ -619,8 +627,7 @@ class GINEConv(torch.nn.Module):
         _check_edge_attr(self, edge_attr, edges, f if self.lin is None else _in_width(self.lin),
                          x_src)
         rows, restore = _node_rows(x_src)
-        messages = _edge_messages(edges, [("src", (rows,)),
-                                          _edge_term(self.lin, edge_attr, x_src.dtype)], relu=True)
+        messages = _gine_messages(edges, rows, _edge_term(self.lin, edge_attr, x_src.dtype))
         out = restore(_reduce_rows(self, messages, edges))
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst
