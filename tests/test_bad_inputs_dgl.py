@@ -109,6 +109,18 @@ def _module_cases(g, block, x, ints):
         return fd.GraphConv(4, 3, **kw)
     sage, gin = (lambda: fd.SAGEConv(4, 3, "mean")), (lambda: fd.GINConv(None))
     gat, gatv2 = (lambda: fd.GATConv(4, 3, 2)), (lambda: fd.GATv2Conv(4, 3, 2))
+    etypes = torch.tensor([0, 1, 0])
+    # one source node, three destinations: no self-loop row for two of them
+    wide = dgl.heterograph({("a", "r", "b"): ([0], [2])}, {"a": 1, "b": 3})
+
+    def rgcn(**kw):
+        conv = fd.RelGraphConv(4, 3, 2, **kw)
+        return lambda graph, feat, etypes=etypes, norm=None: conv(graph, feat, etypes, norm)
+
+    def gine(edge_feat=None):
+        conv = fd.GINEConv()
+        return lambda graph, feat: conv(graph, feat,
+                                        torch.randn(3, 4) if edge_feat is None else edge_feat)
     cases = {
         # constructors
         "GraphConv norm": (lambda: gcn(norm="sym"), ValueError, "norm must be"),
@@ -157,21 +169,81 @@ def _module_cases(g, block, x, ints):
             r"feat\[1\] has 3 rows"),
         "GATConv block rows": (lambda: fd.GATConv(4, 3, 2, allow_zero_in_degree=True)(
             block, torch.randn(2, 4)), ValueError, "feat has 2 rows but the graph has 3 source"),
+        # RelGraphConv
+        "RelGraphConv regularizer": (lambda: fd.RelGraphConv(4, 3, 2, regularizer="block"),
+                                     ValueError, "regularizer must be None, 'basis' or 'bdd'"),
+        "RelGraphConv num_rels 0": (lambda: fd.RelGraphConv(4, 3, 0), ValueError,
+                                    "num_rels must be a positive int"),
+        "RelGraphConv in_feat float": (lambda: fd.RelGraphConv(4.0, 3, 2), TypeError,
+                                       "in_feat must be a positive int"),
+        "RelGraphConv num_bases 0": (lambda: fd.RelGraphConv(4, 3, 2, "basis", num_bases=0),
+                                     ValueError, "num_bases must be a positive int"),
+        "RelGraphConv bdd blocks": (lambda: fd.RelGraphConv(4, 3, 2, "bdd", num_bases=2),
+                                    ValueError, "num_bases=2 .* must divide in_feat"),
+        "RelGraphConv feat pair": (lambda: rgcn()(g, (x, x)), TypeError,
+                                   "feat must be a tensor .* no \\(src, dst\\) pair"),
+        "RelGraphConv feat 3-D": (lambda: rgcn()(g, torch.randn(3, 2, 4)), ValueError,
+                                  "feat must have shape \\[num_src, in_feat\\]"),
+        "RelGraphConv etypes float": (lambda: rgcn()(g, x, etypes.double()), TypeError,
+                                      "etypes must hold integers"),
+        "RelGraphConv etypes numpy": (lambda: rgcn()(g, x, np.zeros(3, dtype=np.int64)),
+                                      TypeError, "etypes must be a torch.Tensor"),
+        "RelGraphConv etypes missing": (lambda: rgcn()(g, x, None), ValueError,
+                                        "etypes is required"),
+        "RelGraphConv etypes shape": (lambda: rgcn()(g, x, etypes[:2]), ValueError,
+                                      "etypes must have shape \\[E\\] = \\[3\\]"),
+        "RelGraphConv etypes too big": (lambda: rgcn()(g, x, torch.tensor([0, 2, 1])),
+                                        ValueError, "etypes holds relation 2, outside"),
+        "RelGraphConv etypes negative": (lambda: rgcn()(g, x, torch.tensor([0, -1, 1])),
+                                         ValueError, "etypes holds relation -1, outside"),
+        "RelGraphConv etypes counts sum": (lambda: rgcn()(g, x, [1, 1]), ValueError,
+                                           "etypes as a list holds the number of edges"),
+        "RelGraphConv etypes counts float": (lambda: rgcn()(g, x, [1.0, 2.0]), TypeError,
+                                             "etypes must be a \\[E\\] integer tensor"),
+        "RelGraphConv etypes too many counts": (lambda: rgcn()(g, x, [1, 1, 1]), ValueError,
+                                                "at most num_rels = 2 counts"),
+        "RelGraphConv norm shape": (lambda: rgcn()(g, x, norm=torch.ones(3, 3)), ValueError,
+                                    "norm must have shape \\[E, 1\\]"),
+        "RelGraphConv norm integer": (lambda: rgcn()(g, x, norm=ints[:, :1]),
+                                      TypeError, "norm must be a floating-point tensor"),
+        "RelGraphConv norm numpy": (lambda: rgcn()(g, x, norm=np.ones((3, 1))), TypeError,
+                                    "norm must be a torch.Tensor"),
+        "RelGraphConv self-loop rows": (lambda: rgcn()(wide, torch.randn(1, 4), etypes[:1]),
+                                        ValueError, "the self-loop reads the first num_dst "
+                                                    "rows of feat"),
+        "RelGraphConv graph": (lambda: rgcn()("g", x), TypeError, "graph must be a DGLGraph"),
+        # GINEConv
+        "GINEConv edge_feat rows": (lambda: gine(torch.randn(2, 4))(g, x), ValueError,
+                                    "edge_feat must have shape \\[E, ...\\] = \\[3, 4\\]"),
+        "GINEConv edge_feat width": (lambda: gine(torch.randn(3, 5))(g, x), ValueError,
+                                     "edge_feat must have shape"),
+        "GINEConv edge_feat integer": (lambda: gine(ints)(g, x),
+                                       TypeError, "edge_feat must be a floating-point tensor"),
+        "GINEConv edge_feat numpy": (lambda: gine(np.ones((3, 4)))(g, x), TypeError,
+                                     "edge_feat must be a torch.Tensor"),
+        "GINEConv edge_feat dtype": (lambda: gine(torch.randn(3, 4, dtype=torch.float64))(g, x),
+                                     TypeError, "edge_feat is a torch.float64 tensor"),
+        "GINEConv pair dst rows": (lambda: gine(torch.randn(2, 4))(
+            block, (torch.randn(3, 4), torch.randn(3, 4))), ValueError,
+            r"node_feat\[1\] has 3 rows but the graph has 2 destination nodes"),
+        "GINEConv graph": (lambda: fd.GINEConv()(x, x, x), TypeError, "graph must be a DGLGraph"),
     }
     # every module refuses a bad feat: its kind, dtype, rank, rows and width
+    # (RelGraphConv takes no pair; GINEConv's feature argument is node_feat)
     for name, make in (("GraphConv", gcn), ("SAGEConv", sage), ("GINConv", gin),
-                       ("GATConv", gat), ("GATv2Conv", gatv2)):
+                       ("GINEConv", gine), ("GATConv", gat), ("GATv2Conv", gatv2),
+                       ("RelGraphConv", rgcn)):
         cases.update({
             f"{name} feat numpy": (lambda make=make: make()(g, np.ones((3, 4))), TypeError,
-                                   "feat must be a tensor or a pair"),
+                                   "feat must be a tensor"),
             f"{name} feat triple": (lambda make=make: make()(g, (x, x, x)), TypeError,
-                                    "feat must be a tensor or a pair"),
+                                    "feat must be a tensor"),
             f"{name} feat integer": (lambda make=make: make()(g, ints), TypeError,
                                      "feat must be a floating-point tensor"),
             f"{name} feat rows": (lambda make=make: make()(g, torch.randn(2, 4)), ValueError,
                                   "feat has 2 rows but the graph has 3 source nodes"),
         })
-        if name != "GINConv":       # GIN's apply_func takes any shape
+        if name not in ("GINConv", "GINEConv"):       # GIN's apply_func takes any shape
             cases.update({
                 f"{name} feat 1-D": (lambda make=make: make()(g, torch.randn(3)), ValueError,
                                      "feat must have shape"),
@@ -185,9 +257,10 @@ CASES = sorted(_catalogue())
 # DGL raises a DGLError for node features whose rows are not the graph's
 # nodes, edge ids out of range and unknown options: so do these (one check
 # serves every module's feat)
-DGL_TOO = sorted([f"{m} feat rows" for m in ("GraphConv", "SAGEConv", "GINConv", "GATConv",
-                                             "GATv2Conv")]
+DGL_TOO = sorted([f"{m} feat rows" for m in ("GraphConv", "SAGEConv", "GINConv", "GINEConv",
+                                             "GATConv", "GATv2Conv", "RelGraphConv")]
                  + ["GINConv pair dst rows", "GATv2Conv pair dst rows", "GATConv block rows",
+                    "GINEConv pair dst rows",
                     "edge_softmax eids out of range", "edge_softmax eids negative",
                     "GraphConv norm", "SAGEConv aggregator_type"])
 

@@ -3,7 +3,9 @@ weights (a DGL state_dict loaded with strict=True), outputs and EVERY
 gradient (features, edge weights, parameters) under a random cotangent, on
 graphs with 0-in-degree nodes, self-loops, duplicate edges and a hub, on
 bipartite blocks from `dgl.to_block` and on bipartite graphs with
-(src, dst) feature pairs; state_dicts both ways; fastgnn.torch's ops on
+(src, dst) feature pairs; `dgl.nn.HeteroGraphConv` over fastgnn.dgl's
+modules against the same over DGL's, on a heterograph and its blocks;
+state_dicts both ways; fastgnn.torch's ops on
 DGLGraphs; the graph cache; a sampled mini-batch training loop with
 `dgl.dataloading`; blocks and link-prediction batches from
 `dgl.dataloading` through every layer, batch after batch. Needs dgl
@@ -96,14 +98,15 @@ def _leaf(t):
     return t.detach().clone().requires_grad_(True)
 
 
-def _run(module, graph, feat, edge_weight, kwargs, cot_seed):
+def _run(module, graph, feat, edge_weight, kwargs, cot_seed, edge_arg="edge_weight"):
     """Outputs and every gradient of module(graph, feat, ...) under a random
-    cotangent (the same for every run with cot_seed), as {name: float64 tensor}."""
+    cotangent (the same for every run with cot_seed), as {name: float64 tensor};
+    edge_weight is passed as the keyword edge_arg."""
     leaves = tuple(_leaf(f) for f in (feat if isinstance(feat, tuple) else (feat,)))
     kw = dict(kwargs)
     ew = None
     if edge_weight is not None:
-        ew = kw["edge_weight"] = _leaf(edge_weight)
+        ew = kw[edge_arg] = _leaf(edge_weight)
     before = [t.detach().clone() for t in leaves + ((ew,) if ew is not None else ())]
     out = module(graph, leaves if isinstance(feat, tuple) else leaves[0], **kw)
     outs = out if isinstance(out, tuple) else (out,)
@@ -117,18 +120,19 @@ def _run(module, graph, feat, edge_weight, kwargs, cot_seed):
     for i, t in enumerate(leaves):
         res[f"grad feat[{i}]"] = None if t.grad is None else t.grad.double()
     if ew is not None:
-        res["grad edge_weight"] = ew.grad.double()
+        res[f"grad {edge_arg}"] = ew.grad.double()
     for name, p in module.named_parameters():
         res[f"grad {name}"] = None if p.grad is None else p.grad.double()
     return res
 
 
 def compare(ref, ours, graph, feat, edge_weight=None, *, seed=0, dtype=torch.float64,
-            torch_seed=None, **kwargs):
+            torch_seed=None, edge_arg="edge_weight", **kwargs):
     """Load DGL's state_dict into ours (strict), run both on the same inputs
     (DGL in float64, ours in `dtype`) and compare outputs and every gradient.
     torch_seed: seed torch's generator with it before each run (the same
-    dropout masks for both)."""
+    dropout masks for both); edge_arg: the keyword that takes edge_weight (a
+    per-edge tensor whose gradient is compared too)."""
     ref = ref.double()
     ours.load_state_dict(ref.state_dict(), strict=True)
     ours = ours.to(dtype)
@@ -141,10 +145,10 @@ def compare(ref, ours, graph, feat, edge_weight=None, *, seed=0, dtype=torch.flo
     ew_ref = None if edge_weight is None else edge_weight.to(dtype).double()
     if torch_seed is not None:
         torch.manual_seed(torch_seed)
-    r = _run(ref, graph, feat_ref, ew_ref, kwargs, seed)
+    r = _run(ref, graph, feat_ref, ew_ref, kwargs, seed, edge_arg)
     if torch_seed is not None:
         torch.manual_seed(torch_seed)
-    o = _run(ours, graph, feat_ours, ew_ours, kwargs, seed)
+    o = _run(ours, graph, feat_ours, ew_ours, kwargs, seed, edge_arg)
     assert_results_match(o, r, "float64" if dtype == torch.float64 else "float32")
     return o, r
 
@@ -390,6 +394,210 @@ def test_gatconv_edge_weight_dropout_is_dgls(rng, seed):
     assert (o["output[1]"] == 0).any()            # some weights were dropped
 
 
+# ---------------------------------------------------------------- GINEConv
+GINE = [  # (learn_eps, graph, pair, feature shape, with apply_func)
+    (True, "homo", False, (5,), True),
+    (False, "block", False, (5,), True),
+    (True, "bipartite", True, (5,), True),
+    (False, "homo", False, (2, 3), False),         # extra feature dimensions, no apply_func
+    (True, "looped", False, (4,), False),
+]
+
+
+@pytest.mark.parametrize("learn_eps,kind,pair,shape,with_mlp", GINE)
+def test_gineconv_matches_dgl(learn_eps, kind, pair, shape, with_mlp, rng, seed):
+    g = GRAPHS[kind](rng)
+    torch.manual_seed(1)
+    mlp = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    ref = dnn.GINEConv(copy.deepcopy(mlp) if with_mlp else None, init_eps=0.3,
+                       learn_eps=learn_eps)
+    ours = fd.GINEConv(copy.deepcopy(mlp) if with_mlp else None, init_eps=0.3,
+                       learn_eps=learn_eps)
+    _same_state(ref, ours)
+    feat = _features(g, rng, shape[-1], pair, prefix=shape[:-1])
+    edge_feat = torch.from_numpy(rng.standard_normal((g.num_edges(), *shape)))
+    compare(ref, ours, g, feat, edge_feat, seed=seed, edge_arg="edge_feat")
+
+
+def test_gineconv_float32(rng, seed):
+    g = _block(rng)
+    ref = dnn.GINEConv(torch.nn.Linear(6, 4), learn_eps=True)
+    ours = fd.GINEConv(copy.deepcopy(ref.apply_func), learn_eps=True)
+    compare(ref, ours, g, _features(g, rng, 6),
+            torch.from_numpy(rng.standard_normal((g.num_edges(), 6))), seed=seed,
+            dtype=torch.float32, edge_arg="edge_feat")
+
+
+# ------------------------------------------------------------ RelGraphConv
+R = 4           # relations; etypes draw 0 .. R-2, so the last relation has no edge
+
+
+def _etypes(g, rng):
+    return torch.from_numpy(rng.integers(0, R - 1, g.num_edges()))
+
+
+def _norm(g, rng):
+    return torch.from_numpy(rng.random((g.num_edges(), 1)) + 0.1)
+
+
+RGCN = [  # (options, graph, in, out, with norm); in > out: x W_r first, else aggregate first
+    (dict(), "homo", 6, 4, True),
+    (dict(), "block", 4, 7, False),
+    (dict(regularizer="basis", num_bases=2, layer_norm=True), "block", 6, 4, True),
+    (dict(regularizer="basis", activation=torch.tanh), "homo", 4, 7, True),
+    (dict(regularizer="bdd", num_bases=2, bias=False), "homo", 6, 4, True),
+    (dict(regularizer="bdd", num_bases=3, layer_norm=True), "block", 6, 9, False),
+    (dict(self_loop=False, layer_norm=True), "bipartite", 6, 4, True),
+    (dict(bias=False), "bipartite", 4, 7, True),      # DGL's self-loop: feat's first num_dst rows
+]
+
+
+@pytest.mark.parametrize("opts,kind,fin,fout,with_norm", RGCN)
+def test_relgraphconv_matches_dgl(opts, kind, fin, fout, with_norm, rng, seed):
+    g = GRAPHS[kind](rng)
+    ref, ours = _both("RelGraphConv", fin, fout, R, **opts)
+    _same_state(ref, ours)
+    if opts.get("layer_norm"):       # DGL's LayerNorm starts as the identity affine map
+        with torch.no_grad():
+            for p in ref.layer_norm_weight.parameters():
+                p.copy_(torch.from_numpy(rng.standard_normal(p.shape)))
+    compare(ref, ours, g, _features(g, rng, fin), _norm(g, rng) if with_norm else None,
+            seed=seed, edge_arg="norm", etypes=_etypes(g, rng))
+
+
+def test_relgraphconv_etype_counts_dropout_and_float32(rng, seed):
+    """etypes as per-relation edge counts (edges sorted by relation) give the
+    function of the per-edge tensor; dropout is DGL's nn.Dropout (the same
+    masks from one seed); float32 within its tolerance."""
+    g = _homo(rng)
+    etypes = _etypes(g, rng)
+    order = torch.argsort(etypes, stable=True)
+    src, dst = g.edges(order="eid")
+    by_relation = dgl.graph((src[order], dst[order]), num_nodes=g.num_nodes())
+    counts = torch.bincount(etypes[order], minlength=R).tolist()
+    ref, ours = _both("RelGraphConv", 6, 4, R, regularizer="basis", num_bases=2)
+    _same_state(ref, ours)
+    x, norm = _features(g, rng, 6), _norm(g, rng)
+    r = _run(ref.double(), by_relation, x, norm, dict(etypes=etypes[order]), seed, "norm")
+    o = _run(ours.double(), by_relation, x, norm, dict(etypes=counts, presorted=True), seed,
+             "norm")
+    assert_results_match(o, r)
+    ref, ours = _both("RelGraphConv", 6, 4, R, dropout=0.4)
+    ref.train(), ours.train()
+    o, _ = compare(ref, ours, g, x, norm, seed=seed, torch_seed=seed, edge_arg="norm",
+                   etypes=etypes)
+    assert (o["output[0]"] == 0).any()
+    ref, ours = _both("RelGraphConv", 6, 4, R, regularizer="bdd", num_bases=2)
+    block = _block(rng)
+    compare(ref, ours, block, _features(block, rng, 6), _norm(block, rng), seed=seed,
+            dtype=torch.float32, edge_arg="norm", etypes=_etypes(block, rng))
+
+
+# ---------------------------------------------------------- HeteroGraphConv
+NODES = {"user": 31, "item": 23, "tag": 11}
+RELATIONS = [("user", "follows", "user"), ("user", "rates", "item"),
+             ("item", "rated_by", "user"), ("item", "tagged", "tag")]
+
+
+def _hetero(rng):
+    """A heterograph with three node types and four relations, each with
+    duplicate edges, a hub and destinations without in-edges (self-loops in
+    the relation within one type); "tag" is only a destination."""
+    data = {}
+    for s, e, d in RELATIONS:
+        ei = awkward_edge_index(NODES[d], 3 * NODES[d], seed=int(rng.integers(2**31)),
+                                num_src=None if s == d else NODES[s])
+        data[s, e, d] = (torch.from_numpy(ei[0]), torch.from_numpy(ei[1]))
+    return dgl.heterograph(data, NODES)
+
+
+def _hetero_block(rng):
+    """A block of `_hetero` (dgl.to_block of the in-edges of about half of each type)."""
+    g = _hetero(rng)
+    seeds = {t: torch.from_numpy(np.unique(np.concatenate(
+        [[0, n - 1], rng.choice(n, n // 2, replace=False)]))) for t, n in NODES.items()}
+    return dgl.to_block(dgl.in_subgraph(g, seeds), seeds)
+
+
+def _relation_modules(lib, kind):
+    """{relation: module} of `lib` (dgl.nn or fastgnn.dgl), F = 5 input features."""
+    if kind == "convs":
+        return {"follows": lib.GraphConv(5, 4, allow_zero_in_degree=True),
+                "rates": lib.SAGEConv((5, 5), 4, "mean"),
+                "rated_by": lib.GINConv(torch.nn.Linear(5, 4), "max"),
+                "tagged": lib.GraphConv(5, 4, norm="right", allow_zero_in_degree=True)}
+    if kind == "attention":
+        return {"follows": lib.GATConv(5, 3, 2, allow_zero_in_degree=True),
+                "rates": lib.GATConv((5, 5), 3, 2, residual=True, allow_zero_in_degree=True),
+                "rated_by": lib.GATv2Conv((5, 5), 3, 2, allow_zero_in_degree=True),
+                "tagged": lib.GATv2Conv(5, 3, 2, residual=True, allow_zero_in_degree=True)}
+    return {"follows": lib.GINEConv(torch.nn.Linear(5, 4), learn_eps=True),
+            "rates": lib.GINEConv(torch.nn.Linear(5, 4)),
+            "rated_by": lib.SAGEConv(5, 4, "pool"),
+            "tagged": lib.SAGEConv((5, 5), 4, "gcn")}
+
+
+def _edge_inputs(g, kind, rng):
+    """mod_kwargs: per-edge tensors by relation (edge weights, edge features)."""
+    def rows(e, *shape):
+        return torch.from_numpy(rng.standard_normal((g.num_edges(e), *shape)))
+    if kind == "convs":
+        return {"follows": {"edge_weight": rows("follows").abs() + 0.1},
+                "rates": {"edge_weight": rows("rates").abs() + 0.1}}
+    if kind == "gine":
+        return {"follows": {"edge_feat": rows("follows", 5)},
+                "rates": {"edge_feat": rows("rates", 5)}}
+    return {}
+
+
+def _run_hetero(model, g, x, mod_kwargs, cot_seed):
+    """model(g, x, mod_kwargs=...) and every gradient (inputs, per-edge
+    tensors, parameters) under a random cotangent, as {name: tensor}."""
+    xs = {t: _leaf(v) for t, v in x.items()}
+    kw = {e: {k: _leaf(v) for k, v in a.items()} for e, a in mod_kwargs.items()}
+    out = model(g, xs, mod_kwargs=kw)
+    gen = torch.Generator().manual_seed(cot_seed)
+    loss = sum((out[t] * torch.randn(out[t].shape, generator=gen, dtype=torch.float64)).sum()
+               for t in sorted(out))
+    loss.backward()
+    res = {f"output {t}": out[t].detach() for t in out}
+    res.update({f"grad x[{t}]": v.grad for t, v in xs.items()})
+    res.update({f"grad {e}.{k}": v.grad for e, a in kw.items() for k, v in a.items()})
+    res.update({f"grad {n}": p.grad for n, p in model.named_parameters()})
+    return res
+
+
+HETERO = [("convs", aggregate, "graph") for aggregate in ("sum", "mean", "max", "stack")]
+HETERO += [("attention", "sum", "graph"), ("attention", "stack", "graph"),
+           ("gine", "mean", "graph"), ("gine", "max", "graph"),
+           ("convs", "sum", "block"), ("attention", "max", "block"), ("gine", "stack", "block")]
+
+
+@pytest.mark.parametrize("kind,aggregate,form", HETERO)
+def test_hetero_graph_conv_over_fastgnn_modules_matches_dgl(kind, aggregate, form, rng, seed):
+    """dgl.nn.HeteroGraphConv over fastgnn.dgl's modules (one per relation,
+    called on each relation's graph with (src, dst) feature pairs) equals
+    the same HeteroGraphConv over DGL's modules from the same weights."""
+    g = _hetero_block(rng) if form == "block" else _hetero(rng)
+    torch.manual_seed(2)
+    ref = dnn.HeteroGraphConv(_relation_modules(dnn, kind), aggregate=aggregate).double()
+    torch.manual_seed(2)
+    ours = dnn.HeteroGraphConv(_relation_modules(fd, kind), aggregate=aggregate).double()
+    _same_state(ref, ours)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed),
+                                     dtype=p.dtype))
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = {t: torch.from_numpy(rng.standard_normal((g.num_src_nodes(t), 5))) for t in g.srctypes}
+    edge_inputs = _edge_inputs(g, kind, rng)
+    r = _run_hetero(ref, g, x, edge_inputs, seed)
+    o = _run_hetero(ours, g, x, edge_inputs, seed)
+    assert sorted(k for k in r if k.startswith("output")) == [f"output {t}" for t in
+                                                              ("item", "tag", "user")]
+    assert_results_match(o, r)
+
+
 # ---------------------------------------------------------- state dicts
 def _all_modules():
     mlp = torch.nn.Linear(4, 3)
@@ -400,7 +608,12 @@ def _all_modules():
             ("GATConv", (4, 3, 2), dict(residual=True)), ("GATConv", ((4, 5), 3, 2), {}),
             ("GATConv", (6, 3, 2), dict(residual=True)),
             ("GATv2Conv", (4, 3, 2), dict(residual=True, share_weights=True)),
-            ("GATv2Conv", ((4, 5), 3, 2), dict(bias=False))]
+            ("GATv2Conv", ((4, 5), 3, 2), dict(bias=False)),
+            ("GINEConv", (mlp,), dict(learn_eps=True)), ("GINEConv", (), dict(init_eps=0.5)),
+            ("RelGraphConv", (4, 6, 3), dict(layer_norm=True)),
+            ("RelGraphConv", (4, 6, 3), dict(regularizer="basis", num_bases=2)),
+            ("RelGraphConv", (4, 6, 3), dict(regularizer="bdd", num_bases=2, self_loop=False,
+                                             bias=False))]
 
 
 @pytest.mark.parametrize("cls,args,kw", _all_modules(),

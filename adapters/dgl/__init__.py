@@ -6,10 +6,11 @@
     import fastgnn.dgl as fd
     fd.ops.u_mul_e_sum(g, x, w), fd.edge_softmax(g, e)
 
-    GraphConv, SAGEConv, GINConv, GATConv, GATv2Conv
+    GraphConv, SAGEConv, GINConv, GINEConv, GATConv, GATv2Conv, RelGraphConv
                       DGL's modules: constructor arguments, parameter names
                       (state_dicts load both ways with strict=True), forward
-                      inputs and errors (nn.py)
+                      inputs and errors (nn.py, nn_relational.py); they run
+                      inside DGL's HeteroGraphConv as its per-relation modules
     edge_softmax, ops.copy_u_*, ops.copy_e_*, ops.u_mul_e_*, ops.gspmm
                       DGL's functional ops where fastgnn has the kernel
                       (sum, mean, max, min; ops.py)
@@ -23,8 +24,8 @@ its one autograd bridge (DGL's tensors are torch tensors), on the CPU and on
 CUDA alike. Needs dgl (its wheels support torch 2.0-2.2 and numpy < 2).
 """
 from . import nn, ops
-from .nn import GATConv, GATv2Conv, GINConv, GraphConv, SAGEConv
+from .nn import GATConv, GATv2Conv, GINConv, GINEConv, GraphConv, RelGraphConv, SAGEConv
 from .ops import edge_softmax, to_graph
 
-__all__ = ["GraphConv", "SAGEConv", "GINConv", "GATConv", "GATv2Conv", "edge_softmax",
-           "to_graph", "nn", "ops"]
+__all__ = ["GraphConv", "SAGEConv", "GINConv", "GINEConv", "GATConv", "GATv2Conv",
+           "RelGraphConv", "edge_softmax", "to_graph", "nn", "ops"]

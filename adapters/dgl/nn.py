@@ -1,5 +1,6 @@
 """Drop-in replacements for DGL 2.x's `dgl.nn` GraphConv, SAGEConv, GINConv,
-GATConv and GATv2Conv on fastgnn's kernels.
+GINEConv, GATConv and GATv2Conv on fastgnn's kernels (and RelGraphConv, from
+nn_relational.py).
 
 Same constructor arguments, submodules and parameter names as DGL's modules
 (a DGL `state_dict` loads with `strict=True`, and ours into DGL's), the same
@@ -44,10 +45,12 @@ from fastgnn.torch.attention import _dropped, _head_logits, draw_seed
 from fastgnn.torch.functional import _cached_edge_index
 from fastgnn.torch.graph_cache import is_dgl_graph
 from fastgnn.torch.nn import shared_input_linears
+from fastgnn.torch.nn_messages import _edges, _gine_messages
 
-from .ops import to_graph, u_mul_e
+from .ops import _tensor, to_graph, u_mul_e
 
-__all__ = ["GraphConv", "SAGEConv", "GINConv", "GATConv", "GATv2Conv"]
+__all__ = ["GraphConv", "SAGEConv", "GINConv", "GINEConv", "GATConv", "GATv2Conv",
+           "RelGraphConv"]
 
 
 class _InvalidOption(DGLError, ValueError):
@@ -115,27 +118,29 @@ def _positive_sizes(layer, **sizes):
                 raise ValueError(f"{layer}: {name} must be a positive int, got {value!r}")
 
 
-def _check_feat(module, g, feat, widths=(None, None), min_dim=2, reads_dst=True):
-    """A module's feature input checked at its entry, naming feat: one
+def _check_feat(module, g, feat, widths=(None, None), min_dim=2, reads_dst=True,
+                arg="feat"):
+    """A module's feature input checked at its entry, naming it (arg): one
     floating-point tensor [num_src, ..., in_src] (on a block, its first
     num_dst rows are the destinations'), or a pair (src [num_src, ..., in_src],
     dst [num_dst, ..., in_dst]). widths: (in_src, in_dst), None where the
     module takes any; min_dim: the fewest dimensions it takes; reads_dst:
-    whether it reads a pair's dst tensor. g: the converted graph."""
+    whether it reads a pair's dst tensor. g: the converted graph; arg: the
+    argument's name in the messages."""
     layer = type(module).__name__
     if isinstance(feat, tuple):
         if len(feat) != 2:
-            raise TypeError(f"{layer}: feat must be a tensor or a pair (src, dst), got a tuple "
+            raise TypeError(f"{layer}: {arg} must be a tensor or a pair (src, dst), got a tuple "
                             f"of {len(feat)}")
-        parts = [("feat[0]", feat[0], g.num_src, "source", widths[0], "")]
+        parts = [(f"{arg}[0]", feat[0], g.num_src, "source", widths[0], "")]
         if reads_dst:
-            parts.append(("feat[1]", feat[1], g.num_dst, "destination", widths[1], ""))
+            parts.append((f"{arg}[1]", feat[1], g.num_dst, "destination", widths[1], ""))
     else:
-        parts = [("feat", feat, g.num_src, "source", widths[0],
+        parts = [(arg, feat, g.num_src, "source", widths[0],
                   " (on a block, its first num_dst_nodes() rows are the destinations')")]
     for name, t, rows, side, width, hint in parts:
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{layer}: feat must be a tensor or a pair (src, dst) of tensors, "
+            raise TypeError(f"{layer}: {arg} must be a tensor or a pair (src, dst) of tensors, "
                             f"got {type(t).__name__}")
         if not t.is_floating_point():
             raise TypeError(f"{layer}: {name} must be a floating-point tensor, got {t.dtype} "
@@ -488,6 +493,65 @@ class GINConv(nn.Module):
         return rst
 
 
+# ------------------------------------------------------------------- GINEConv
+def _edge_feat(module, edge_feat, graph, node_feat):
+    """edge_feat [E, *s] in DGL's edge order, s node_feat's feature shape,
+    of its dtype and device; TypeError / ValueError naming edge_feat."""
+    layer = type(module).__name__
+    _tensor(edge_feat, "edge_feat")
+    shape = (graph.num_edges, *node_feat.shape[1:])
+    if tuple(edge_feat.shape) != shape:
+        raise ValueError(f"{layer}: edge_feat must have shape [E, ...] = {list(shape)} (one row "
+                         f"per edge, in DGL's edge order, shaped as a node's features), got "
+                         f"{tuple(edge_feat.shape)}")
+    if edge_feat.dtype != node_feat.dtype or edge_feat.device != node_feat.device:
+        raise TypeError(f"{layer}: edge_feat is a {edge_feat.dtype} tensor on "
+                        f"{edge_feat.device} but node_feat a {node_feat.dtype} one on "
+                        f"{node_feat.device}; convert one of them")
+
+
+class GINEConv(nn.Module):
+    r"""GIN with edge features (Hu et al.), DGL's `GINEConv`:
+
+        h'_v = f_Theta((1 + eps) h_v + sum_{e=(u->v)} relu(h_u + e_uv))
+
+    apply_func (f_Theta, or None), init_eps, learn_eps (eps a parameter,
+    else a buffer; `eps` [1] float32 either way): as in DGL.
+    forward(graph, node_feat [N_src, *] or (src, dst) pair,
+            edge_feat [E, *] (DGL's edge order, shaped as a node's features))
+        -> apply_func's output [N_dst, *]
+
+    The messages relu(h_u + e_uv) are fastgnn.torch's GINEConv messages: ONE
+    [E, F] tensor in CSR order (h_u gathered into it, e_uv added in place;
+    the backward keeps the ReLU's bit mask), summed per destination by
+    fastgnn's `segment_csr`.
+    """
+
+    def __init__(self, apply_func=None, init_eps=0, learn_eps=False):
+        super().__init__()
+        self.apply_func = apply_func
+        eps = torch.tensor([float(init_eps)], dtype=torch.float32)
+        if learn_eps:
+            self.eps = nn.Parameter(eps)
+        else:
+            self.register_buffer("eps", eps)
+
+    def forward(self, graph, node_feat, edge_feat):
+        g = _dgl_graph(graph)
+        _check_feat(self, g, node_feat, min_dim=1, arg="node_feat")   # apply_func: any width
+        feat_src, feat_dst = _expand_pair(graph, node_feat)
+        _edge_feat(self, edge_feat, g, feat_src)
+        edges = _edges(g)
+        width = math.prod(feat_src.shape[1:])
+        messages = _gine_messages(edges, feat_src.reshape(g.num_src, width),
+                                  ("edge", (edge_feat.reshape(g.num_edges, width),)))
+        neigh = ft.segment_csr(edges.ptr, messages, "sum").view(g.num_dst, *feat_src.shape[1:])
+        rst = (1 + self.eps) * feat_dst + neigh
+        if self.apply_func is not None:
+            rst = self.apply_func(rst)
+        return rst
+
+
 # -------------------------------------------------------------- attention
 def _attention_dropout(module):
     """(p, seed) of the module's attention dropout for this call: p from its
@@ -757,3 +821,8 @@ class GATv2Conv(_ZeroInDegreeChecked):
         if get_attention:
             return rst, attn
         return rst
+
+
+# RelGraphConv lives in its own file (nn_relational.py), which takes this
+# file's helpers; it is imported last so that `fastgnn.dgl.nn` holds every module
+from .nn_relational import RelGraphConv  # noqa: E402
