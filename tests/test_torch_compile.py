@@ -1,7 +1,9 @@
 """fastgnn.torch under torch.compile and CUDA graphs: the custom ops
 (`custom_ops.py`) checked with torch.library.opcheck, every layer compiled
 with fullgraph=True (no graph break) against eager, compiled training steps,
-and on the GPU a CUDA-graph-captured training step against eager.
+graphs that change every step under dynamic shapes (one compile for 20
+batches of other sizes, counted with Dynamo's counters), and on the GPU a
+CUDA-graph-captured training step against eager.
 
 Most cases compile with the "aot_eager" backend: it runs Dynamo, the fake
 implementations and AOTAutograd's joint forward/backward trace, which is
@@ -9,8 +11,10 @@ where a fastgnn op could break, without spending CPU time in Inductor's
 code generation; one model per test goes through Inductor itself."""
 import warnings
 
+import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import fastgnn
 import fastgnn.torch as ft
@@ -28,8 +32,15 @@ N, F, E = 53, 12, 400
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
+    counters.clear()
     yield
     torch._dynamo.reset()
+
+
+def _compiles():
+    """How many graphs Dynamo compiled since the test began: one per
+    compiled function, and one more for each recompile or graph break."""
+    return counters["stats"]["unique_graphs"]
 
 
 def _close(got, want, rtol=1e-5, atol=1e-6, what="output"):
@@ -57,9 +68,14 @@ def _run(fn, inputs, params=()):
 
 
 def _assert_compiled_matches(fn, inputs, params=(), backend="aot_eager", rtol=1e-5, atol=1e-5):
-    want_out, want_grads = _run(fn, inputs, params)
+    want = _run(fn, inputs, params)
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
-    got_out, got_grads = _run(compiled, inputs, params)
+    _assert_same_run(_run(compiled, inputs, params), want, rtol, atol)
+
+
+def _assert_same_run(got, want, rtol, atol):
+    """Two `_run` results agree: outputs and gradients."""
+    (got_out, got_grads), (want_out, want_grads) = got, want
     assert len(got_out) == len(want_out)
     for i, (g, w) in enumerate(zip(got_out, want_out)):
         _close(g, w, rtol=rtol, atol=atol, what=f"output {i}")
@@ -71,10 +87,6 @@ def _assert_compiled_matches(fn, inputs, params=(), backend="aot_eager", rtol=1e
 
 
 # ------------------------------------------------------------------ opcheck
-def _static(**kw):
-    return custom_ops._encode(tuple(sorted(kw.items())))
-
-
 def _opcheck_cases(seed):
     ei = _graph(seed)
     x = _tensor(N, F, dtype=torch.float64)
@@ -83,24 +95,22 @@ def _opcheck_cases(seed):
     v = _tensor(N, 2, 3, dtype=torch.float64)
     ptr = torch.tensor([0, 3, 3, 10, 17])
     src = _tensor(17, F, dtype=torch.float64)
-    att = [None] * len(ft.attention._ATTN_INPUTS)
-    names = ft.attention._ATTN_INPUTS
-    att[names.index("a_src")], att[names.index("a_dst")], att[names.index("v")] = a_src, a_dst, v
-    attention = dict(num_nodes=[N, N], num_loops=N, score="gat", negative_slope=0.2,
-                     scale=None, dropout=0.0, offset=0, return_attention_weights=False,
-                     deterministic=True, dropped=False)
+    att = dict.fromkeys(ft.attention._ATTN_INPUTS)
+    att.update(a_src=a_src, a_dst=a_dst, v=v)
+    args = custom_ops.op_arguments
     return {
-        "spmm": ([ei], [x, w], _static(num_nodes=[N, N], reduce="mean", path="auto",
-                                       given=(True, True, False, False, False))),
-        "segment_reduce": ([ei], [x], _static(num_nodes=[N, N], reduce=["max", "std"],
-                                              deterministic=True, given=(True,))),
-        "segment_csr": ([], [ptr, src], _static(reduce="min", deterministic=True,
-                                                given=(True, True))),
-        "gcn_propagate": ([ei], [x], _static(num_nodes=[N, N], normalize=True,
-                                             add_self_loops=True, improved=False, reduce="sum",
-                                             given=(True, False, False))),
-        "edge_attention": ([ei], [a for a in att if a is not None],
-                           _static(**attention, given=tuple(a is not None for a in att) + (False,))),
+        "spmm": args("spmm", ei, x, w, None, None, None, num_nodes=[N, N], reduce="mean",
+                     path="auto"),
+        "segment_reduce": args("segment_reduce", ei, x, num_nodes=[N, N],
+                               reduce=["max", "std"], deterministic=True),
+        "segment_csr": args("segment_csr", None, ptr, src, reduce="min", deterministic=True),
+        "gcn_propagate": args("gcn_propagate", ei, x, None, None, num_nodes=[N, N],
+                              normalize=True, add_self_loops=True, improved=False,
+                              reduce="sum"),
+        "edge_attention": args("edge_attention", ei, *att.values(), None, num_nodes=[N, N],
+                               num_loops=N, score="gat", negative_slope=0.2, scale=None,
+                               dropout=0.0, offset=0, return_attention_weights=False,
+                               deterministic=True, dropped=False),
     }
 
 
@@ -109,10 +119,10 @@ def _opcheck_cases(seed):
 def test_custom_op_opcheck(name, seed):
     """Schema, fake implementation, autograd registration and AOT dispatch of
     each custom op, by torch.library.opcheck on seeded float64 inputs (seed
-    in the report)."""
-    graph, inputs, static = _opcheck_cases(seed)[name]
+    in the report); its dynamic-shape pass runs the fake implementation on
+    symbolic sizes."""
     op = getattr(torch.ops.fastgnn, name).default
-    torch.library.opcheck(op, (graph, inputs, static))
+    torch.library.opcheck(op, _opcheck_cases(seed)[name])
 
 
 def test_every_graph_function_is_registered():
@@ -374,3 +384,205 @@ def test_static_arguments_are_plain_json():
     """The static string is sorted JSON (what Dynamo folds as a constant)."""
     s = custom_ops._encode((("b", [1, None]), ("a", 1), ("c", "x")))
     assert s == '{"a": 1, "b": [1, null], "c": "x"}'
+
+
+# -------------------------------------------- graphs that change every step
+STEPS = 20
+
+
+def _changing_batches(seed, steps=STEPS, device="cpu"):
+    """`steps` mini-batches as PyG's DataLoader makes them from small graphs
+    (a NeighborLoader's sampled subgraphs look the same to a layer): new
+    tensors every step, 3 to 7 graphs of 8 to 30 nodes each, numbered one
+    after the other, each with empty rows, self-loops, duplicate edges and a
+    hub. Yields (edge_index [2, E], batch [N], num_graphs). Every N is above
+    the feature widths here (Dynamo would give equal sizes of the first call
+    one symbol)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        sizes = rng.integers(8, 31, int(rng.integers(3, 8)))
+        parts, start = [], 0
+        for n in sizes:
+            ei = awkward_edge_index(int(n), int(rng.integers(n, 4 * n)),
+                                    seed=int(rng.integers(2**31)))
+            parts.append(torch.from_numpy(ei) + start)
+            start += int(n)
+        batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.from_numpy(sizes))
+        yield torch.cat(parts, dim=1).to(device), batch.to(device), len(sizes)
+
+
+def _layer_call(layer):
+    """layer as fn(x, edge_index, edge_attr), edge_attr [E, 5] when it takes one."""
+    uses_edges = getattr(layer, "lin_edge", None) is not None
+
+    def fn(x, ei, edge_attr):
+        return layer(x, ei, edge_attr) if uses_edges else layer(x, ei)
+    return fn, uses_edges
+
+
+def _quick(names, quick):
+    """names as parameters, those not in `quick` marked slow (20 new graphs
+    cost seconds per case on the CPU, most of it fastgnn's eager steps)."""
+    return [n if n in quick else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+# GCNConv(cached=True) keeps the first graph's normalisation: it is for a graph
+# that does not change. The quick ones: a normalised SpMM, a reduction with a
+# fused linear, attention with PyG's self-loops and their edge features
+# (sizes known only to the data).
+CHANGING_GRAPH_LAYERS = _quick(sorted(set(LAYERS) - {"GCNConv-cached"}),
+                               {"GCNConv", "SAGEConv-max", "GATConv-edge"})
+
+
+@pytest.mark.parametrize("name", CHANGING_GRAPH_LAYERS)
+def test_layer_compiles_once_for_changing_graphs(name, seed):
+    """torch.compile(dynamic=True, fullgraph=True) of every layer over 20
+    mini-batches with other node and edge counts: one compile (no
+    recompile, no graph break), and on each batch the outputs and every
+    gradient (x, edge_attr, parameters) equal eager's."""
+    layer = LAYERS[name]()
+    fn, uses_edges = _layer_call(layer)
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True, backend="aot_eager")
+    params = tuple(layer.parameters())
+    for ei, batch, _ in _changing_batches(seed):
+        x = _tensor(batch.shape[0], F)
+        edge_attr = _tensor(ei.shape[1], 5) if uses_edges else None
+        want = _run(fn, (x, ei, edge_attr), params)
+        _assert_same_run(_run(compiled, (x, ei, edge_attr), params), want, rtol=1e-4,
+                         atol=1e-5)
+    assert _compiles() == 1
+
+
+@pytest.mark.parametrize("name", _quick(["GCNConv", "SAGEConv-max", "GATConv-edge"],
+                                        {"GCNConv"}))
+def test_mark_dynamic_compiles_once_for_changing_graphs(name, seed):
+    """The same with torch._dynamo.mark_dynamic on the node and edge
+    dimensions instead of dynamic=True: one compile over 20 batches, the
+    outputs of eager."""
+    layer = LAYERS[name]()
+    fn, uses_edges = _layer_call(layer)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for ei, batch, _ in _changing_batches(seed):
+        x = _tensor(batch.shape[0], F)
+        edge_attr = _tensor(ei.shape[1], 5) if uses_edges else None
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(ei, 1)
+        if uses_edges:
+            torch._dynamo.mark_dynamic(edge_attr, 0)
+        _close(compiled(x, ei, edge_attr), fn(x, ei, edge_attr), rtol=1e-4, atol=1e-5)
+    assert _compiles() == 1
+
+
+class _GraphClassifier(torch.nn.Module):
+    """Two convolutions, a mean over each graph's nodes (global_mean_pool,
+    by fastgnn's MeanAggregation or PyG's own) and a linear head."""
+
+    def __init__(self, conv1, conv2, pool="fastgnn"):
+        super().__init__()
+        self.conv1, self.conv2 = conv1, conv2
+        self.head = torch.nn.Linear(16, 3)
+        self.pool = pool
+        self.mean = ft.MeanAggregation()
+
+    def forward(self, x, ei, batch, num_graphs):
+        h = self.conv2(self.conv1(x, ei).relu(), ei).relu()
+        if self.pool == "pyg":
+            from torch_geometric.nn import global_mean_pool
+            h = global_mean_pool(h, batch, size=num_graphs)
+        else:
+            h = self.mean(h, batch, dim_size=num_graphs)
+        return self.head(h)
+
+
+def _classifiers():
+    return {
+        "gcn": lambda: _GraphClassifier(ft.GCNConv(F, 16), ft.GCNConv(16, 16)),
+        "sage-max-pyg-pool": lambda: _GraphClassifier(ft.SAGEConv(F, 16, aggr="max"),
+                                                      ft.SAGEConv(16, 16, aggr="max"),
+                                                      pool="pyg"),
+        "gin": lambda: _GraphClassifier(ft.GINConv(torch.nn.Linear(F, 16)),
+                                        ft.GINConv(torch.nn.Linear(16, 16), train_eps=True)),
+        "gat": lambda: _GraphClassifier(ft.GATConv(F, 8, heads=2), ft.GATConv(16, 8, heads=2)),
+    }
+
+
+def _labelled_batches(seed, steps=STEPS, device="cpu"):
+    """`_changing_batches` with features and graph labels:
+    [(x [N, F], edge_index, batch, num_graphs, y [num_graphs])]."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for ei, batch, num_graphs in _changing_batches(seed, steps, device):
+        x = torch.randn(batch.shape[0], F, generator=gen).to(device)
+        y = torch.randint(0, 3, (num_graphs,), generator=gen).to(device)
+        out.append((x, ei, batch, num_graphs, y))
+    return out
+
+
+def _training_losses(model, batches, compile_fn=None, before_step=None):
+    """Losses of training steps (forward, pooling, cross-entropy over the
+    graphs, backward, Adam), one per batch; compile_fn wraps the loss
+    function (None: eager). Adam's step sees the same parameter shapes
+    every step, whatever the graph."""
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def loss_fn(x, ei, batch, num_graphs, y):
+        return torch.nn.functional.cross_entropy(model(x, ei, batch, num_graphs), y)
+    if compile_fn is not None:
+        loss_fn = compile_fn(loss_fn)
+    losses = []
+    for inputs in batches:
+        if before_step is not None:
+            before_step()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(*inputs)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+    return torch.stack(losses)
+
+
+@pytest.mark.parametrize("kind, backend", [
+    ("gcn", "inductor"),
+    *(pytest.param(k, "aot_eager", marks=pytest.mark.slow)
+      for k in ("gcn", "sage-max-pyg-pool", "gin", "gat")),
+])
+def test_training_on_changing_graphs_compiles_once(kind, backend, seed):
+    """20 training steps of a graph classifier on new batches: the loss
+    function (forward, pooling over the batch vector, loss; its backward is
+    compiled with it) compiles once, and the losses equal eager training
+    from the same weights."""
+    eager = _classifiers()[kind]()
+    compiled = _classifiers()[kind]()
+    compiled.load_state_dict(eager.state_dict())
+    batches = _labelled_batches(seed)
+    got = _training_losses(compiled, batches, lambda f: torch.compile(
+        f, dynamic=True, fullgraph=True, backend=backend))
+    _close(got, _training_losses(eager, batches), rtol=1e-4, atol=1e-5)
+    assert _compiles() == 1
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gcn", "gat"])
+def test_reduce_overhead_across_graph_sizes_matches_eager(kind, seed):
+    """mode="reduce-overhead" with dynamic=True over three batches of other
+    sizes, in turn (buckets: each a fixed edge_index and batch vector,
+    warmed up and marked as static addresses): one compile, a CUDA graph
+    recorded per size and replayed after, and the losses of eager
+    training."""
+    dev = "cuda"
+    buckets = _labelled_batches(seed, 3, dev)
+    eager = _classifiers()[kind]().to(dev)
+    compiled = _classifiers()[kind]().to(dev)
+    compiled.load_state_dict(eager.state_dict())
+    for x, ei, batch, num_graphs, _ in buckets:
+        ft.warm_up(compiled, x, ei, batch, num_graphs)   # caches built outside the trees' pool
+        torch._dynamo.mark_static_address(ei)
+        torch._dynamo.mark_static_address(batch)
+    batches = buckets * 3
+    want = _training_losses(eager, batches)
+    got = _training_losses(compiled, batches, lambda f: torch.compile(
+        f, mode="reduce-overhead", dynamic=True, fullgraph=True),
+        before_step=torch.compiler.cudagraph_mark_step_begin)
+    _close(got, want, rtol=1e-4, atol=1e-5)
+    assert _compiles() == 1

@@ -965,7 +965,8 @@ def _aggregation_fake(_graph, x, index, ptr, *, codes, single, dim_size, dim, de
     return [x.new_empty(_grouped_shape(x, ptr, dim_size, dim, len(codes)))]
 
 
-@custom_ops.graph_op("aggregation", ("x", "index", "ptr"), _aggregation_fake)
+@custom_ops.graph_op("aggregation", ("x", "index", "ptr"), _aggregation_fake,
+                     sizes=("dim_size",))
 def _aggregation_op(_graph, x, index, ptr, *, codes, single, dim_size, dim, deterministic):
     return _reduction(tuple(codes), single, deterministic)(x, index, ptr, dim_size, dim)
 
@@ -979,7 +980,7 @@ def _parametric_fake(_graph, x, index, ptr, param, *, dim_size, dim, **_):
 
 
 @custom_ops.graph_op("parametric_aggregation", ("x", "index", "ptr", "param"),
-                     _parametric_fake)
+                     _parametric_fake, sizes=("dim_size",))
 def _parametric_op(_graph, x, index, ptr, param, *, kind, value, dim_size, dim, deterministic,
                    **options):
     grouped = _Grouped(x, index, ptr, dim_size, dim, deterministic)

@@ -964,7 +964,8 @@ def _edge_attention_fake(edge_index, *arrays, num_nodes, num_loops, score, negat
     return [out, m.new_empty((edges, heads)), edge_index.new_empty((2, edges))]
 
 
-@custom_ops.graph_op("edge_attention", _ATTN_INPUTS + ("seed",), _edge_attention_fake)
+@custom_ops.graph_op("edge_attention", _ATTN_INPUTS + ("seed",), _edge_attention_fake,
+                     sizes=("num_nodes", "num_loops"))
 def _edge_attention_op(edge_index, *arrays, num_nodes, num_loops, score, negative_slope, scale,
                        dropout, offset, return_attention_weights, deterministic, dropped):
     *arrays, seed_t = arrays
@@ -990,7 +991,8 @@ def _edge_softmax_fake(edge_index, scores, seed, *, num_nodes, dropout, offset):
     return [torch.empty_like(scores)]
 
 
-@custom_ops.graph_op("edge_softmax", ("scores", "seed"), _edge_softmax_fake)
+@custom_ops.graph_op("edge_softmax", ("scores", "seed"), _edge_softmax_fake,
+                     sizes=("num_nodes",))
 def _edge_softmax_op(edge_index, scores, seed_t, *, num_nodes, dropout, offset):
     seed = int(seed_t.item()) if seed_t is not None else 0
     return edge_softmax(edge_index, scores, tuple(num_nodes), dropout=dropout, seed=seed,
@@ -1002,7 +1004,8 @@ def _loop_edge_attr_fake(edge_index, edge_attr, *, num_nodes, num_loops, fill_va
     return [edge_attr.new_empty((edges, *edge_attr.shape[1:]))]
 
 
-@custom_ops.graph_op("attention_loop_edge_attr", ("edge_attr",), _loop_edge_attr_fake)
+@custom_ops.graph_op("attention_loop_edge_attr", ("edge_attr",), _loop_edge_attr_fake,
+                     sizes=("num_nodes", "num_loops"))
 def _loop_edge_attr_op(edge_index, edge_attr, *, num_nodes, num_loops, fill_value):
     """The edge features in the self-looped graph's order (PyG's
     remove_self_loops + add_self_loops with fill_value)."""

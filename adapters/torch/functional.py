@@ -652,7 +652,8 @@ def _spmm_fake(edge_index, x, edge_weight, bias, row_scale, col_scale, *, num_no
     return [x.new_empty((_num_dst(num_nodes, "spmm"), x.shape[1]))]
 
 
-@custom_ops.graph_op("spmm", ("x", "edge_weight", "bias", "row_scale", "col_scale"), _spmm_fake)
+@custom_ops.graph_op("spmm", ("x", "edge_weight", "bias", "row_scale", "col_scale"), _spmm_fake,
+                     sizes=("num_nodes",))
 def _spmm_op(edge_index, x, edge_weight, bias, row_scale, col_scale, *, num_nodes, reduce, path):
     return spmm(edge_index, x, edge_weight, reduce, tuple(num_nodes), path, row_scale=row_scale,
                 col_scale=col_scale, bias=bias)
@@ -662,7 +663,7 @@ def _segment_reduce_fake(edge_index, x, *, num_nodes, reduce, deterministic):
     return [x.new_empty((_num_dst(num_nodes, "segment_reduce"), _width(reduce, x.shape[1])))]
 
 
-@custom_ops.graph_op("segment_reduce", ("x",), _segment_reduce_fake)
+@custom_ops.graph_op("segment_reduce", ("x",), _segment_reduce_fake, sizes=("num_nodes",))
 def _segment_reduce_op(edge_index, x, *, num_nodes, reduce, deterministic):
     return segment_reduce(edge_index, x, reduce, tuple(num_nodes), deterministic=deterministic)
 
@@ -673,7 +674,7 @@ def _segment_reduce_linear_fake(edge_index, x, weight, bias, root_weight, x_root
 
 
 @custom_ops.graph_op("segment_reduce_linear", ("x", "weight", "bias", "root_weight", "x_root"),
-                     _segment_reduce_linear_fake)
+                     _segment_reduce_linear_fake, sizes=("num_nodes",))
 def _segment_reduce_linear_op(edge_index, x, weight, bias, root_weight, x_root, *, num_nodes,
                               reduce, deterministic):
     return segment_reduce_linear(edge_index, x, reduce, weight, bias, root_weight, x_root,

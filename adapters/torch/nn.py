@@ -382,7 +382,8 @@ def _gcn_propagate_fake(edge_index, x, edge_weight, bias, *, num_nodes, **_optio
     return [x.new_empty((*x.shape[:-2], num_nodes[1], x.shape[-1]))]
 
 
-@custom_ops.graph_op("gcn_propagate", ("x", "edge_weight", "bias"), _gcn_propagate_fake)
+@custom_ops.graph_op("gcn_propagate", ("x", "edge_weight", "bias"), _gcn_propagate_fake,
+                     sizes=("num_nodes",))
 def _gcn_propagate_op(edge_index, x, edge_weight, bias, *, num_nodes, **options):
     return _gcn_propagate(edge_index, num_nodes[1], x, edge_weight, bias, **options)[0]
 
