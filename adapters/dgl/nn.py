@@ -43,11 +43,12 @@ import fastgnn.torch as ft
 from fastgnn.torch._autograd import device_scope, to_tensor
 from fastgnn.torch.attention import _dropped, _head_logits, draw_seed
 from fastgnn.torch.functional import _cached_edge_index
-from fastgnn.torch.graph_cache import is_dgl_graph
 from fastgnn.torch.nn import shared_input_linears
 from fastgnn.torch.nn_messages import _edges, _gine_messages
 
-from .ops import _tensor, to_graph, u_mul_e
+from .checks import _check_feat, _dgl_graph, _positive_sizes
+from .nn_relational import RelGraphConv
+from .ops import _tensor, u_mul_e
 
 __all__ = ["GraphConv", "SAGEConv", "GINConv", "GINEConv", "GATConv", "GATv2Conv",
            "RelGraphConv"]
@@ -100,63 +101,6 @@ def _in_degree(graph, like):
     return graph.cached(("fastgnn.dgl", "in_degree_tensor", str(like.dtype)), build)
 
 
-class _BadFeatureRows(DGLError, ValueError):
-    """Features whose rows are not the graph's nodes: a ValueError, and the
-    DGLError DGL raises for it."""
-
-
-def _positive_sizes(layer, **sizes):
-    """Constructor sizes, each a positive int (in_feats: or a (src, dst)
-    pair of them); TypeError / ValueError naming the argument."""
-    for name, value in sizes.items():
-        for v in (value if isinstance(value, tuple) and name == "in_feats" else (value,)):
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"{layer}: {name} must be a positive int"
-                                f"{' or a (src, dst) pair of them' if name == 'in_feats' else ''}"
-                                f", got {value!r}")
-            if v < 1:
-                raise ValueError(f"{layer}: {name} must be a positive int, got {value!r}")
-
-
-def _check_feat(module, g, feat, widths=(None, None), min_dim=2, reads_dst=True,
-                arg="feat"):
-    """A module's feature input checked at its entry, naming it (arg): one
-    floating-point tensor [num_src, ..., in_src] (on a block, its first
-    num_dst rows are the destinations'), or a pair (src [num_src, ..., in_src],
-    dst [num_dst, ..., in_dst]). widths: (in_src, in_dst), None where the
-    module takes any; min_dim: the fewest dimensions it takes; reads_dst:
-    whether it reads a pair's dst tensor. g: the converted graph; arg: the
-    argument's name in the messages."""
-    layer = type(module).__name__
-    if isinstance(feat, tuple):
-        if len(feat) != 2:
-            raise TypeError(f"{layer}: {arg} must be a tensor or a pair (src, dst), got a tuple "
-                            f"of {len(feat)}")
-        parts = [(f"{arg}[0]", feat[0], g.num_src, "source", widths[0], "")]
-        if reads_dst:
-            parts.append((f"{arg}[1]", feat[1], g.num_dst, "destination", widths[1], ""))
-    else:
-        parts = [(arg, feat, g.num_src, "source", widths[0],
-                  " (on a block, its first num_dst_nodes() rows are the destinations')")]
-    for name, t, rows, side, width, hint in parts:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{layer}: {arg} must be a tensor or a pair (src, dst) of tensors, "
-                            f"got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{layer}: {name} must be a floating-point tensor, got {t.dtype} "
-                            f"(cast it, e.g. {name}.float())")
-        if t.dim() < min_dim:
-            raise ValueError(f"{layer}: {name} must have shape [num_nodes, ..., in_feats] "
-                             f"(at least {min_dim} dimensions), got {tuple(t.shape)} (a single "
-                             "feature per node: unsqueeze(-1))")
-        if t.shape[0] != rows:
-            raise _BadFeatureRows(f"{layer}: {name} has {t.shape[0]} rows but the graph has "
-                                  f"{rows} {side} nodes; give one row per {side} node{hint}")
-        if width is not None and t.shape[-1] != width:
-            raise ValueError(f"{layer}: {name} must have {width} features (in_feats) in its "
-                             f"last dimension, got shape {tuple(t.shape)}")
-
-
 def _expand_pair(g, feat):
     """(source features, destination features) as DGL's expand_as_pair: a
     pair as given; one tensor for both, narrowed to its first num_dst rows on
@@ -176,14 +120,6 @@ def _dropped_features(module, graph, feat):
         src, dst = _expand_pair(graph, feat)
         return module.feat_drop(src), module.feat_drop(dst)
     return _expand_pair(graph, module.feat_drop(feat))
-
-
-def _dgl_graph(graph):
-    """The converted graph of a module's graph argument (TypeError naming it)."""
-    if not is_dgl_graph(graph):
-        raise TypeError(f"graph must be a DGLGraph (homogeneous or a block), got "
-                        f"{type(graph).__name__}")
-    return to_graph(graph)
 
 
 class _ZeroInDegreeChecked(nn.Module):
@@ -821,8 +757,3 @@ class GATv2Conv(_ZeroInDegreeChecked):
         if get_attention:
             return rst, attn
         return rst
-
-
-# RelGraphConv lives in its own file (nn_relational.py), which takes this
-# file's helpers; it is imported last so that `fastgnn.dgl.nn` holds every module
-from .nn_relational import RelGraphConv  # noqa: E402

@@ -27,7 +27,7 @@ from dgl.nn.pytorch.linear import TypedLinear
 from fastgnn.torch.functional import _cached_edge_index
 from fastgnn.torch.nn_hetero import _typed_aggregate, relation_graphs
 
-from .nn import _check_feat, _dgl_graph, _positive_sizes
+from .checks import _check_feat, _dgl_graph, _positive_sizes
 from .ops import _tensor
 
 __all__ = ["RelGraphConv"]
