@@ -36,9 +36,9 @@ TEST_CMD = ("python3 -m venv .venv && . .venv/bin/activate && pip install torch=
 # README's DGL line: the DGL adapter's own environment (DGL's wheels support
 # torch 2.0-2.2 and numpy < 2) and its tests; .ci/run runs it after TEST_CMD.
 DGL_INSTALL = ('python3 -m venv .venv-dgl && .venv-dgl/bin/pip install torch==2.2.1 "numpy<2" '
-               'dgl==2.1.0 torchdata==0.7.1 pandas pyyaml pydantic numba pytest')
+               'dgl==2.1.0 torchdata==0.7.1 pandas pyyaml pydantic numba pytest pytest-xdist')
 DGL_TEST = ('.venv-dgl/bin/pip install --no-deps -e . && .venv-dgl/bin/python -c "import fastgnn.dgl" '
-            '&& .venv-dgl/bin/python -m pytest -q tests/test_dgl.py tests/test_bad_inputs_dgl.py')
+            '&& .venv-dgl/bin/python -m pytest -q -n auto tests/test_dgl.py tests/test_bad_inputs_dgl.py')
 DGL_CMD = f"{DGL_INSTALL} && {DGL_TEST}"
 
 OPTIONAL_THIRD_PARTY = ("jax", "jaxlib", "flax", "dgl")   # adapters whose framework CI may lack
