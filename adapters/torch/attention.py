@@ -306,7 +306,8 @@ _FILL_SEGMENT = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max", "amax
 def _loop_attr(edge_attr, dst, n, fill_value, fill_graph=None):
     """Edge features of the n added self-loops, PyG's `compute_loop_attr`
     re-implemented with differentiable ops (edge_attr: the non-loop edges'
-    features, dst: their targets). The sum/mean/max/min fills are fastgnn's
+    features, dst(): their targets, called only by the mul and any fills,
+    which scatter by target). The sum/mean/max/min fills are fastgnn's
     segment reductions over `fill_graph()` (from `_loop_graph`; no gathered
     copy of edge_attr): deterministic on the GPU, unlike torch's scatter_add."""
     size = (n,) + tuple(edge_attr.shape[1:])
@@ -324,7 +325,7 @@ def _loop_attr(edge_attr, dst, n, fill_value, fill_graph=None):
     if fill_value in _FILL_SEGMENT:
         flat = edge_attr.reshape(edge_attr.shape[0], math.prod(edge_attr.shape[1:]))
         return segment_reduce(fill_graph(), flat, _FILL_SEGMENT[fill_value]).reshape(size)
-    index = dst.view((-1,) + (1,) * (edge_attr.dim() - 1)).expand_as(edge_attr)
+    index = dst().view((-1,) + (1,) * (edge_attr.dim() - 1)).expand_as(edge_attr)
     if fill_value == "mul":
         return edge_attr.new_ones(size).scatter_reduce(0, index, edge_attr, reduce="prod",
                                                        include_self=True)
@@ -358,7 +359,8 @@ def _attention_graph(layer, edge_index, edge_attr, num_src, num_dst, num_loops, 
     graph, looped, kept, fill = _loop_graph(edge_index, num_src, num_dst, num_loops)
     if edge_attr is not None and need_attr:
         kept_attr = edge_attr[kept]
-        loop = _loop_attr(kept_attr, looped()[1, :kept.shape[0]], num_loops, fill_value, fill)
+        loop = _loop_attr(kept_attr, lambda: looped()[1, :kept.shape[0]], num_loops,
+                          fill_value, fill)
         edge_attr = torch.cat([kept_attr, loop], dim=0)
     else:
         edge_attr = None
